@@ -1,0 +1,558 @@
+//! Typed configuration of a group view, parsed once from mount(8)-style option strings.
+//!
+//! The same strings arrive from `mountgroup mount -o`, from an fstab line, and (later)
+//! from CSI `mount_flags`, so there is exactly one parser. The rules, documented in
+//! docs/SEMANTICS.md:
+//! - options are comma separated, `key` or `key=value`; unknown keys are errors;
+//! - a key given twice takes the last value, as mount(8) does (`ro` and `rw` likewise);
+//! - `uid=`, `file_mode=`, `dir_mode=` and `noperm` belong to `mode=cifs`: given without
+//!   a `mode=`, they select it; given with an explicit `mode=fsgroup`, they are an error;
+//! - a group that comes from elsewhere (the CSI `volume_mount_group`) must agree with a
+//!   `gid=` option, see [`ViewOptions::with_mount_group`].
+
+use std::fmt;
+use std::time::Duration;
+
+/// A group id that the view presents as the owning group of the volume (the pod's
+/// fsGroup). Not an on-disk id: the backing files keep their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MountGroup(u32);
+
+impl MountGroup {
+    /// Parses a decimal group id. `4294967295` (`-1`, "no change" to chown) is refused.
+    ///
+    /// # Errors
+    /// A message saying why `s` is not a group id.
+    pub fn parse(s: &str) -> Result<MountGroup, String> {
+        parse_id(s).map(MountGroup)
+    }
+
+    /// Wraps a group id known to be valid.
+    pub fn new(gid: u32) -> Option<MountGroup> {
+        (gid != u32::MAX).then_some(MountGroup(gid))
+    }
+
+    /// The numeric id.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for MountGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+fn parse_id(s: &str) -> Result<u32, String> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("is not a decimal id".into());
+    }
+    match s.parse::<u32>() {
+        Ok(u32::MAX) | Err(_) => Err("is out of range (0 to 4294967294)".into()),
+        Ok(v) => Ok(v),
+    }
+}
+
+fn parse_perm(s: &str) -> Result<u32, String> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    if digits.is_empty() || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+        return Err("is not an octal mode".into());
+    }
+    match u32::from_str_radix(digits, 8) {
+        Ok(v) if v <= 0o7777 => Ok(v),
+        _ => Err("is larger than 07777".into()),
+    }
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=3600.0).contains(&v) => Ok(Duration::from_secs_f64(v)),
+        _ => Err("is not a number of seconds from 0 to 3600".into()),
+    }
+}
+
+/// What the view presents as ownership and permissions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ViewMode {
+    /// As if kubelet had chowned the volume to the group, then plain POSIX.
+    FsGroup,
+    /// The Linux CIFS client on a share without Unix extensions.
+    Cifs,
+}
+
+/// Where chown/chmod effects live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// In an ownership record (an xattr in the daemon's namespace) per entry.
+    Emulate,
+    /// Nowhere: chown/chmod succeed with no effect, as on CIFS.
+    Off,
+}
+
+/// Whether reads and writes go through kernel FUSE passthrough.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Passthrough {
+    /// Where the kernel offers it; otherwise through the daemon.
+    Auto,
+    /// Required: the mount fails where the kernel does not offer it.
+    On,
+    /// Never: every read and write goes through the daemon.
+    Off,
+}
+
+/// The options of `mode=cifs`, with the defaults of the Linux CIFS client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CifsOptions {
+    pub uid: u32,
+    pub file_mode: u32,
+    pub dir_mode: u32,
+    pub noperm: bool,
+}
+
+impl Default for CifsOptions {
+    fn default() -> Self {
+        CifsOptions {
+            uid: 0,
+            file_mode: 0o755,
+            dir_mode: 0o755,
+            noperm: false,
+        }
+    }
+}
+
+/// The complete, validated configuration of one view.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ViewOptions {
+    /// `gid=`: the group presented as owner. `None` in fsgroup mode means a plain,
+    /// POSIX-faithful passthrough.
+    pub group: Option<MountGroup>,
+    pub mode: ViewMode,
+    pub ownership: Ownership,
+    pub readonly: bool,
+    pub cifs: CifsOptions,
+    pub passthrough: Passthrough,
+    pub noexec: bool,
+    /// Worker threads serving the FUSE session.
+    pub threads: usize,
+    /// How long the kernel may cache attributes (`attr_timeout=`).
+    pub attr_timeout: Duration,
+    /// How long the kernel may cache names (`entry_timeout=`).
+    pub entry_timeout: Duration,
+}
+
+impl Default for ViewOptions {
+    fn default() -> Self {
+        ViewOptions {
+            group: None,
+            mode: ViewMode::FsGroup,
+            ownership: Ownership::Emulate,
+            readonly: false,
+            cifs: CifsOptions::default(),
+            passthrough: Passthrough::Auto,
+            noexec: false,
+            threads: default_threads(),
+            attr_timeout: Duration::from_secs(1),
+            entry_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(2, 8)
+}
+
+/// A bad option string. Every variant names the option.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptionError {
+    #[error("unknown option `{0}`")]
+    Unknown(String),
+    #[error("option `{0}` needs a value (`{0}=...`)")]
+    MissingValue(String),
+    #[error("option `{0}` takes no value")]
+    UnexpectedValue(String),
+    #[error("option `{key}`: `{value}` {reason}")]
+    Invalid {
+        key: String,
+        value: String,
+        reason: String,
+    },
+    #[error("option `{0}` only applies to mode=cifs, but mode=fsgroup was given")]
+    CifsOnly(String),
+    #[error("option `{0}` is never allowed: mountgroup views are always nodev,nosuid")]
+    Forbidden(String),
+    #[error("option `gid={option}` disagrees with the requested mount group {requested}")]
+    GroupConflict { option: u32, requested: u32 },
+}
+
+/// Options of /etc/fstab and mount(8) that mean nothing to a view and are accepted
+/// so that fstab lines and mount helpers work unchanged.
+const IGNORED: &[&str] = &[
+    "defaults", "auto", "noauto", "nofail", "_netdev", "user", "nouser", "users",
+];
+
+impl ViewOptions {
+    /// Parses one comma-separated option string (`gid=2000,ro`). Empty items are
+    /// ignored, so `""` gives the defaults.
+    ///
+    /// # Errors
+    /// The first bad option, named.
+    pub fn parse(options: &str) -> Result<ViewOptions, OptionError> {
+        Self::parse_all([options])
+    }
+
+    /// Parses several option strings as if joined by commas, in order (so a later one
+    /// overrides an earlier one).
+    ///
+    /// # Errors
+    /// The first bad option, named.
+    pub fn parse_all<'a, I>(strings: I) -> Result<ViewOptions, OptionError>
+    where
+        I: IntoIterator<Item = &'a str>,
+    {
+        let mut o = ViewOptions::default();
+        let mut explicit_mode = None;
+        let mut cifs_only: Option<String> = None;
+        for item in strings.into_iter().flat_map(|s| s.split(',')) {
+            let item = item.trim();
+            if item.is_empty() || IGNORED.contains(&item) || item.starts_with("x-") {
+                continue;
+            }
+            let (key, value) = match item.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (item, None),
+            };
+            let need =
+                |v: Option<&'a str>| v.ok_or_else(|| OptionError::MissingValue(key.to_string()));
+            let bad = |v: &str, reason: String| OptionError::Invalid {
+                key: key.to_string(),
+                value: v.to_string(),
+                reason,
+            };
+            let flag = |v: Option<&str>| match v {
+                None => Ok(()),
+                Some(_) => Err(OptionError::UnexpectedValue(key.to_string())),
+            };
+            match key {
+                "gid" => {
+                    let v = need(value)?;
+                    o.group = Some(MountGroup::parse(v).map_err(|r| bad(v, r))?);
+                }
+                "mode" => {
+                    let v = need(value)?;
+                    let m = match v {
+                        "fsgroup" => ViewMode::FsGroup,
+                        "cifs" => ViewMode::Cifs,
+                        _ => return Err(bad(v, "is not `fsgroup` or `cifs`".into())),
+                    };
+                    explicit_mode = Some(m);
+                }
+                "ownership" => {
+                    let v = need(value)?;
+                    o.ownership = match v {
+                        "emulate" => Ownership::Emulate,
+                        "off" => Ownership::Off,
+                        _ => return Err(bad(v, "is not `emulate` or `off`".into())),
+                    };
+                }
+                "passthrough" => {
+                    let v = need(value)?;
+                    o.passthrough = match v {
+                        "auto" => Passthrough::Auto,
+                        "on" => Passthrough::On,
+                        "off" => Passthrough::Off,
+                        _ => return Err(bad(v, "is not `auto`, `on` or `off`".into())),
+                    };
+                }
+                "uid" => {
+                    let v = need(value)?;
+                    o.cifs.uid = parse_id(v).map_err(|r| bad(v, r))?;
+                    cifs_only.get_or_insert_with(|| key.to_string());
+                }
+                "file_mode" | "dir_mode" => {
+                    let v = need(value)?;
+                    let perm = parse_perm(v).map_err(|r| bad(v, r))?;
+                    if key == "file_mode" {
+                        o.cifs.file_mode = perm;
+                    } else {
+                        o.cifs.dir_mode = perm;
+                    }
+                    cifs_only.get_or_insert_with(|| key.to_string());
+                }
+                "noperm" => {
+                    flag(value)?;
+                    o.cifs.noperm = true;
+                    cifs_only.get_or_insert_with(|| key.to_string());
+                }
+                "ro" => {
+                    flag(value)?;
+                    o.readonly = true;
+                }
+                "rw" => {
+                    flag(value)?;
+                    o.readonly = false;
+                }
+                "noexec" => {
+                    flag(value)?;
+                    o.noexec = true;
+                }
+                "exec" => {
+                    flag(value)?;
+                    o.noexec = false;
+                }
+                "nodev" | "nosuid" => flag(value)?,
+                "dev" | "suid" => return Err(OptionError::Forbidden(key.to_string())),
+                "threads" => {
+                    let v = need(value)?;
+                    o.threads = match v.parse::<usize>() {
+                        Ok(n) if (1..=64).contains(&n) => n,
+                        _ => return Err(bad(v, "is not a thread count from 1 to 64".into())),
+                    };
+                }
+                "attr_timeout" => {
+                    let v = need(value)?;
+                    o.attr_timeout = parse_seconds(v).map_err(|r| bad(v, r))?;
+                }
+                "entry_timeout" => {
+                    let v = need(value)?;
+                    o.entry_timeout = parse_seconds(v).map_err(|r| bad(v, r))?;
+                }
+                _ => return Err(OptionError::Unknown(key.to_string())),
+            }
+        }
+        o.mode = match (explicit_mode, cifs_only) {
+            (Some(ViewMode::FsGroup), Some(opt)) => return Err(OptionError::CifsOnly(opt)),
+            (Some(m), _) => m,
+            (None, Some(_)) => ViewMode::Cifs,
+            (None, None) => ViewMode::FsGroup,
+        };
+        Ok(o)
+    }
+
+    /// Applies a mount group that comes from outside the option string (the CSI
+    /// `volume_mount_group`, i.e. the pod's fsGroup). A `gid=` option that names the
+    /// same group is fine; one that names another group is an error rather than a
+    /// silent choice, because either choice would surprise someone: the pod expects
+    /// its fsGroup, the StorageClass author expects their `gid=`.
+    ///
+    /// # Errors
+    /// [`OptionError::GroupConflict`] when `gid=` names another group.
+    pub fn with_mount_group(mut self, group: MountGroup) -> Result<ViewOptions, OptionError> {
+        match self.group {
+            Some(g) if g != group => Err(OptionError::GroupConflict {
+                option: g.get(),
+                requested: group.get(),
+            }),
+            _ => {
+                self.group = Some(group);
+                Ok(self)
+            }
+        }
+    }
+
+    /// Whether the kernel checks permissions against the presented attributes
+    /// (`default_permissions`). Only CIFS `noperm` turns this off.
+    pub fn kernel_permission_checks(&self) -> bool {
+        !(self.mode == ViewMode::Cifs && self.cifs.noperm)
+    }
+
+    /// The options in canonical form: parsing the result gives the same options.
+    pub fn to_option_string(&self) -> String {
+        let mut v: Vec<String> = Vec::new();
+        if let Some(g) = self.group {
+            v.push(format!("gid={g}"));
+        }
+        match self.mode {
+            ViewMode::FsGroup => v.push("mode=fsgroup".into()),
+            ViewMode::Cifs => {
+                v.push("mode=cifs".into());
+                v.push(format!("uid={}", self.cifs.uid));
+                v.push(format!("file_mode={:04o}", self.cifs.file_mode));
+                v.push(format!("dir_mode={:04o}", self.cifs.dir_mode));
+                if self.cifs.noperm {
+                    v.push("noperm".into());
+                }
+            }
+        }
+        v.push(match self.ownership {
+            Ownership::Emulate => "ownership=emulate".into(),
+            Ownership::Off => "ownership=off".into(),
+        });
+        v.push(if self.readonly {
+            "ro".into()
+        } else {
+            "rw".into()
+        });
+        if self.noexec {
+            v.push("noexec".into());
+        }
+        v.push(match self.passthrough {
+            Passthrough::Auto => "passthrough=auto".into(),
+            Passthrough::On => "passthrough=on".into(),
+            Passthrough::Off => "passthrough=off".into(),
+        });
+        v.push(format!("threads={}", self.threads));
+        v.push(format!("attr_timeout={}", self.attr_timeout.as_secs_f64()));
+        v.push(format!(
+            "entry_timeout={}",
+            self.entry_timeout.as_secs_f64()
+        ));
+        v.join(",")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_gives_defaults() {
+        let o = ViewOptions::parse("").unwrap();
+        assert_eq!(o, ViewOptions::default());
+        assert_eq!(o.group, None);
+        assert_eq!(o.mode, ViewMode::FsGroup);
+        assert_eq!(o.ownership, Ownership::Emulate);
+    }
+
+    #[test]
+    fn parses_every_option() {
+        let o = ViewOptions::parse(
+            "gid=4242,ownership=off,ro,noexec,passthrough=off,threads=3,attr_timeout=0.5,entry_timeout=2",
+        )
+        .unwrap();
+        assert_eq!(o.group, MountGroup::new(4242));
+        assert_eq!(o.ownership, Ownership::Off);
+        assert!(o.readonly && o.noexec);
+        assert_eq!(o.passthrough, Passthrough::Off);
+        assert_eq!(o.threads, 3);
+        assert_eq!(o.attr_timeout, Duration::from_millis(500));
+        assert_eq!(o.entry_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn cifs_options_select_cifs_mode() {
+        let o = ViewOptions::parse("uid=1001,gid=1001,file_mode=0640,dir_mode=0750").unwrap();
+        assert_eq!(o.mode, ViewMode::Cifs);
+        assert_eq!(
+            o.cifs,
+            CifsOptions {
+                uid: 1001,
+                file_mode: 0o640,
+                dir_mode: 0o750,
+                noperm: false
+            }
+        );
+        let o = ViewOptions::parse("mode=cifs,noperm").unwrap();
+        assert!(o.cifs.noperm);
+        assert!(!o.kernel_permission_checks());
+        assert_eq!(o.cifs.file_mode, 0o755, "CIFS default file_mode");
+    }
+
+    #[test]
+    fn cifs_options_conflict_with_explicit_fsgroup() {
+        assert_eq!(
+            ViewOptions::parse("mode=fsgroup,file_mode=0644"),
+            Err(OptionError::CifsOnly("file_mode".into()))
+        );
+    }
+
+    #[test]
+    fn last_value_wins() {
+        let o = ViewOptions::parse("gid=1,gid=2,ro,rw").unwrap();
+        assert_eq!(o.group, MountGroup::new(2));
+        assert!(!o.readonly);
+        let o = ViewOptions::parse_all(["rw,gid=5", "ro"]).unwrap();
+        assert!(o.readonly);
+        assert_eq!(o.group, MountGroup::new(5));
+    }
+
+    #[test]
+    fn bad_options_name_the_option() {
+        let cases: &[(&str, &str)] = &[
+            ("gid=abc", "option `gid`: `abc` is not a decimal id"),
+            ("gid=-1", "option `gid`: `-1` is not a decimal id"),
+            (
+                "gid=4294967295",
+                "option `gid`: `4294967295` is out of range (0 to 4294967294)",
+            ),
+            ("gid", "option `gid` needs a value (`gid=...`)"),
+            ("ro=1", "option `ro` takes no value"),
+            ("colour=blue", "unknown option `colour`"),
+            (
+                "mode=nfs",
+                "option `mode`: `nfs` is not `fsgroup` or `cifs`",
+            ),
+            (
+                "file_mode=0999",
+                "option `file_mode`: `0999` is not an octal mode",
+            ),
+            (
+                "dir_mode=17777",
+                "option `dir_mode`: `17777` is larger than 07777",
+            ),
+            (
+                "threads=0",
+                "option `threads`: `0` is not a thread count from 1 to 64",
+            ),
+            (
+                "attr_timeout=-1",
+                "option `attr_timeout`: `-1` is not a number of seconds from 0 to 3600",
+            ),
+            (
+                "suid",
+                "option `suid` is never allowed: mountgroup views are always nodev,nosuid",
+            ),
+        ];
+        for (input, message) in cases {
+            let err = ViewOptions::parse(input).expect_err(input);
+            assert_eq!(err.to_string(), *message, "for {input}");
+        }
+    }
+
+    #[test]
+    fn fstab_noise_is_ignored() {
+        let o =
+            ViewOptions::parse("defaults,_netdev,nofail,x-systemd.automount,nodev,nosuid,gid=7")
+                .unwrap();
+        assert_eq!(o.group, MountGroup::new(7));
+    }
+
+    #[test]
+    fn mount_group_must_agree_with_gid_option() {
+        let o = ViewOptions::parse("gid=2000").unwrap();
+        assert_eq!(
+            o.clone().with_mount_group(MountGroup::new(3000).unwrap()),
+            Err(OptionError::GroupConflict {
+                option: 2000,
+                requested: 3000
+            })
+        );
+        let same = o.with_mount_group(MountGroup::new(2000).unwrap()).unwrap();
+        assert_eq!(same.group, MountGroup::new(2000));
+        let none = ViewOptions::parse("")
+            .unwrap()
+            .with_mount_group(MountGroup::new(9).unwrap())
+            .unwrap();
+        assert_eq!(none.group, MountGroup::new(9));
+    }
+
+    #[test]
+    fn canonical_string_round_trips() {
+        for s in [
+            "",
+            "gid=5,ro",
+            "uid=3,gid=4,file_mode=0600,noperm",
+            "ownership=off,passthrough=on,threads=2",
+        ] {
+            let o = ViewOptions::parse(s).unwrap();
+            assert_eq!(
+                ViewOptions::parse(&o.to_option_string()).unwrap(),
+                o,
+                "for {s:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! The ownership record: what chown/chmod through an emulating view did to an entry.
+//!
+//! Stored in the extended attribute [`RECORD_XATTR`] of the backing inode, in the
+//! `trusted.` namespace that only a root daemon can read or write, so the backing
+//! file's own uid, gid and mode never change. The name is hidden from, and
+//! untouchable through, every view.
+//!
+//! Format (version 1, 14 bytes): `[1][flags][uid u32 LE][gid u32 LE][perm u32 LE]`.
+//! Fields whose flag is clear are derived by the view's rules, so an entry that was
+//! only chowned keeps the derived mode, and a group recorded as "the mount group"
+//! follows each view's own group: two pods with different fsGroups both see their
+//! group on a file the other one created.
+
+/// The xattr that holds the record.
+pub const RECORD_XATTR: &std::ffi::CStr = c"trusted.mountgroup.owner";
+
+/// Every xattr name with this prefix belongs to the daemon and is hidden from views.
+pub const RESERVED_PREFIX: &[u8] = b"trusted.mountgroup.";
+
+const VERSION: u8 = 1;
+const HAS_UID: u8 = 1;
+const HAS_GID: u8 = 2;
+const GID_IS_MOUNT_GROUP: u8 = 4;
+const HAS_PERM: u8 = 8;
+const READONLY: u8 = 16;
+const KNOWN: u8 = HAS_UID | HAS_GID | GID_IS_MOUNT_GROUP | HAS_PERM | READONLY;
+const LEN: usize = 14;
+
+/// The group an entry belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupRef {
+    /// Whatever group the viewing mount presents (the pod's fsGroup).
+    MountGroup,
+    /// A fixed group id, set by an explicit chgrp to another group.
+    Gid(u32),
+}
+
+/// One entry's recorded ownership. `None` fields are derived by the view.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Record {
+    pub uid: Option<u32>,
+    pub gid: Option<GroupRef>,
+    /// Permission, set-id and sticky bits.
+    pub perm: Option<u32>,
+    /// The CIFS read-only attribute (`mode=cifs`: a chmod that removed every write bit).
+    pub readonly: bool,
+}
+
+impl Record {
+    /// Whether the record says nothing (and can be removed rather than stored).
+    pub fn is_empty(&self) -> bool {
+        *self == Record::default()
+    }
+
+    /// The stored form.
+    pub fn encode(&self) -> [u8; LEN] {
+        let mut flags = 0u8;
+        let mut uid = 0u32;
+        let mut gid = 0u32;
+        let mut perm = 0u32;
+        if let Some(u) = self.uid {
+            flags |= HAS_UID;
+            uid = u;
+        }
+        match self.gid {
+            Some(GroupRef::MountGroup) => flags |= GID_IS_MOUNT_GROUP,
+            Some(GroupRef::Gid(g)) => {
+                flags |= HAS_GID;
+                gid = g;
+            }
+            None => {}
+        }
+        if let Some(p) = self.perm {
+            flags |= HAS_PERM;
+            perm = p & 0o7777;
+        }
+        if self.readonly {
+            flags |= READONLY;
+        }
+        let mut out = [0u8; LEN];
+        out[0] = VERSION;
+        out[1] = flags;
+        out[2..6].copy_from_slice(&uid.to_le_bytes());
+        out[6..10].copy_from_slice(&gid.to_le_bytes());
+        out[10..14].copy_from_slice(&perm.to_le_bytes());
+        out
+    }
+
+    /// Parses a stored record. Anything this version does not understand is refused
+    /// (the caller then treats the entry as having no record).
+    ///
+    /// # Errors
+    /// A description of what is wrong with the bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Record, &'static str> {
+        if bytes.len() != LEN {
+            return Err("wrong length");
+        }
+        if bytes[0] != VERSION {
+            return Err("unknown version");
+        }
+        let flags = bytes[1];
+        if flags & !KNOWN != 0 || (flags & HAS_GID != 0 && flags & GID_IS_MOUNT_GROUP != 0) {
+            return Err("unknown flags");
+        }
+        let word =
+            |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        let gid = if flags & GID_IS_MOUNT_GROUP != 0 {
+            Some(GroupRef::MountGroup)
+        } else if flags & HAS_GID != 0 {
+            Some(GroupRef::Gid(word(6)))
+        } else {
+            None
+        };
+        let perm = word(10);
+        if perm & !0o7777 != 0 {
+            return Err("mode out of range");
+        }
+        Ok(Record {
+            uid: (flags & HAS_UID != 0).then(|| word(2)),
+            gid,
+            perm: (flags & HAS_PERM != 0).then_some(perm),
+            readonly: flags & READONLY != 0,
+        })
+    }
+}
+
+/// Whether an xattr name belongs to the daemon (and so is hidden from views).
+pub fn is_reserved(name: &[u8]) -> bool {
+    name.starts_with(RESERVED_PREFIX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        let cases = [
+            Record::default(),
+            Record {
+                uid: Some(1000),
+                ..Default::default()
+            },
+            Record {
+                gid: Some(GroupRef::MountGroup),
+                perm: Some(0o2775),
+                ..Default::default()
+            },
+            Record {
+                uid: Some(0),
+                gid: Some(GroupRef::Gid(u32::MAX - 1)),
+                perm: Some(0o7777),
+                readonly: true,
+            },
+        ];
+        for r in cases {
+            assert_eq!(Record::decode(&r.encode()), Ok(r));
+        }
+    }
+
+    #[test]
+    fn refuses_what_it_does_not_understand() {
+        let good = Record {
+            uid: Some(1),
+            ..Default::default()
+        }
+        .encode();
+        assert!(Record::decode(&good[..13]).is_err());
+        let mut v2 = good;
+        v2[0] = 2;
+        assert_eq!(Record::decode(&v2), Err("unknown version"));
+        let mut flags = good;
+        flags[1] = 0x80;
+        assert_eq!(Record::decode(&flags), Err("unknown flags"));
+        let mut both = good;
+        both[1] = HAS_GID | GID_IS_MOUNT_GROUP;
+        assert_eq!(Record::decode(&both), Err("unknown flags"));
+        let mut perm = Record {
+            perm: Some(0o644),
+            ..Default::default()
+        }
+        .encode();
+        perm[11] = 0xff;
+        assert_eq!(Record::decode(&perm), Err("mode out of range"));
+    }
+
+    #[test]
+    fn reserved_names() {
+        assert!(is_reserved(RECORD_XATTR.to_bytes()));
+        assert!(is_reserved(b"trusted.mountgroup.anything"));
+        assert!(!is_reserved(b"trusted.mountgroupx"));
+        assert!(!is_reserved(b"user.mountgroup.owner"));
+    }
+}

@@ -1,0 +1,684 @@
+//! Safe wrappers for the file system calls the group view makes.
+//!
+//! The view never resolves a path twice: every inode is an `O_PATH|O_NOFOLLOW`
+//! descriptor, and everything else is done relative to one (`*at()` with
+//! `AT_EMPTY_PATH`, `openat2` with `RESOLVE_BENEATH|RESOLVE_NO_XDEV|RESOLVE_NO_SYMLINKS`).
+//! Where the kernel offers no descriptor-based call for an `O_PATH` descriptor
+//! (xattrs, chmod, reopening for I/O), the wrapper goes through the descriptor's own
+//! `/proc/self/fd/N` magic link, which names exactly that inode and nothing else.
+
+use std::ffi::{CStr, OsStr};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::{
+    AtFlags, FileType, Mode, OFlags, RawDir, RenameFlags, ResolveFlags, SeekFrom, StatxFlags,
+    Timespec, Timestamps, XattrFlags,
+};
+use rustix::fs::{Gid, Uid};
+
+use super::{Errno, SysResult};
+
+/// The type of a file system object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Regular,
+    Directory,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl Kind {
+    /// The kind named by the `S_IFMT` bits of a mode, if any.
+    pub fn from_mode(mode: u32) -> Option<Kind> {
+        match mode & libc::S_IFMT {
+            libc::S_IFREG => Some(Kind::Regular),
+            libc::S_IFDIR => Some(Kind::Directory),
+            libc::S_IFLNK => Some(Kind::Symlink),
+            libc::S_IFIFO => Some(Kind::Fifo),
+            libc::S_IFSOCK => Some(Kind::Socket),
+            libc::S_IFCHR => Some(Kind::CharDevice),
+            libc::S_IFBLK => Some(Kind::BlockDevice),
+            _ => None,
+        }
+    }
+
+    fn from_file_type(t: FileType) -> Option<Kind> {
+        match t {
+            FileType::RegularFile => Some(Kind::Regular),
+            FileType::Directory => Some(Kind::Directory),
+            FileType::Symlink => Some(Kind::Symlink),
+            FileType::Fifo => Some(Kind::Fifo),
+            FileType::Socket => Some(Kind::Socket),
+            FileType::CharacterDevice => Some(Kind::CharDevice),
+            FileType::BlockDevice => Some(Kind::BlockDevice),
+            FileType::Unknown => None,
+        }
+    }
+}
+
+/// A point in time as the kernel stores it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Time {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+/// What `statx(2)` says of an inode, in the units the view needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub dev: u64,
+    pub ino: u64,
+    /// The mount the inode was reached through (`STATX_MNT_ID`), when the kernel tells.
+    pub mnt_id: Option<u64>,
+    pub kind: Kind,
+    /// Permission bits and the set-id and sticky bits (`mode & 0o7777`).
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub blocks: u64,
+    pub blksize: u32,
+    pub rdev: u64,
+    pub atime: Time,
+    pub mtime: Time,
+    pub ctime: Time,
+    pub btime: Option<Time>,
+}
+
+/// Set-id and sticky bits plus the permission bits.
+pub const PERM_MASK: u32 = 0o7777;
+
+/// `/proc/self/fd/N` for a descriptor, without allocating.
+struct ProcPath {
+    buf: [u8; 40],
+}
+
+impl ProcPath {
+    fn new(fd: BorrowedFd<'_>) -> ProcPath {
+        use std::io::Write;
+        let mut buf = [0u8; 40];
+        let mut cursor = &mut buf[..];
+        // "/proc/self/fd/" + at most 10 digits + NUL always fits in 40 bytes.
+        let _ = write!(cursor, "/proc/self/fd/{}\0", fd.as_raw_fd());
+        ProcPath { buf }
+    }
+
+    fn as_cstr(&self) -> &CStr {
+        CStr::from_bytes_until_nul(&self.buf).expect("ProcPath always holds a NUL")
+    }
+}
+
+/// Opens the directory the view mirrors. The administrator's path is resolved once,
+/// here, following symlinks as mount(8) would; nothing is ever resolved by path again.
+///
+/// # Errors
+/// The error of `open(2)`; `ENOTDIR` when the path is not a directory.
+pub fn open_root(path: &Path) -> SysResult<OwnedFd> {
+    Ok(rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+static OPENAT2_MISSING: AtomicBool = AtomicBool::new(false);
+
+/// Opens one entry of a directory as an `O_PATH|O_NOFOLLOW` descriptor.
+///
+/// The name must be a single component. `openat2` with `RESOLVE_BENEATH`,
+/// `RESOLVE_NO_XDEV` and `RESOLVE_NO_SYMLINKS` makes sure that the result is a child
+/// of `dir` on the same mount: a symlink is returned as itself, never followed, and a
+/// mount point inside the tree fails with `EXDEV`. Where the kernel has no `openat2`
+/// (before 5.6), `openat` plus a mount-id comparison gives the same guarantees.
+///
+/// # Errors
+/// `EINVAL` for an empty name, `.`, `..` or a name with `/`; `EXDEV` for a mount point;
+/// otherwise the error of the open.
+pub fn open_child(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    dir_mnt_id: Option<u64>,
+) -> SysResult<OwnedFd> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    if !OPENAT2_MISSING.load(Ordering::Relaxed) {
+        let resolve = ResolveFlags::BENEATH
+            | ResolveFlags::NO_XDEV
+            | ResolveFlags::NO_SYMLINKS
+            | ResolveFlags::NO_MAGICLINKS;
+        match rustix::fs::openat2(dir, name, flags, Mode::empty(), resolve) {
+            Ok(fd) => return Ok(fd),
+            Err(rustix::io::Errno::NOSYS) => OPENAT2_MISSING.store(true, Ordering::Relaxed),
+            Err(rustix::io::Errno::AGAIN) => {
+                // openat2 asks to retry when a rename raced the resolution.
+                return Ok(rustix::fs::openat2(
+                    dir,
+                    name,
+                    flags,
+                    Mode::empty(),
+                    resolve,
+                )?);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let fd = rustix::fs::openat(dir, name, flags, Mode::empty())?;
+    if let Some(parent_mnt) = dir_mnt_id {
+        let st = stat(fd.as_fd())?;
+        if st.mnt_id.is_some_and(|m| m != parent_mnt) {
+            return Err(Errno::EXDEV);
+        }
+    }
+    Ok(fd)
+}
+
+/// `statx(2)` of the inode a descriptor refers to, never following a symlink.
+///
+/// # Errors
+/// The error of `statx`; `EIO` for a file type the kernel does not name.
+pub fn stat(fd: BorrowedFd<'_>) -> SysResult<Stat> {
+    let want = StatxFlags::BASIC_STATS | StatxFlags::BTIME | StatxFlags::MNT_ID;
+    let sx = rustix::fs::statx(
+        fd,
+        c"",
+        AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+        want,
+    )?;
+    let mask = StatxFlags::from_bits_retain(sx.stx_mask);
+    let kind = Kind::from_mode(u32::from(sx.stx_mode)).ok_or(Errno::EIO)?;
+    let t = |ts: rustix::fs::StatxTimestamp| Time {
+        sec: ts.tv_sec,
+        nsec: ts.tv_nsec,
+    };
+    Ok(Stat {
+        dev: (u64::from(sx.stx_dev_major) << 32) | u64::from(sx.stx_dev_minor),
+        ino: sx.stx_ino,
+        mnt_id: mask.contains(StatxFlags::MNT_ID).then_some(sx.stx_mnt_id),
+        kind,
+        perm: u32::from(sx.stx_mode) & PERM_MASK,
+        uid: sx.stx_uid,
+        gid: sx.stx_gid,
+        nlink: sx.stx_nlink,
+        size: sx.stx_size,
+        blocks: sx.stx_blocks,
+        blksize: sx.stx_blksize,
+        rdev: (u64::from(sx.stx_rdev_major) << 32) | u64::from(sx.stx_rdev_minor),
+        atime: t(sx.stx_atime),
+        mtime: t(sx.stx_mtime),
+        ctime: t(sx.stx_ctime),
+        btime: mask.contains(StatxFlags::BTIME).then(|| t(sx.stx_btime)),
+    })
+}
+
+/// How a regular file or directory is reopened for I/O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    ReadOnly,
+    ReadWrite,
+    /// A directory stream (`O_RDONLY|O_DIRECTORY`).
+    Directory,
+    /// Another `O_PATH` descriptor to the same inode.
+    Path,
+}
+
+/// Reopens the inode behind an `O_PATH` descriptor for I/O.
+///
+/// Callers must only reopen regular files and directories: the kernel would happily
+/// open a FIFO (and block) or a device node through the magic link. The result is
+/// checked to be the same inode.
+///
+/// # Errors
+/// The error of `open(2)`; `ESTALE`-like `EIO` if the magic link led elsewhere.
+pub fn reopen(fd: BorrowedFd<'_>, access: Access) -> SysResult<OwnedFd> {
+    let flags = OFlags::CLOEXEC
+        | OFlags::NOCTTY
+        | match access {
+            Access::ReadOnly => OFlags::RDONLY,
+            Access::ReadWrite => OFlags::RDWR,
+            Access::Directory => OFlags::RDONLY | OFlags::DIRECTORY,
+            Access::Path => OFlags::PATH,
+        };
+    let path = ProcPath::new(fd);
+    let new = rustix::fs::open(path.as_cstr(), flags, Mode::empty())?;
+    Ok(new)
+}
+
+/// Creates a regular file (`O_CREAT|O_EXCL|O_NOFOLLOW`) and returns it open read-write.
+///
+/// # Errors
+/// The error of `openat(2)`, `EEXIST` when the name exists.
+pub fn create_file(dir: BorrowedFd<'_>, name: &OsStr, perm: u32) -> SysResult<OwnedFd> {
+    Ok(rustix::fs::openat(
+        dir,
+        name,
+        OFlags::CREATE
+            | OFlags::EXCL
+            | OFlags::RDWR
+            | OFlags::NOFOLLOW
+            | OFlags::CLOEXEC
+            | OFlags::NOCTTY,
+        Mode::from_raw_mode(perm & PERM_MASK),
+    )?)
+}
+
+/// `mkdirat(2)`.
+///
+/// # Errors
+/// The error of the call.
+pub fn mkdir(dir: BorrowedFd<'_>, name: &OsStr, perm: u32) -> SysResult<()> {
+    Ok(rustix::fs::mkdirat(
+        dir,
+        name,
+        Mode::from_raw_mode(perm & PERM_MASK),
+    )?)
+}
+
+/// `mknodat(2)` for a FIFO, socket or empty regular file. Device nodes are refused
+/// here, below every policy: a root daemon must never create one on a share.
+///
+/// # Errors
+/// `EPERM` for a device node, otherwise the error of the call.
+pub fn mknod(dir: BorrowedFd<'_>, name: &OsStr, kind: Kind, perm: u32) -> SysResult<()> {
+    let ft = match kind {
+        Kind::Fifo => FileType::Fifo,
+        Kind::Socket => FileType::Socket,
+        Kind::Regular => FileType::RegularFile,
+        Kind::CharDevice | Kind::BlockDevice => return Err(Errno::EPERM),
+        Kind::Directory | Kind::Symlink => return Err(Errno::EINVAL),
+    };
+    Ok(rustix::fs::mknodat(
+        dir,
+        name,
+        ft,
+        Mode::from_raw_mode(perm & PERM_MASK),
+        0,
+    )?)
+}
+
+/// `symlinkat(2)`: the target is stored as given and never resolved.
+///
+/// # Errors
+/// The error of the call.
+pub fn symlink(target: &OsStr, dir: BorrowedFd<'_>, name: &OsStr) -> SysResult<()> {
+    Ok(rustix::fs::symlinkat(target, dir, name)?)
+}
+
+/// `linkat(2)` of the inode itself (`AT_EMPTY_PATH`), so no name is resolved.
+///
+/// # Errors
+/// The error of the call.
+pub fn link(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &OsStr) -> SysResult<()> {
+    Ok(rustix::fs::linkat(fd, c"", dir, name, AtFlags::EMPTY_PATH)?)
+}
+
+/// `unlinkat(2)`; `dir_entry` selects `AT_REMOVEDIR`.
+///
+/// # Errors
+/// The error of the call.
+pub fn unlink(dir: BorrowedFd<'_>, name: &OsStr, dir_entry: bool) -> SysResult<()> {
+    let flags = if dir_entry {
+        AtFlags::REMOVEDIR
+    } else {
+        AtFlags::empty()
+    };
+    Ok(rustix::fs::unlinkat(dir, name, flags)?)
+}
+
+/// `renameat2(2)` with the `RENAME_NOREPLACE`/`RENAME_EXCHANGE` bits of `flags`.
+///
+/// # Errors
+/// `EINVAL` for any other flag (`RENAME_WHITEOUT` is an overlayfs internal), otherwise
+/// the error of the call.
+pub fn rename(
+    old_dir: BorrowedFd<'_>,
+    old_name: &OsStr,
+    new_dir: BorrowedFd<'_>,
+    new_name: &OsStr,
+    flags: u32,
+) -> SysResult<()> {
+    let allowed = RenameFlags::NOREPLACE | RenameFlags::EXCHANGE;
+    let flags = RenameFlags::from_bits(flags).ok_or(Errno::EINVAL)?;
+    if !allowed.contains(flags) {
+        return Err(Errno::EINVAL);
+    }
+    Ok(rustix::fs::renameat_with(
+        old_dir, old_name, new_dir, new_name, flags,
+    )?)
+}
+
+/// `readlinkat(2)` of the symlink a descriptor refers to.
+///
+/// # Errors
+/// The error of the call.
+pub fn readlink(fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
+    Ok(rustix::fs::readlinkat(fd, c"", Vec::new())?.into_bytes())
+}
+
+/// `fchownat(2)` with `AT_EMPTY_PATH|AT_SYMLINK_NOFOLLOW`; `None` leaves an id as is.
+///
+/// # Errors
+/// The error of the call.
+pub fn chown(fd: BorrowedFd<'_>, uid: Option<u32>, gid: Option<u32>) -> SysResult<()> {
+    Ok(rustix::fs::chownat(
+        fd,
+        c"",
+        uid.map(Uid::from_raw),
+        gid.map(Gid::from_raw),
+        AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+    )?)
+}
+
+/// `chmod(2)` of the inode a descriptor refers to (not for symlinks).
+///
+/// # Errors
+/// The error of the call.
+pub fn chmod(fd: BorrowedFd<'_>, perm: u32) -> SysResult<()> {
+    let path = ProcPath::new(fd);
+    Ok(rustix::fs::chmod(
+        path.as_cstr(),
+        Mode::from_raw_mode(perm & PERM_MASK),
+    )?)
+}
+
+/// A time to set: a value, the current time, or leave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetTime {
+    Omit,
+    Now,
+    At(Time),
+}
+
+impl SetTime {
+    fn timespec(self) -> Timespec {
+        match self {
+            SetTime::Omit => Timespec {
+                tv_sec: 0,
+                tv_nsec: rustix::fs::UTIME_OMIT,
+            },
+            SetTime::Now => Timespec {
+                tv_sec: 0,
+                tv_nsec: rustix::fs::UTIME_NOW,
+            },
+            SetTime::At(t) => Timespec {
+                tv_sec: t.sec,
+                tv_nsec: i64::from(t.nsec),
+            },
+        }
+    }
+}
+
+/// `utimensat(2)` with `AT_EMPTY_PATH|AT_SYMLINK_NOFOLLOW`.
+///
+/// # Errors
+/// The error of the call.
+pub fn set_times(fd: BorrowedFd<'_>, atime: SetTime, mtime: SetTime) -> SysResult<()> {
+    let ts = Timestamps {
+        last_access: atime.timespec(),
+        last_modification: mtime.timespec(),
+    };
+    Ok(rustix::fs::utimensat(
+        fd,
+        c"",
+        &ts,
+        AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+    )?)
+}
+
+/// `ftruncate(2)` on a descriptor open for writing.
+///
+/// # Errors
+/// The error of the call.
+pub fn truncate(fd: BorrowedFd<'_>, size: u64) -> SysResult<()> {
+    Ok(rustix::fs::ftruncate(fd, size)?)
+}
+
+/// `pread(2)` until `len` bytes or end of file.
+///
+/// # Errors
+/// The error of the call.
+pub fn read_at(fd: BorrowedFd<'_>, offset: u64, len: usize) -> SysResult<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let mut done = 0usize;
+    while done < len {
+        let n = rustix::io::pread(fd, &mut buf[done..], offset + done as u64)?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    buf.truncate(done);
+    Ok(buf)
+}
+
+/// `pwrite(2)` of the whole buffer.
+///
+/// # Errors
+/// The error of the call.
+pub fn write_at(fd: BorrowedFd<'_>, offset: u64, data: &[u8]) -> SysResult<usize> {
+    let mut done = 0usize;
+    while done < data.len() {
+        let n = rustix::io::pwrite(fd, &data[done..], offset + done as u64)?;
+        if n == 0 {
+            return Err(Errno::EIO);
+        }
+        done += n;
+    }
+    Ok(done)
+}
+
+/// `fsync(2)` or `fdatasync(2)`.
+///
+/// # Errors
+/// The error of the call.
+pub fn sync(fd: BorrowedFd<'_>, data_only: bool) -> SysResult<()> {
+    if data_only {
+        Ok(rustix::fs::fdatasync(fd)?)
+    } else {
+        Ok(rustix::fs::fsync(fd)?)
+    }
+}
+
+/// `fallocate(2)` with the caller's mode bits.
+///
+/// # Errors
+/// The error of the call.
+pub fn allocate(fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> SysResult<()> {
+    let flags = rustix::fs::FallocateFlags::from_bits_retain(mode as u32);
+    Ok(rustix::fs::fallocate(fd, flags, offset, len)?)
+}
+
+/// `lseek(2)` for `SEEK_DATA`/`SEEK_HOLE` (and the plain whences).
+///
+/// # Errors
+/// `EINVAL` for an unknown whence, otherwise the error of the call.
+pub fn seek(fd: BorrowedFd<'_>, offset: i64, whence: i32) -> SysResult<u64> {
+    let pos = match whence {
+        libc::SEEK_SET => SeekFrom::Start(u64::try_from(offset).map_err(|_| Errno::EINVAL)?),
+        libc::SEEK_CUR => SeekFrom::Current(offset),
+        libc::SEEK_END => SeekFrom::End(offset),
+        libc::SEEK_DATA => SeekFrom::Data(u64::try_from(offset).map_err(|_| Errno::EINVAL)?),
+        libc::SEEK_HOLE => SeekFrom::Hole(u64::try_from(offset).map_err(|_| Errno::EINVAL)?),
+        _ => return Err(Errno::EINVAL),
+    };
+    Ok(rustix::fs::seek(fd, pos)?)
+}
+
+/// `copy_file_range(2)` between two descriptors at explicit offsets.
+///
+/// # Errors
+/// The error of the call.
+pub fn copy_range(
+    from: BorrowedFd<'_>,
+    from_off: u64,
+    to: BorrowedFd<'_>,
+    to_off: u64,
+    len: usize,
+) -> SysResult<usize> {
+    let mut off_in = from_off;
+    let mut off_out = to_off;
+    Ok(rustix::fs::copy_file_range(
+        from,
+        Some(&mut off_in),
+        to,
+        Some(&mut off_out),
+        len,
+    )?)
+}
+
+/// What `statvfs(2)` says of the file system behind a descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsStat {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub frsize: u32,
+    pub namelen: u32,
+}
+
+/// `fstatvfs(2)`; works on `O_PATH` descriptors.
+///
+/// # Errors
+/// The error of the call.
+pub fn statvfs(fd: BorrowedFd<'_>) -> SysResult<FsStat> {
+    let s = rustix::fs::fstatvfs(fd)?;
+    Ok(FsStat {
+        blocks: s.f_blocks,
+        bfree: s.f_bfree,
+        bavail: s.f_bavail,
+        files: s.f_files,
+        ffree: s.f_ffree,
+        bsize: u32::try_from(s.f_bsize).unwrap_or(u32::MAX),
+        frsize: u32::try_from(s.f_frsize).unwrap_or(u32::MAX),
+        namelen: u32::try_from(s.f_namemax).unwrap_or(255),
+    })
+}
+
+/// Reads an extended attribute of the inode (any kind, symlinks included).
+/// Returns `Ok(None)` when the attribute does not exist.
+///
+/// # Errors
+/// The error of `getxattr(2)` other than `ENODATA`.
+pub fn get_xattr(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<Option<Vec<u8>>> {
+    let path = ProcPath::new(fd);
+    loop {
+        let size = match rustix::fs::getxattr_query(path.as_cstr(), name) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::NODATA) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let mut buf = vec![0u8; size];
+        match rustix::fs::getxattr(path.as_cstr(), name, &mut buf[..]) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(Some(buf));
+            }
+            Err(rustix::io::Errno::NODATA) => return Ok(None),
+            // The value grew between the two calls: ask again.
+            Err(rustix::io::Errno::RANGE) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Lists the extended attribute names of the inode, NUL-separated as the kernel gives.
+///
+/// # Errors
+/// The error of `listxattr(2)`.
+pub fn list_xattr(fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
+    let path = ProcPath::new(fd);
+    loop {
+        let size = rustix::fs::listxattr_query(path.as_cstr())?;
+        let mut buf = vec![0u8; size];
+        match rustix::fs::listxattr(path.as_cstr(), &mut buf[..]) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Err(rustix::io::Errno::RANGE) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Sets an extended attribute; `flags` are `XATTR_CREATE`/`XATTR_REPLACE`.
+///
+/// # Errors
+/// The error of `setxattr(2)`.
+pub fn set_xattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: u32) -> SysResult<()> {
+    let path = ProcPath::new(fd);
+    let flags = XattrFlags::from_bits(flags).ok_or(Errno::EINVAL)?;
+    Ok(rustix::fs::setxattr(path.as_cstr(), name, value, flags)?)
+}
+
+/// Removes an extended attribute.
+///
+/// # Errors
+/// The error of `removexattr(2)` (`ENODATA` when absent).
+pub fn remove_xattr(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<()> {
+    let path = ProcPath::new(fd);
+    Ok(rustix::fs::removexattr(path.as_cstr(), name)?)
+}
+
+/// One entry of a directory stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: u64,
+    pub kind: Option<Kind>,
+    /// The position just after this entry, to resume a listing from.
+    pub next: u64,
+}
+
+/// Reads the next batch of entries of a directory stream (one `getdents64(2)`).
+/// An empty batch is the end of the directory.
+///
+/// # Errors
+/// The error of `getdents64`.
+pub fn read_dir_batch(fd: BorrowedFd<'_>, buf: &mut [MaybeUninit<u8>]) -> SysResult<Vec<DirEntry>> {
+    let mut out = Vec::new();
+    let mut dir = RawDir::new(fd, buf);
+    while let Some(entry) = dir.next() {
+        let entry = entry?;
+        out.push(DirEntry {
+            name: entry.file_name().to_bytes().to_vec(),
+            ino: entry.ino(),
+            kind: Kind::from_file_type(entry.file_type()),
+            next: entry.next_entry_cookie(),
+        });
+        if dir.is_buffer_empty() {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Moves a directory stream to a position a previous entry returned.
+///
+/// # Errors
+/// The error of `lseek(2)`.
+pub fn seek_dir(fd: BorrowedFd<'_>, pos: u64) -> SysResult<()> {
+    rustix::fs::seek(fd, SeekFrom::Start(pos))?;
+    Ok(())
+}
+
+/// Sets the process file-mode creation mask, returning the old one.
+///
+/// The daemon runs with umask 0: the kernel already applied the caller's umask to
+/// every mode it sends, and a second mask would silently change what callers asked for.
+pub fn set_umask(mask: u32) -> u32 {
+    rustix::process::umask(Mode::from_raw_mode(mask)).bits()
+}

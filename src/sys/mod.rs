@@ -1,0 +1,77 @@
+//! The system-call layer: the only module that talks to the kernel directly.
+//!
+//! Everything above this module works with safe, documented wrappers that return
+//! [`Errno`], never a `std::io::Error` that might have lost its OS error code. All
+//! `unsafe` code of the crate lives here (see `signal.rs`).
+
+pub mod file;
+pub mod mount;
+pub mod process;
+pub mod signal;
+
+use std::fmt;
+
+/// A raw OS error number, as returned by a failed system call.
+///
+/// Kept as the number itself so that a failure can be handed to the kernel (FUSE
+/// replies) or to a user (messages) without ever turning into a generic `EIO`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Errno(pub i32);
+
+impl Errno {
+    pub const EACCES: Errno = Errno(libc::EACCES);
+    pub const EBADF: Errno = Errno(libc::EBADF);
+    pub const EBUSY: Errno = Errno(libc::EBUSY);
+    pub const EEXIST: Errno = Errno(libc::EEXIST);
+    pub const EINVAL: Errno = Errno(libc::EINVAL);
+    pub const EIO: Errno = Errno(libc::EIO);
+    pub const EISDIR: Errno = Errno(libc::EISDIR);
+    pub const ELOOP: Errno = Errno(libc::ELOOP);
+    pub const ENODATA: Errno = Errno(libc::ENODATA);
+    pub const ENOENT: Errno = Errno(libc::ENOENT);
+    pub const ENOSYS: Errno = Errno(libc::ENOSYS);
+    pub const ENOTCONN: Errno = Errno(libc::ENOTCONN);
+    pub const ENOTDIR: Errno = Errno(libc::ENOTDIR);
+    pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
+    pub const EPERM: Errno = Errno(libc::EPERM);
+    pub const ERANGE: Errno = Errno(libc::ERANGE);
+    pub const EROFS: Errno = Errno(libc::EROFS);
+    pub const ETXTBSY: Errno = Errno(libc::ETXTBSY);
+    pub const EXDEV: Errno = Errno(libc::EXDEV);
+
+    /// The raw error number.
+    pub fn raw(self) -> i32 {
+        self.0
+    }
+
+    /// The error of an `std::io::Error`, or `EIO` when it carries none.
+    ///
+    /// Only for errors from std APIs that wrap a single system call.
+    pub fn from_io(err: &std::io::Error) -> Errno {
+        Errno(err.raw_os_error().unwrap_or(libc::EIO))
+    }
+}
+
+impl From<rustix::io::Errno> for Errno {
+    fn from(e: rustix::io::Errno) -> Self {
+        Errno(e.raw_os_error())
+    }
+}
+
+impl fmt::Display for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // std formats an OS error as "<text> (os error N)".
+        write!(f, "{}", std::io::Error::from_raw_os_error(self.0))
+    }
+}
+
+impl fmt::Debug for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Errno({}: {})", self.0, self)
+    }
+}
+
+impl std::error::Error for Errno {}
+
+/// Result of a system call wrapper.
+pub type SysResult<T> = Result<T, Errno>;
