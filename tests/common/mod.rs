@@ -1,0 +1,241 @@
+//! Shared helpers for tests that mount real views: the `mountgroup` binary run as a
+//! child process, a guard that always unmounts (even when the test panics), and
+//! commands run as other users through setpriv(1).
+#![allow(dead_code)]
+
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_mountgroup");
+
+/// A temp dir with `src/` (the backing tree) and `mnt/`, traversable by every user.
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub src: PathBuf,
+    pub mnt: PathBuf,
+}
+
+impl Fixture {
+    pub fn new() -> Fixture {
+        let dir = tempfile::Builder::new()
+            .prefix("mountgroup-test-")
+            .tempdir()
+            .unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let src = dir.path().join("src");
+        let mnt = dir.path().join("mnt");
+        fs::create_dir(&src).unwrap();
+        fs::create_dir(&mnt).unwrap();
+        Fixture { dir, src, mnt }
+    }
+
+    /// Another empty directory inside the fixture.
+    pub fn subdir(&self, name: &str) -> PathBuf {
+        let p = self.dir.path().join(name);
+        fs::create_dir_all(&p).unwrap();
+        p
+    }
+
+    /// Mounts a view of `src` on `mnt` with `-o options`; panics with the daemon's
+    /// message if the mount fails.
+    pub fn mount(&self, options: &str) -> Mounted {
+        Mounted::start(&self.src, &self.mnt, &["-o", options])
+            .unwrap_or_else(|e| panic!("mount failed: {e}"))
+    }
+}
+
+/// A running `mountgroup mount`. Dropping it stops the daemon and makes sure the
+/// mount is gone.
+pub struct Mounted {
+    child: Option<Child>,
+    pub mountpoint: PathBuf,
+    log: PathBuf,
+}
+
+impl Mounted {
+    /// Starts the daemon and waits until the mount shows in the mount table. Returns
+    /// the daemon's stderr if it exits first.
+    pub fn start(source: &Path, mountpoint: &Path, args: &[&str]) -> Result<Mounted, String> {
+        let log = mountpoint.with_extension(format!("log{}", std::process::id()));
+        let err = fs::File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .arg("mount")
+            .arg(source)
+            .arg(mountpoint)
+            .args(args)
+            .env("RUST_LOG", "mountgroup=debug,info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .unwrap();
+        let mut m = Mounted {
+            child: Some(child),
+            mountpoint: fs::canonicalize(mountpoint).unwrap(),
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if is_mounted(&m.mountpoint) {
+                return Ok(m);
+            }
+            if let Some(status) = m.child.as_mut().unwrap().try_wait().unwrap() {
+                m.child = None;
+                return Err(format!("exited with {status}: {}", m.log_text()));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("not mounted after 20 s: {}", m.log_text()));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// What the daemon logged so far.
+    pub fn log_text(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// Stops the daemon with SIGTERM and returns its exit code.
+    pub fn stop(mut self) -> Option<i32> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Option<i32> {
+        let mut code = None;
+        if let Some(mut child) = self.child.take() {
+            let _ = kill_process(Pid::from_raw(child.id() as i32).unwrap(), Signal::TERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        code = status.code();
+                        break;
+                    }
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        if is_mounted(&self.mountpoint) {
+            let _ = rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::DETACH);
+        }
+        code
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        self.shutdown();
+        let _ = fs::remove_file(&self.log);
+    }
+}
+
+/// Whether `path` is a mount point in this mount namespace.
+pub fn is_mounted(path: &Path) -> bool {
+    let want = path.to_string_lossy().replace(' ', "\\040");
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
+
+/// The result of a command run as another user.
+#[derive(Debug)]
+pub struct Ran {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `script` with `sh -c` as `uid`/`gid` with exactly the supplementary `groups`.
+pub fn run_as(uid: u32, gid: u32, groups: &[u32], script: &str) -> Ran {
+    let mut cmd = Command::new("setpriv");
+    cmd.arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"));
+    if groups.is_empty() {
+        cmd.arg("--clear-groups");
+    } else {
+        let g: Vec<String> = groups.iter().map(u32::to_string).collect();
+        cmd.arg(format!("--groups={}", g.join(",")));
+    }
+    let out = cmd
+        .args(["--", "sh", "-c", script])
+        .output()
+        .expect("setpriv runs");
+    Ran {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// (uid, gid, mode) of a path, not following symlinks.
+pub fn owner(path: &Path) -> (u32, u32, u32) {
+    let m = fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (m.uid(), m.gid(), m.mode() & 0o7777)
+}
+
+/// Every path below `root` with its (uid, gid, mode), sorted.
+pub fn snapshot(root: &Path) -> Vec<(PathBuf, (u32, u32, u32))> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        out.push((p.strip_prefix(root).unwrap().to_path_buf(), owner(&p)));
+        if fs::symlink_metadata(&p).unwrap().is_dir() {
+            for e in fs::read_dir(&p).unwrap() {
+                stack.push(e.unwrap().path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// chown without following symlinks.
+pub fn chown(path: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid)).unwrap();
+}
+
+/// chmod.
+pub fn chmod(path: &Path, mode: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The raw OS error of a failed std call.
+pub fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("expected an error")
+        .raw_os_error()
+        .expect("an OS error")
+}
+
+/// Runs a command and panics with its output unless it succeeds.
+pub fn sh(script: &str) -> String {
+    let out = Command::new("sh").args(["-c", script]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "`{script}` failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

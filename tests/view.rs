@@ -1,0 +1,639 @@
+//! The group view on real FUSE mounts: what stat shows and what users may do, per
+//! docs/SEMANTICS.md. Runs as root; every mount is undone by its guard.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+
+use common::*;
+
+const G: u32 = 4242;
+const MEMBER: u32 = 2001;
+const OUTSIDER: u32 = 2002;
+
+/// A small tree owned 1234:1234, files 0644, directories 0755.
+fn populate(f: &Fixture) {
+    fs::create_dir_all(f.src.join("dir/sub")).unwrap();
+    for p in ["a.txt", "dir/b.txt", "dir/sub/c.txt"] {
+        fs::write(f.src.join(p), format!("content of {p}\n")).unwrap();
+        chmod(&f.src.join(p), 0o644);
+    }
+    std::os::unix::fs::symlink("a.txt", f.src.join("link")).unwrap();
+    for p in [
+        "",
+        "dir",
+        "dir/sub",
+        "a.txt",
+        "dir/b.txt",
+        "dir/sub/c.txt",
+        "link",
+    ] {
+        chown(&f.src.join(p), 1234, 1234);
+    }
+    for p in ["", "dir", "dir/sub"] {
+        chmod(&f.src.join(p), 0o755);
+    }
+}
+
+#[test]
+fn every_entry_shows_the_group_and_members_can_write() {
+    let f = Fixture::new();
+    populate(&f);
+    let before = snapshot(&f.src);
+    let _m = f.mount(&format!("gid={G}"));
+
+    for (rel, _) in snapshot(&f.mnt) {
+        let (_, gid, mode) = owner(&f.mnt.join(&rel));
+        assert_eq!(gid, G, "{} shows the mount group", rel.display());
+        let meta = fs::symlink_metadata(f.mnt.join(&rel)).unwrap();
+        if meta.is_dir() {
+            assert_eq!(mode, 0o2775, "{}: 0755 | 0770 | setgid", rel.display());
+        } else if meta.is_file() {
+            assert_eq!(mode, 0o664, "{}: 0644 | 0660", rel.display());
+        }
+    }
+    assert_eq!(
+        owner(&f.mnt.join("dir/b.txt")).0,
+        1234,
+        "the owner is the disk's"
+    );
+
+    // A member of the group who is not the owner writes, reads, creates.
+    let ran = run_as(
+        MEMBER,
+        MEMBER,
+        &[G],
+        &format!(
+            "echo member >> {0}/dir/b.txt && cat {0}/dir/b.txt && echo new > {0}/dir/sub/new.txt",
+            f.mnt.display()
+        ),
+    );
+    assert!(ran.ok, "member: {ran:?}");
+    assert!(ran.stdout.contains("member"));
+    // Someone outside the group can read (0664) but not write.
+    let ran = run_as(
+        OUTSIDER,
+        OUTSIDER,
+        &[],
+        &format!("cat {0}/a.txt && echo x >> {0}/a.txt", f.mnt.display()),
+    );
+    assert!(!ran.ok, "outsider wrote: {ran:?}");
+    assert!(ran.stderr.contains("Permission denied"), "{ran:?}");
+    let ran = run_as(
+        OUTSIDER,
+        OUTSIDER,
+        &[],
+        &format!("touch {}/dir/outsider", f.mnt.display()),
+    );
+    assert!(
+        !ran.ok && ran.stderr.contains("Permission denied"),
+        "{ran:?}"
+    );
+
+    // A full walk with reads and writes changed no backing owner or mode.
+    sh(&format!(
+        "ls -lR {0} >/dev/null && cat {0}/a.txt {0}/dir/sub/c.txt >/dev/null && echo more >> {0}/a.txt",
+        f.mnt.display()
+    ));
+    let after: Vec<_> = snapshot(&f.src)
+        .into_iter()
+        .filter(|(p, _)| !p.ends_with("new.txt"))
+        .collect();
+    assert_eq!(after, before, "backing ownership and modes are untouched");
+    assert_eq!(
+        fs::read_to_string(f.src.join("dir/b.txt")).unwrap(),
+        "content of dir/b.txt\nmember\n"
+    );
+}
+
+#[test]
+fn new_entries_belong_to_the_creator_and_the_group() {
+    let f = Fixture::new();
+    populate(&f);
+    let _m = f.mount(&format!("gid={G}"));
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!(
+            "umask 022; echo hi > {0}/new.txt && mkdir {0}/newdir && ln -s new.txt {0}/newlink",
+            f.mnt.display()
+        ),
+    );
+    assert!(ran.ok, "{ran:?}");
+    assert_eq!(
+        owner(&f.mnt.join("new.txt")),
+        (1000, G, 0o644),
+        "caller's uid, the group, mode after umask"
+    );
+    assert_eq!(
+        owner(&f.mnt.join("newdir")),
+        (1000, G, 0o2755),
+        "setgid inherited"
+    );
+    assert_eq!(owner(&f.mnt.join("newlink")).0, 1000);
+    // On disk it is the daemon's, and nothing set-id ever lands there.
+    assert_eq!(owner(&f.src.join("new.txt")), (0, 0, 0o644));
+    assert_eq!(owner(&f.src.join("newdir")).0, 0);
+    assert_eq!(owner(&f.src.join("newdir")).2 & 0o6000, 0);
+
+    // The owner can chmod; the effect is seen, the disk keeps its mode.
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!(
+            "chmod 600 {0}/new.txt && chgrp {G} {0}/new.txt",
+            f.mnt.display()
+        ),
+    );
+    assert!(ran.ok, "{ran:?}");
+    assert_eq!(owner(&f.mnt.join("new.txt")), (1000, G, 0o600));
+    assert_eq!(owner(&f.src.join("new.txt")), (0, 0, 0o644));
+    // ...and the kernel's rules apply to what is presented: 0600 locks the group out.
+    let ran = run_as(
+        MEMBER,
+        MEMBER,
+        &[G],
+        &format!("cat {}/new.txt", f.mnt.display()),
+    );
+    assert!(!ran.ok, "{ran:?}");
+    // The owner cannot give the file away or chgrp to a group it is not in.
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!("chown 1500 {}/new.txt", f.mnt.display()),
+    );
+    assert!(
+        !ran.ok && ran.stderr.contains("Operation not permitted"),
+        "{ran:?}"
+    );
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!("chgrp 77 {}/new.txt", f.mnt.display()),
+    );
+    assert!(!ran.ok, "{ran:?}");
+    // Root can, and the effect shows; a file it never touched on disk.
+    chown(&f.mnt.join("a.txt"), 1500, 1600);
+    chmod(&f.mnt.join("a.txt"), 0o640);
+    assert_eq!(owner(&f.mnt.join("a.txt")), (1500, 1600, 0o640));
+    assert_eq!(owner(&f.src.join("a.txt")), (1234, 1234, 0o644));
+    // chgrp back to the mount group.
+    chown(&f.mnt.join("a.txt"), 1500, G);
+    assert_eq!(owner(&f.mnt.join("a.txt")).1, G);
+}
+
+#[test]
+fn records_survive_a_remount_and_follow_each_views_group() {
+    let f = Fixture::new();
+    populate(&f);
+    {
+        let _m = f.mount(&format!("gid={G}"));
+        let ran = run_as(
+            1000,
+            1000,
+            &[G],
+            &format!("umask 007; echo x > {}/mine", f.mnt.display()),
+        );
+        assert!(ran.ok, "{ran:?}");
+        chmod(&f.mnt.join("a.txt"), 0o600);
+    }
+    let _m = f.mount("gid=777");
+    assert_eq!(
+        owner(&f.mnt.join("mine")),
+        (1000, 777, 0o660),
+        "the mount group of this view"
+    );
+    assert_eq!(
+        owner(&f.mnt.join("a.txt")),
+        (1234, 777, 0o600),
+        "chmod persisted"
+    );
+}
+
+#[test]
+fn two_views_of_one_directory_show_two_groups_at_once() {
+    let f = Fixture::new();
+    populate(&f);
+    let other = f.subdir("mnt2");
+    let _a = f.mount("gid=3001");
+    let _b = Mounted::start(&f.src, &other, &["-o", "gid=3002"]).unwrap();
+    assert_eq!(owner(&f.mnt.join("a.txt")).1, 3001);
+    assert_eq!(owner(&other.join("a.txt")).1, 3002);
+    let ran = run_as(
+        5001,
+        5001,
+        &[3001],
+        &format!("umask 002; echo from-a > {}/shared.txt", f.mnt.display()),
+    );
+    assert!(ran.ok, "{ran:?}");
+    let ran = run_as(
+        5002,
+        5002,
+        &[3002],
+        &format!("echo from-b >> {}/shared.txt", other.display()),
+    );
+    assert!(
+        ran.ok,
+        "a member of the other view's group writes the same file: {ran:?}"
+    );
+    assert_eq!(owner(&other.join("shared.txt")).1, 3002);
+    let ran = run_as(
+        5002,
+        5002,
+        &[3002],
+        &format!("echo x >> {}/shared.txt", f.mnt.display()),
+    );
+    assert!(!ran.ok, "but not through the first view: {ran:?}");
+    assert_eq!(
+        fs::read_to_string(f.src.join("shared.txt")).unwrap(),
+        "from-a\nfrom-b\n"
+    );
+}
+
+#[test]
+fn ownership_off_gives_success_with_no_effect() {
+    let f = Fixture::new();
+    populate(&f);
+    let _m = f.mount(&format!("gid={G},ownership=off"));
+    chmod(&f.mnt.join("a.txt"), 0o600);
+    chown(&f.mnt.join("a.txt"), 1, 2);
+    assert_eq!(owner(&f.mnt.join("a.txt")), (1234, G, 0o664), "no effect");
+    // Non-owners still get the kernel's refusal first.
+    let ran = run_as(
+        MEMBER,
+        MEMBER,
+        &[G],
+        &format!("chmod 600 {}/a.txt", f.mnt.display()),
+    );
+    assert!(
+        !ran.ok && ran.stderr.contains("Operation not permitted"),
+        "{ran:?}"
+    );
+    // New files show the disk's owner (the daemon) with the group's bits.
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!("umask 022; echo x > {}/n", f.mnt.display()),
+    );
+    assert!(ran.ok, "{ran:?}");
+    assert_eq!(owner(&f.mnt.join("n")), (0, G, 0o664));
+    assert!(
+        fs::read_dir(&f.src)
+            .unwrap()
+            .all(|e| xattr_names(&e.unwrap().path()).is_empty()),
+        "no records written"
+    );
+}
+
+#[test]
+fn cifs_mode_shows_fixed_owner_and_modes() {
+    let f = Fixture::new();
+    populate(&f);
+    let _m = f.mount(&format!(
+        "mode=cifs,gid={G},uid=1000,file_mode=0664,dir_mode=0775"
+    ));
+    assert_eq!(owner(&f.mnt.join("a.txt")), (1000, G, 0o664));
+    assert_eq!(owner(&f.mnt.join("dir")), (1000, G, 0o775));
+    // The owner's chmod passes the kernel check and has no effect...
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!(
+            "chmod 600 {0}/a.txt && chown 1000:{G} {0}/a.txt",
+            f.mnt.display()
+        ),
+    );
+    assert!(ran.ok, "{ran:?}");
+    assert_eq!(owner(&f.mnt.join("a.txt")), (1000, G, 0o664));
+    // ...a non-owner's fails, as on a CIFS mount.
+    let ran = run_as(
+        MEMBER,
+        MEMBER,
+        &[G],
+        &format!("chmod 600 {}/a.txt", f.mnt.display()),
+    );
+    assert!(
+        !ran.ok && ran.stderr.contains("Operation not permitted"),
+        "{ran:?}"
+    );
+    // Removing every write bit sets the read-only attribute; even root cannot write.
+    chmod(&f.mnt.join("a.txt"), 0o444);
+    assert_eq!(
+        owner(&f.mnt.join("a.txt")).2,
+        0o444,
+        "file_mode without w bits"
+    );
+    assert_eq!(
+        errno(
+            fs::OpenOptions::new()
+                .append(true)
+                .open(f.mnt.join("a.txt"))
+        ),
+        libc::EACCES
+    );
+    // New files show the fixed owner, whoever made them.
+    let ran = run_as(
+        MEMBER,
+        MEMBER,
+        &[G],
+        &format!("echo x > {}/made", f.mnt.display()),
+    );
+    assert!(ran.ok, "{ran:?}");
+    assert_eq!(owner(&f.mnt.join("made")), (1000, G, 0o664));
+    assert_eq!(
+        owner(&f.src.join("a.txt")),
+        (1234, 1234, 0o644),
+        "disk untouched"
+    );
+    // Adding a write bit clears it again.
+    chmod(&f.mnt.join("a.txt"), 0o644);
+    assert_eq!(owner(&f.mnt.join("a.txt")).2, 0o664);
+    fs::OpenOptions::new()
+        .append(true)
+        .open(f.mnt.join("a.txt"))
+        .unwrap();
+}
+
+#[test]
+fn cifs_read_only_attribute_persists() {
+    let f = Fixture::new();
+    populate(&f);
+    {
+        let _m = f.mount(&format!("mode=cifs,gid={G}"));
+        chmod(&f.mnt.join("a.txt"), 0o555);
+        // A file created without write bits is read-only from birth, as CIFS does.
+        let ran = run_as(
+            0,
+            0,
+            &[],
+            &format!("umask 0222; echo x > {}/ro-born", f.mnt.display()),
+        );
+        assert!(ran.ok, "{ran:?}");
+    }
+    let _m = f.mount(&format!("mode=cifs,gid={G}"));
+    assert_eq!(
+        owner(&f.mnt.join("a.txt")),
+        (0, G, 0o555),
+        "CIFS defaults: uid 0, 0755 minus w"
+    );
+    assert_eq!(owner(&f.mnt.join("ro-born")).2, 0o555);
+    assert_eq!(owner(&f.mnt.join("dir")).2, 0o755);
+}
+
+#[test]
+fn cifs_noperm_skips_permission_checks() {
+    let f = Fixture::new();
+    populate(&f);
+    let _m = f.mount(&format!("mode=cifs,gid={G},file_mode=0644,noperm"));
+    // 0644 owned by uid 0, and yet anyone may write and chmod.
+    let ran = run_as(
+        OUTSIDER,
+        OUTSIDER,
+        &[],
+        &format!(
+            "echo x >> {0}/a.txt && chmod 600 {0}/a.txt",
+            f.mnt.display()
+        ),
+    );
+    assert!(ran.ok, "{ran:?}");
+    assert_eq!(
+        owner(&f.mnt.join("a.txt")),
+        (0, G, 0o644),
+        "chmod had no effect"
+    );
+    let opts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = opts
+        .lines()
+        .find(|l| l.contains(&*f.mnt.to_string_lossy()))
+        .unwrap()
+        .to_string();
+    assert!(!line.contains("default_permissions"), "{line}");
+}
+
+#[test]
+fn read_only_views_refuse_every_change() {
+    let f = Fixture::new();
+    populate(&f);
+    chmod(&f.src.join("a.txt"), 0o600);
+    let _m = f.mount(&format!("gid={G},ro"));
+    assert_eq!(owner(&f.mnt.join("a.txt")), (1234, G, 0o640), "0600 | 0440");
+    assert_eq!(
+        owner(&f.mnt.join("dir")),
+        (1234, G, 0o2755),
+        "0755 | 0550 | setgid"
+    );
+    let ran = run_as(
+        MEMBER,
+        MEMBER,
+        &[G],
+        &format!("cat {}/a.txt", f.mnt.display()),
+    );
+    assert!(ran.ok, "members read: {ran:?}");
+    let m = &f.mnt;
+    assert_eq!(errno(fs::write(m.join("a.txt"), "x")), libc::EROFS);
+    assert_eq!(errno(fs::write(m.join("new"), "x")), libc::EROFS);
+    assert_eq!(errno(fs::create_dir(m.join("d2"))), libc::EROFS);
+    assert_eq!(errno(fs::remove_file(m.join("a.txt"))), libc::EROFS);
+    assert_eq!(errno(fs::rename(m.join("a.txt"), m.join("b"))), libc::EROFS);
+    assert_eq!(
+        errno(fs::set_permissions(
+            m.join("a.txt"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777)
+        )),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno(std::os::unix::fs::lchown(m.join("a.txt"), Some(1), None)),
+        libc::EROFS
+    );
+    assert_eq!(
+        fs::read_to_string(f.src.join("a.txt")).unwrap(),
+        "content of a.txt\n"
+    );
+}
+
+fn xattr_names(p: &std::path::Path) -> Vec<String> {
+    let out = std::process::Command::new("getfattr")
+        .args(["-h", "--absolute-names", "-m", "-", "-d"])
+        .arg(p)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.split('=').next().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn the_ownership_record_is_hidden_and_untouchable() {
+    let f = Fixture::new();
+    populate(&f);
+    let _m = f.mount(&format!("gid={G}"));
+    chmod(&f.mnt.join("a.txt"), 0o600);
+    sh(&format!(
+        "setfattr -n user.colour -v blue {}/a.txt",
+        f.mnt.display()
+    ));
+    assert_eq!(
+        xattr_names(&f.src.join("a.txt")),
+        vec!["trusted.mountgroup.owner", "user.colour"],
+        "on disk both"
+    );
+    assert_eq!(
+        xattr_names(&f.mnt.join("a.txt")),
+        vec!["user.colour"],
+        "through the view only the user's"
+    );
+    let view_file = f.mnt.join("a.txt");
+    let v = view_file.display();
+    for (what, cmd) in [
+        ("get", format!("getfattr -n trusted.mountgroup.owner {v}")),
+        (
+            "set",
+            format!("setfattr -n trusted.mountgroup.owner -v 0sAQ3oAwAAAAAAAP8BAAA= {v}"),
+        ),
+        (
+            "remove",
+            format!("setfattr -x trusted.mountgroup.owner {v}"),
+        ),
+        (
+            "set another trusted",
+            format!("setfattr -n trusted.other -v 1 {v}"),
+        ),
+        (
+            "set security",
+            format!("setfattr -n security.capability -v 0sAQAAAgAgAAAAAAAAAAAAAAAAAAA= {v}"),
+        ),
+    ] {
+        let ran = run_as(0, 0, &[], &cmd);
+        assert!(!ran.ok, "{what} through the view must fail: {ran:?}");
+    }
+    assert_eq!(owner(&f.mnt.join("a.txt")).2, 0o600, "record intact");
+    assert_eq!(
+        xattr_names(&f.src.join("a.txt")),
+        vec!["trusted.mountgroup.owner", "user.colour"]
+    );
+    sh(&format!("setfattr -x user.colour {v}"));
+    assert_eq!(
+        xattr_names(&f.src.join("a.txt")),
+        vec!["trusted.mountgroup.owner"]
+    );
+}
+
+#[test]
+fn data_round_trips_with_and_without_passthrough() {
+    for opt in ["passthrough=auto", "passthrough=off"] {
+        let f = Fixture::new();
+        let m = f.mount(&format!("gid={G},{opt}"));
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        fs::write(f.mnt.join("blob"), &data).unwrap();
+        assert_eq!(fs::read(f.mnt.join("blob")).unwrap(), data, "{opt}");
+        assert_eq!(
+            fs::read(f.src.join("blob")).unwrap(),
+            data,
+            "{opt}: on disk"
+        );
+        // Truncate, append, sparse write.
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .open(f.mnt.join("blob"))
+            .unwrap();
+        file.set_len(10).unwrap();
+        std::os::unix::fs::FileExt::write_at(&file, b"end", 100).unwrap();
+        drop(file);
+        let got = fs::read(f.src.join("blob")).unwrap();
+        assert_eq!(got.len(), 103, "{opt}");
+        assert_eq!(&got[..10], &data[..10]);
+        assert_eq!(&got[100..], b"end");
+        fs::write(f.mnt.join("seq"), b"").unwrap();
+        for i in 0..5 {
+            use std::io::Write;
+            let mut a = fs::OpenOptions::new()
+                .append(true)
+                .open(f.mnt.join("seq"))
+                .unwrap();
+            write!(a, "{i}").unwrap();
+        }
+        assert_eq!(
+            fs::read_to_string(f.src.join("seq")).unwrap(),
+            "01234",
+            "{opt}: O_APPEND"
+        );
+        let log = m.log_text();
+        let expect = if opt == "passthrough=off" {
+            "passthrough=false"
+        } else {
+            "passthrough=true"
+        };
+        assert!(log.contains(expect), "{opt}: {log}");
+    }
+}
+
+#[test]
+fn forgotten_inodes_release_their_descriptors() {
+    let f = Fixture::new();
+    for i in 0..3000 {
+        fs::write(f.src.join(format!("f{i}")), "x").unwrap();
+    }
+    let m = f.mount(&format!("gid={G},attr_timeout=0,entry_timeout=0"));
+    let fds = || {
+        fs::read_dir(format!("/proc/{}/fd", m.pid()))
+            .unwrap()
+            .count()
+    };
+    let baseline = fds();
+    for i in 0..3000 {
+        fs::metadata(f.mnt.join(format!("f{i}"))).unwrap();
+    }
+    let walked = fds();
+    assert!(
+        walked >= baseline + 2900,
+        "one O_PATH descriptor per looked-up inode: {baseline} -> {walked}"
+    );
+    // Dropping the kernel's dentries sends FORGETs.
+    fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while fds() > baseline + 50 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        fds() <= baseline + 50,
+        "descriptors released after forget: {} (baseline {baseline})",
+        fds()
+    );
+}
+
+#[test]
+fn hard_links_share_one_inode_and_one_record() {
+    let f = Fixture::new();
+    populate(&f);
+    let _m = f.mount(&format!("gid={G}"));
+    fs::hard_link(f.mnt.join("a.txt"), f.mnt.join("a2")).unwrap();
+    chmod(&f.mnt.join("a2"), 0o640);
+    let a = fs::metadata(f.mnt.join("a.txt")).unwrap();
+    let b = fs::metadata(f.mnt.join("a2")).unwrap();
+    assert_eq!(a.ino(), b.ino());
+    assert_eq!(a.nlink(), 2);
+    assert_eq!(owner(&f.mnt.join("a.txt")).2, 0o640);
+}
+
+#[test]
+fn device_nodes_are_refused_fifos_are_not() {
+    let f = Fixture::new();
+    let _m = f.mount(&format!("gid={G}"));
+    let ran = run_as(0, 0, &[], &format!("mknod {}/null c 1 3", f.mnt.display()));
+    assert!(!ran.ok, "{ran:?}");
+    assert!(!f.src.join("null").exists());
+    sh(&format!("mkfifo {}/pipe", f.mnt.display()));
+    let m = fs::symlink_metadata(f.mnt.join("pipe")).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()));
+    assert_eq!(m.gid(), G);
+}
