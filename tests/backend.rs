@@ -1,0 +1,130 @@
+//! A backing directory that refuses chown and chmod outright (like an SMB share or a
+//! root-squashed NFS export), made with bindfs. Needs bindfs (installed by .ci/run).
+
+mod common;
+
+use std::fs;
+
+use common::*;
+
+const G: u32 = 4242;
+
+/// A bindfs mount of `real` that refuses every chown, chgrp and chmod.
+struct Refusing {
+    _mount: BindfsGuard,
+    path: std::path::PathBuf,
+}
+
+struct BindfsGuard(std::path::PathBuf);
+
+impl Drop for BindfsGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+fn refusing_backend(f: &Fixture) -> Refusing {
+    let real = f.subdir("real");
+    fs::write(real.join("a.txt"), "a\n").unwrap();
+    chown(&real.join("a.txt"), 1234, 1234);
+    chmod(&real.join("a.txt"), 0o644);
+    let status = std::process::Command::new("bindfs")
+        .args(["--chown-deny", "--chgrp-deny", "--chmod-deny"])
+        .arg(&real)
+        .arg(&f.src)
+        .status()
+        .expect("bindfs is installed (.ci/run installs it)");
+    assert!(status.success(), "bindfs mount");
+    let guard = BindfsGuard(f.src.clone());
+    // The backend really refuses: the precondition of everything below.
+    assert!(
+        std::os::unix::fs::chown(f.src.join("a.txt"), Some(1), None).is_err(),
+        "bindfs refuses chown"
+    );
+    assert!(
+        fs::set_permissions(
+            f.src.join("a.txt"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600)
+        )
+        .is_err(),
+        "bindfs refuses chmod"
+    );
+    Refusing {
+        _mount: guard,
+        path: real,
+    }
+}
+
+#[test]
+fn emulated_ownership_works_where_the_backend_refuses_chown() {
+    let f = Fixture::new();
+    let backend = refusing_backend(&f);
+    let _m = f.mount(&format!("gid={G}"));
+    assert_eq!(owner(&f.mnt.join("a.txt")), (1234, G, 0o664));
+    // What PostgreSQL does to its data directory on start: chown and chmod 0700.
+    let ran = run_as(
+        0,
+        0,
+        &[],
+        &format!(
+            "mkdir {0}/pgdata && chown 999:{G} {0}/pgdata && chmod 700 {0}/pgdata",
+            f.mnt.display()
+        ),
+    );
+    assert!(ran.ok, "{ran:?}");
+    // GNU chmod keeps a directory's setgid bit (inherited here), as on any file system.
+    assert_eq!(owner(&f.mnt.join("pgdata")), (999, G, 0o2700));
+    let ran = run_as(
+        999,
+        999,
+        &[G],
+        &format!(
+            "umask 077; echo data > {0}/pgdata/PG_VERSION && chmod 600 {0}/pgdata/PG_VERSION && cat {0}/pgdata/PG_VERSION",
+            f.mnt.display()
+        ),
+    );
+    assert!(ran.ok && ran.stdout == "data\n", "{ran:?}");
+    assert_eq!(owner(&f.mnt.join("pgdata/PG_VERSION")), (999, G, 0o600));
+    let ran = run_as(2001, 2001, &[G], &format!("ls {}/pgdata", f.mnt.display()));
+    assert!(!ran.ok, "0700 keeps others out: {ran:?}");
+    assert_eq!(owner(&backend.path.join("a.txt")), (1234, 1234, 0o644));
+}
+
+#[test]
+fn ownership_off_succeeds_with_no_effect_on_a_refusing_backend() {
+    let f = Fixture::new();
+    let _backend = refusing_backend(&f);
+    let _m = f.mount(&format!("gid={G},ownership=off"));
+    let ran = run_as(
+        0,
+        0,
+        &[],
+        &format!(
+            "chown 5 {0}/a.txt && chmod 600 {0}/a.txt && mkdir {0}/d && echo x > {0}/d/f",
+            f.mnt.display()
+        ),
+    );
+    assert!(ran.ok, "{ran:?}");
+    assert_eq!(owner(&f.mnt.join("a.txt")), (1234, G, 0o664));
+    let ran = run_as(
+        2001,
+        2001,
+        &[G],
+        &format!("echo member >> {}/d/f", f.mnt.display()),
+    );
+    assert!(ran.ok, "{ran:?}");
+}
+
+#[test]
+fn a_plain_view_keeps_the_daemon_as_owner_where_chown_is_refused() {
+    let f = Fixture::new();
+    let backend = refusing_backend(&f);
+    let _m = f.mount("");
+    let ran = run_as(1000, 1000, &[], &format!("ls {}", f.mnt.display()));
+    assert!(ran.ok, "{ran:?}");
+    fs::write(f.mnt.join("root-made"), "x").unwrap();
+    assert_eq!(owner(&backend.path.join("root-made")).0, 0);
+}
