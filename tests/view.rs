@@ -637,3 +637,38 @@ fn device_nodes_are_refused_fifos_are_not() {
     assert!(std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()));
     assert_eq!(m.gid(), G);
 }
+
+#[test]
+fn kernel_rules_apply_to_the_presented_attributes() {
+    let f = Fixture::new();
+    let _m = f.mount(&format!("gid={G},attr_timeout=0"));
+    let file = f.mnt.join("suid");
+    fs::write(&file, "x").unwrap();
+    chmod(&file, 0o6775);
+    assert_eq!(owner(&file).2, 0o6775, "recorded, shown (never on disk)");
+    assert_eq!(owner(&f.src.join("suid")).2 & 0o6000, 0);
+    // A write by someone else clears the set-id bits, as on any file system.
+    let ran = run_as(
+        MEMBER,
+        MEMBER,
+        &[G],
+        &format!("echo y >> {}", file.display()),
+    );
+    assert!(ran.ok, "{ran:?}");
+    assert_eq!(owner(&file).2, 0o775);
+    // No POSIX ACLs: setfacl is told the file system has none.
+    let ran = run_as(0, 0, &[], &format!("setfacl -m u:5:r {}", file.display()));
+    assert!(
+        !ran.ok && ran.stderr.contains("Operation not supported"),
+        "{ran:?}"
+    );
+    // Locks are the kernel's, within the view.
+    sh(&format!("flock {} true", file.display()));
+    // statfs is the backing file system's.
+    let view = rustix::fs::statvfs(&f.mnt).unwrap();
+    let disk = rustix::fs::statvfs(&f.src).unwrap();
+    assert_eq!(
+        (view.f_blocks, view.f_bsize, view.f_files),
+        (disk.f_blocks, disk.f_bsize, disk.f_files)
+    );
+}

@@ -898,9 +898,7 @@ impl ViewFs {
     /// `EROFS`, `EPERM` outside `user.`, or the error of `setxattr`.
     pub fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
         self.writable()?;
-        if !name.as_bytes().starts_with(b"user.") {
-            return Err(FsError::NotPermitted);
-        }
+        refuse_unless_user(name)?;
         let inode = self.inodes.get(ino)?;
         let flags = u32::try_from(flags).map_err(|_| FsError::Os(Errno::EINVAL))?;
         Ok(file::set_xattr(
@@ -920,9 +918,7 @@ impl ViewFs {
         if record::is_reserved(name.as_bytes()) {
             return Err(FsError::NoAttribute);
         }
-        if !name.as_bytes().starts_with(b"user.") {
-            return Err(FsError::NotPermitted);
-        }
+        refuse_unless_user(name)?;
         let inode = self.inodes.get(ino)?;
         Ok(file::remove_xattr(inode.fd.as_fd(), &cstring(name)?)?)
     }
@@ -938,6 +934,20 @@ impl ViewFs {
             self.writable()?;
         }
         Ok(())
+    }
+}
+
+/// Only `user.` xattrs are written through a view. POSIX ACLs (`system.posix_acl_*`)
+/// are not offered at all (`EOPNOTSUPP`, what `setfacl` expects of a file system
+/// without ACLs); `trusted.` and `security.` are refused (`EPERM`).
+fn refuse_unless_user(name: &OsStr) -> FsResult<()> {
+    let name = name.as_bytes();
+    if name.starts_with(b"user.") {
+        Ok(())
+    } else if name.starts_with(b"system.") {
+        Err(FsError::Os(Errno::EOPNOTSUPP))
+    } else {
+        Err(FsError::NotPermitted)
     }
 }
 
