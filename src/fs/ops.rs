@@ -961,3 +961,244 @@ fn sized(value: Vec<u8>, size: u32) -> FsResult<XattrReply> {
         Ok(XattrReply::Data(value))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ViewOptions;
+
+    fn view(dir: &std::path::Path, options: &str) -> ViewFs {
+        let root = file::open_root(dir).unwrap();
+        ViewFs::new(root, &ViewOptions::parse(options).unwrap()).unwrap()
+    }
+
+    const ROOT: u64 = 1;
+    const ME: Caller = Caller {
+        uid: 1000,
+        gid: 1000,
+    };
+
+    #[test]
+    fn names_that_leave_the_directory_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        for name in ["..", ".", "a/b", ""] {
+            assert_eq!(
+                v.lookup(ROOT, OsStr::new(name)),
+                Err(FsError::Os(Errno::EINVAL)),
+                "{name:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_symlink_is_looked_up_as_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/etc", dir.path().join("l")).unwrap();
+        let v = view(dir.path(), "gid=5");
+        let a = v.lookup(ROOT, OsStr::new("l")).unwrap();
+        assert_eq!(a.kind, Kind::Symlink);
+        assert_eq!(v.readlink(a.ino).unwrap(), b"/etc");
+        assert_eq!(v.opendir(a.ino), Err(FsError::Os(Errno::ENOTDIR)));
+        assert_eq!(
+            v.lookup(a.ino, OsStr::new("passwd")),
+            Err(FsError::Os(Errno::ENOTDIR))
+        );
+    }
+
+    #[test]
+    fn readdirplus_counts_only_what_it_hands_over() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..10 {
+            std::fs::write(dir.path().join(format!("f{i}")), "x").unwrap();
+        }
+        let v = view(dir.path(), "gid=5");
+        let fh = v.opendir(ROOT).unwrap();
+        let mut seen = Vec::new();
+        let mut next_offset = 0;
+        v.readdir(ROOT, fh, 0, true, |item, next| {
+            if item.attr.is_some()
+                && seen
+                    .iter()
+                    .filter(|n: &&Vec<u8>| n.starts_with(b"f"))
+                    .count()
+                    == 3
+            {
+                return true; // full
+            }
+            seen.push(item.name.clone());
+            next_offset = next;
+            false
+        })
+        .unwrap();
+        let files = seen.iter().filter(|n| n.starts_with(b"f")).count();
+        assert_eq!(files, 3);
+        assert_eq!(
+            v.inode_count(),
+            1 + 3,
+            "the refused entry was forgotten again"
+        );
+        // Resuming from the last offset lists the rest exactly once.
+        let mut rest = Vec::new();
+        v.readdir(ROOT, fh, next_offset, true, |item, _| {
+            rest.push(item.name.clone());
+            false
+        })
+        .unwrap();
+        assert_eq!(rest.iter().filter(|n| n.starts_with(b"f")).count(), 7);
+        assert!(rest.iter().all(|n| !seen.contains(n)));
+        v.release(fh);
+        assert_eq!(v.handle_count(), 0);
+    }
+
+    #[test]
+    fn create_honours_o_excl_and_records_the_creator() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        let (attr, fh, data) = v
+            .create(
+                ROOT,
+                OsStr::new("n"),
+                0o100640,
+                libc::O_EXCL | libc::O_RDWR,
+                ME,
+            )
+            .unwrap();
+        assert_eq!((attr.uid, attr.gid, attr.perm), (1000, 5, 0o640));
+        assert!(data.writable);
+        assert_eq!(v.write(fh, 0, b"abc").unwrap(), 3);
+        assert_eq!(v.read(fh, 1, 10).unwrap(), b"bc");
+        assert_eq!(
+            v.create(ROOT, OsStr::new("n"), 0o100600, libc::O_EXCL, ME)
+                .err(),
+            Some(FsError::Os(Errno::EEXIST))
+        );
+        // Without O_EXCL an existing file is opened, its record untouched.
+        let (again, fh2, shared) = v
+            .create(
+                ROOT,
+                OsStr::new("n"),
+                0o100600,
+                libc::O_RDWR,
+                Caller { uid: 7, gid: 7 },
+            )
+            .unwrap();
+        assert_eq!((again.uid, again.perm), (1000, 0o640));
+        assert!(Arc::ptr_eq(&data, &shared), "one descriptor per inode");
+        v.release(fh);
+        v.release(fh2);
+    }
+
+    #[test]
+    fn device_nodes_and_privileged_xattrs_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        let v = view(dir.path(), "gid=5");
+        assert_eq!(
+            v.mknod(ROOT, OsStr::new("null"), libc::S_IFCHR | 0o666, ME),
+            Err(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.mknod(ROOT, OsStr::new("sda"), libc::S_IFBLK | 0o666, ME),
+            Err(FsError::NotPermitted)
+        );
+        let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        assert_eq!(
+            v.setxattr(f, OsStr::new("trusted.x"), b"1", 0),
+            Err(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.setxattr(f, OsStr::new("security.capability"), b"1", 0),
+            Err(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.setxattr(f, OsStr::new("trusted.mountgroup.owner"), b"1", 0),
+            Err(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.setxattr(f, OsStr::new("system.posix_acl_access"), b"1", 0),
+            Err(FsError::Os(Errno::EOPNOTSUPP))
+        );
+        v.setattr(
+            f,
+            None,
+            SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            v.getxattr(f, OsStr::new("trusted.mountgroup.owner"), 0),
+            Err(FsError::NoAttribute)
+        );
+        assert_eq!(
+            v.removexattr(f, OsStr::new("trusted.mountgroup.owner")),
+            Err(FsError::NoAttribute)
+        );
+        v.setxattr(f, OsStr::new("user.a"), b"1", 0).unwrap();
+        assert_eq!(v.listxattr(f, 0).unwrap(), XattrReply::Size(7));
+        assert_eq!(
+            v.listxattr(f, 100).unwrap(),
+            XattrReply::Data(b"user.a\0".to_vec())
+        );
+        assert_eq!(v.listxattr(f, 3), Err(FsError::TooLarge));
+    }
+
+    #[test]
+    fn a_read_only_view_refuses_every_mutation() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        let v = view(dir.path(), "gid=5,ro");
+        let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        let n = OsStr::new("n");
+        assert_eq!(
+            v.create(ROOT, n, 0o644, 0, ME).err(),
+            Some(FsError::ReadOnly)
+        );
+        assert_eq!(v.mkdir(ROOT, n, 0o755, ME), Err(FsError::ReadOnly));
+        assert_eq!(
+            v.symlink(ROOT, n, OsStr::new("f"), ME),
+            Err(FsError::ReadOnly)
+        );
+        assert_eq!(v.link(f, ROOT, n), Err(FsError::ReadOnly));
+        assert_eq!(
+            v.unlink(ROOT, OsStr::new("f"), false),
+            Err(FsError::ReadOnly)
+        );
+        assert_eq!(
+            v.rename(ROOT, OsStr::new("f"), ROOT, n, 0),
+            Err(FsError::ReadOnly)
+        );
+        assert_eq!(
+            v.setattr(
+                f,
+                None,
+                SetAttr {
+                    size: Some(0),
+                    ..Default::default()
+                }
+            ),
+            Err(FsError::ReadOnly)
+        );
+        assert_eq!(v.open(f, libc::O_WRONLY).err(), Some(FsError::ReadOnly));
+        let (fh, data) = v.open(f, libc::O_RDONLY).unwrap();
+        assert!(!data.writable);
+        assert_eq!(v.write(fh, 0, b"y"), Err(FsError::ReadOnly));
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"x");
+    }
+
+    #[test]
+    fn fifos_are_never_opened_by_the_daemon() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        let p = v
+            .mknod(ROOT, OsStr::new("p"), libc::S_IFIFO | 0o644, ME)
+            .unwrap();
+        assert_eq!(p.kind, Kind::Fifo);
+        assert_eq!(
+            v.open(p.ino, libc::O_RDONLY).err(),
+            Some(FsError::WrongKind)
+        );
+    }
+}
