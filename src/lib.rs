@@ -2,15 +2,18 @@
 //! as owned by a pod's fsGroup, without walking it and without changing a single
 //! backing file.
 //!
-//! Layers, each seeing only the one below: `fs` (the group view; the only code that
-//! sees fuser) → `sys` (the only `unsafe` and raw system calls). `config` is the typed
-//! configuration shared by the CLI and, later, the CSI layer.
+//! Layers, each seeing only the ones below: `csi` (the only code that sees tonic) →
+//! `volume` (volume lifecycle and node state) and `share` (the backing share) → `fs`
+//! (the group view; the only code that sees fuser) → `sys` (the only `unsafe` and raw
+//! system calls). `config` is the typed view configuration they share.
 
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
-#![warn(rust_2018_idioms, unreachable_pub)]
-#![allow(unreachable_pub)]
+#![warn(rust_2018_idioms)]
 
 pub mod config;
+pub mod csi;
 pub mod fs;
+pub mod share;
 pub mod sys;
+pub mod volume;

@@ -28,6 +28,72 @@ enum Command {
     ///
     /// SIGINT or SIGTERM unmount and exit 0. See docs/SEMANTICS.md for the options.
     Mount(MountArgs),
+    /// Serve the CSI plugin (Identity, Controller, Node) on a unix socket.
+    ///
+    /// Every flag has a default good for a local run on one machine.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// The CSI endpoint kubelet and the sidecars connect to.
+    #[arg(long, default_value = "unix:///run/mountgroup/csi.sock")]
+    endpoint: String,
+    /// This node's id (default: the host name).
+    #[arg(long)]
+    node_id: Option<String>,
+    /// The CSI driver name.
+    #[arg(long, default_value = "mountgroup.csi.io")]
+    driver_name: String,
+    /// Where the node state and the view logs are kept.
+    #[arg(long, default_value = "/var/lib/mountgroup/state")]
+    state_dir: PathBuf,
+    /// The share: the directory that holds every volume.
+    #[arg(long, default_value = "/var/lib/mountgroup/share")]
+    share_root: PathBuf,
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let view_binary = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("mountgroup: cannot find its own binary to serve views: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cfg = mountgroup::csi::server::ServeConfig {
+        endpoint: args.endpoint,
+        node_id: args.node_id.unwrap_or_else(host_name),
+        driver_name: args.driver_name,
+        state_dir: args.state_dir,
+        share_root: args.share_root,
+        view_binary,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mountgroup: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(mountgroup::csi::server::serve(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mountgroup: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -92,6 +158,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log);
     match cli.command {
+        Command::Serve(args) => serve(args),
         Command::Mount(args) => {
             let strings = args.option_strings();
             let options = match ViewOptions::parse_all(strings.iter().map(String::as_str)) {

@@ -682,3 +682,12 @@ pub fn seek_dir(fd: BorrowedFd<'_>, pos: u64) -> SysResult<()> {
 pub fn set_umask(mask: u32) -> u32 {
     rustix::process::umask(Mode::from_raw_mode(mask)).bits()
 }
+
+/// `statvfs(2)` of the file system at a path (a mount point of a view).
+///
+/// # Errors
+/// The error of the call (`ENOTCONN` for a dead FUSE mount).
+pub fn statvfs_path(path: &Path) -> SysResult<FsStat> {
+    let fd = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+    statvfs(fd.as_fd())
+}

@@ -100,3 +100,120 @@ pub fn mount_fuse(
     rustix::mount::mount(source, mountpoint, fstype.as_str(), flags, data.as_c_str())?;
     Ok(dev)
 }
+
+/// Bind-mounts `source` on `target`, then makes the bind `nosuid,nodev`.
+///
+/// # Errors
+/// The error of `mount(2)`.
+pub fn bind(source: &Path, target: &Path) -> SysResult<()> {
+    use rustix::mount::{MountFlags, MountPropagationFlags};
+    rustix::mount::mount_bind(source, target)?;
+    // A bind takes its flags from the source mount; a remount sets ours.
+    let flags = MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV;
+    if let Err(e) = rustix::mount::mount_remount(target, flags, c"") {
+        let _ = unmount_lazy(target);
+        return Err(e.into());
+    }
+    // Keep mounts made under the bind (none expected) to this namespace.
+    let _ = rustix::mount::mount_change(target, MountPropagationFlags::PRIVATE);
+    Ok(())
+}
+
+/// The file system type mounted at exactly `path` (the topmost mount there), from
+/// `/proc/self/mountinfo`, or `None` when nothing is mounted there.
+///
+/// # Errors
+/// The error of reading mountinfo.
+pub fn mount_type(path: &Path) -> SysResult<Option<String>> {
+    let info =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| super::Errno::from_io(&e))?;
+    Ok(mount_type_in(&info, path))
+}
+
+fn mount_type_in(mountinfo: &str, path: &Path) -> Option<String> {
+    let want = path.as_os_str().as_encoded_bytes();
+    let mut found = None;
+    for line in mountinfo.lines() {
+        // id parent major:minor root mountpoint options [optional...] - fstype source super
+        let mut fields = line.split(' ');
+        let Some(mountpoint) = fields.nth(4) else {
+            continue;
+        };
+        if unescape(mountpoint) != want {
+            continue;
+        }
+        let mut rest = fields.skip_while(|f| *f != "-");
+        if let (Some(_), Some(fstype)) = (rest.next(), rest.next()) {
+            // Later lines are mounted on top of earlier ones.
+            found = Some(fstype.to_string());
+        }
+    }
+    found
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, ...).
+fn unescape(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// How a mount point is doing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// A live mount of the given type.
+    Mounted(String),
+    /// A FUSE mount whose daemon is gone ("transport endpoint is not connected").
+    Dead,
+    /// Nothing is mounted there (or the path does not exist).
+    NotMounted,
+}
+
+/// Tells whether `path` holds a live mount, a dead FUSE mount, or nothing.
+pub fn health(path: &Path) -> Health {
+    if let Err(e) = std::fs::symlink_metadata(path) {
+        return if e.raw_os_error() == Some(libc::ENOTCONN) {
+            Health::Dead
+        } else {
+            Health::NotMounted
+        };
+    }
+    match mount_type(path) {
+        Ok(Some(t)) => Health::Mounted(t),
+        _ => Health::NotMounted,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines_are_read_with_escapes_and_stacking() {
+        let info = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
+40 22 0:50 / /tmp/a\\040b rw,nosuid - fuse.mountgroup /src rw,user_id=0
+41 40 0:51 / /tmp/a\\040b rw - fuse.other /x rw
+42 22 0:52 / /mnt rw master:3 - tmpfs tmpfs rw
+";
+        assert_eq!(
+            mount_type_in(info, Path::new("/tmp/a b")),
+            Some("fuse.other".into())
+        );
+        assert_eq!(mount_type_in(info, Path::new("/mnt")), Some("tmpfs".into()));
+        assert_eq!(mount_type_in(info, Path::new("/tmp")), None);
+    }
+}

@@ -1,0 +1,168 @@
+//! The Node service.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+use tracing::info_span;
+
+use super::pb::node_service_capability::rpc::Type as RpcType;
+use super::validate::{self, CapabilityError};
+use super::{blocking, pb};
+use crate::volume::node::{Node, PublishRequest, Usage};
+
+/// The topology key NodeGetInfo reports (informational: volumes carry no
+/// accessibility constraints, every node that mounts the share can serve them).
+pub const TOPOLOGY_KEY: &str = "topology.mountgroup.csi.io/node";
+
+pub struct NodeService {
+    pub node: Arc<Node>,
+}
+
+fn usage(u: Usage, unit: pb::volume_usage::Unit) -> pb::VolumeUsage {
+    let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    pb::VolumeUsage {
+        available: i(u.available),
+        total: i(u.total),
+        used: i(u.used),
+        unit: unit as i32,
+    }
+}
+
+#[tonic::async_trait]
+impl pb::node_server::Node for NodeService {
+    /// Repeating a stage with the same path is OK; another path is ALREADY_EXISTS.
+    async fn node_stage_volume(
+        &self,
+        req: Request<pb::NodeStageVolumeRequest>,
+    ) -> Result<Response<pb::NodeStageVolumeResponse>, Status> {
+        let r = req.get_ref();
+        let id = validate::volume_id(&r.volume_id, "volume_id")?;
+        let staging = validate::abs_path(&r.staging_target_path, "staging_target_path")?;
+        let cap = validate::capability(r.volume_capability.as_ref(), "volume_capability")
+            .map_err(CapabilityError::into_status)?;
+        let node = Arc::clone(&self.node);
+        let span = info_span!("NodeStageVolume", volume_id = %id, staging = %staging.display());
+        blocking(span, move || node.stage(&id, &staging, &cap)).await?;
+        Ok(Response::new(pb::NodeStageVolumeResponse {}))
+    }
+
+    /// Unstaging a volume that is not staged is OK.
+    async fn node_unstage_volume(
+        &self,
+        req: Request<pb::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<pb::NodeUnstageVolumeResponse>, Status> {
+        let r = req.get_ref();
+        let id = validate::volume_id(&r.volume_id, "volume_id")?;
+        let staging = validate::abs_path(&r.staging_target_path, "staging_target_path")?;
+        let node = Arc::clone(&self.node);
+        let span = info_span!("NodeUnstageVolume", volume_id = %id, staging = %staging.display());
+        blocking(span, move || node.unstage(&id, &staging)).await?;
+        Ok(Response::new(pb::NodeUnstageVolumeResponse {}))
+    }
+
+    /// Publishing an already published target with the same arguments is OK; with
+    /// different arguments ALREADY_EXISTS. Each target gets its own view, so two pods
+    /// with different fsGroups each see their own group.
+    async fn node_publish_volume(
+        &self,
+        req: Request<pb::NodePublishVolumeRequest>,
+    ) -> Result<Response<pb::NodePublishVolumeResponse>, Status> {
+        let r = req.get_ref();
+        let volume_id = validate::volume_id(&r.volume_id, "volume_id")?;
+        let target_path = validate::abs_path(&r.target_path, "target_path")?;
+        let staging_path = validate::abs_path(&r.staging_target_path, "staging_target_path")?;
+        let capability = validate::capability(r.volume_capability.as_ref(), "volume_capability")
+            .map_err(CapabilityError::into_status)?;
+        let publish = PublishRequest {
+            volume_id,
+            staging_path,
+            target_path,
+            capability,
+            readonly: r.readonly,
+        };
+        let node = Arc::clone(&self.node);
+        let span = info_span!(
+            "NodePublishVolume",
+            volume_id = %publish.volume_id,
+            target = %publish.target_path.display(),
+            group = ?publish.capability.mount_group.map(|g| g.get()),
+        );
+        blocking(span, move || node.publish(&publish)).await?;
+        Ok(Response::new(pb::NodePublishVolumeResponse {}))
+    }
+
+    /// Unpublishing a target that is not published is OK.
+    async fn node_unpublish_volume(
+        &self,
+        req: Request<pb::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<pb::NodeUnpublishVolumeResponse>, Status> {
+        let r = req.get_ref();
+        let id = validate::volume_id(&r.volume_id, "volume_id")?;
+        let target = validate::abs_path(&r.target_path, "target_path")?;
+        let node = Arc::clone(&self.node);
+        let span = info_span!("NodeUnpublishVolume", volume_id = %id, target = %target.display());
+        blocking(span, move || node.unpublish(&id, &target)).await?;
+        Ok(Response::new(pb::NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        req: Request<pb::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<pb::NodeGetVolumeStatsResponse>, Status> {
+        let r = req.get_ref();
+        let id = validate::volume_id(&r.volume_id, "volume_id")?;
+        let path = validate::abs_path(&r.volume_path, "volume_path")?;
+        let node = Arc::clone(&self.node);
+        let span = info_span!("NodeGetVolumeStats", volume_id = %id, path = %path.display());
+        let stats = blocking(span, move || node.stats(&id, &path)).await?;
+        let mut out = Vec::new();
+        if let Some(b) = stats.bytes {
+            out.push(usage(b, pb::volume_usage::Unit::Bytes));
+        }
+        if let Some(i) = stats.inodes {
+            out.push(usage(i, pb::volume_usage::Unit::Inodes));
+        }
+        Ok(Response::new(pb::NodeGetVolumeStatsResponse {
+            usage: out,
+            volume_condition: Some(pb::VolumeCondition {
+                abnormal: stats.abnormal.is_some(),
+                message: stats.abnormal.unwrap_or_else(|| "serving".into()),
+            }),
+        }))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _req: Request<pb::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<pb::NodeGetCapabilitiesResponse>, Status> {
+        let rpc = |t: RpcType| pb::NodeServiceCapability {
+            r#type: Some(pb::node_service_capability::Type::Rpc(
+                pb::node_service_capability::Rpc { r#type: t as i32 },
+            )),
+        };
+        Ok(Response::new(pb::NodeGetCapabilitiesResponse {
+            capabilities: vec![
+                rpc(RpcType::StageUnstageVolume),
+                rpc(RpcType::GetVolumeStats),
+                rpc(RpcType::VolumeCondition),
+                rpc(RpcType::SingleNodeMultiWriter),
+                rpc(RpcType::VolumeMountGroup),
+            ],
+        }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _req: Request<pb::NodeGetInfoRequest>,
+    ) -> Result<Response<pb::NodeGetInfoResponse>, Status> {
+        let id = self.node.node_id().to_string();
+        Ok(Response::new(pb::NodeGetInfoResponse {
+            node_id: id.clone(),
+            max_volumes_per_node: 0,
+            accessible_topology: Some(pb::Topology {
+                segments: HashMap::from([(TOPOLOGY_KEY.to_string(), id)]),
+            }),
+        }))
+    }
+}

@@ -1,0 +1,203 @@
+//! `mountgroup serve`: Identity, Controller and Node on one unix socket.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+
+use super::controller::ControllerService;
+use super::identity::IdentityService;
+use super::node::NodeService;
+use super::pb;
+use crate::share::LocalShare;
+use crate::volume::VolumeError;
+use crate::volume::controller::Controller;
+use crate::volume::guard::OpGuards;
+use crate::volume::node::Node;
+
+/// Everything `serve` needs, each with a default good for a local run.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// `unix:///path/csi.sock` (or a plain absolute path).
+    pub endpoint: String,
+    pub node_id: String,
+    pub driver_name: String,
+    /// Where the node state and view logs live.
+    pub state_dir: PathBuf,
+    /// The share: a directory on this node.
+    pub share_root: PathBuf,
+    /// The binary that serves views (`mountgroup mount`); this one by default.
+    pub view_binary: PathBuf,
+}
+
+/// Why the server could not start or ended badly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("--endpoint {0:?}: {1}")]
+    Endpoint(String, String),
+    #[error("--driver-name {0:?}: {1}")]
+    DriverName(String, String),
+    #[error("--node-id: {0}")]
+    NodeId(String),
+    #[error("{0}")]
+    Setup(String),
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// The socket path of a `unix://` endpoint.
+///
+/// # Errors
+/// A message when it is not an absolute unix socket path.
+pub fn endpoint_path(endpoint: &str) -> Result<PathBuf, String> {
+    let path = endpoint
+        .strip_prefix("unix://")
+        .or_else(|| endpoint.strip_prefix("unix:"))
+        .unwrap_or(endpoint);
+    if !path.starts_with('/') {
+        return Err("must be unix:///absolute/path (or an absolute path)".into());
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// Checks a CSI driver name: at most 63 characters, domain-name style, beginning and
+/// ending with an alphanumeric character, with `-`, `.` and alphanumerics between.
+///
+/// # Errors
+/// What is wrong with it.
+pub fn validate_driver_name(name: &str) -> Result<(), String> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() > 63 {
+        return Err("must be 1 to 63 characters".into());
+    }
+    if !b[0].is_ascii_alphanumeric() || !b[b.len() - 1].is_ascii_alphanumeric() {
+        return Err("must begin and end with a letter or digit".into());
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '.'))
+    {
+        return Err(format!(
+            "contains {c:?}; only letters, digits, '-' and '.' are allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// Removes a socket file left by a previous run; anything else at the path is an error.
+fn replace_stale_socket(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(|e| e.to_string()),
+        Ok(_) => Err("exists and is not a socket".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: draining in-flight calls"),
+        _ = int.recv() => tracing::info!("SIGINT: draining in-flight calls"),
+    }
+}
+
+/// Serves until SIGTERM or SIGINT, then lets in-flight calls finish and returns.
+/// Published views are processes of their own and keep serving.
+///
+/// # Errors
+/// [`ServeError`] naming the flag or step that failed.
+pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
+    validate_driver_name(&cfg.driver_name)
+        .map_err(|e| ServeError::DriverName(cfg.driver_name.clone(), e))?;
+    if cfg.node_id.is_empty() || cfg.node_id.len() > 128 {
+        return Err(ServeError::NodeId("must be 1 to 128 bytes".into()));
+    }
+    let socket =
+        endpoint_path(&cfg.endpoint).map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e))?;
+    let setup = |what: &str, e: &dyn std::fmt::Display| ServeError::Setup(format!("{what}: {e}"));
+    let share = Arc::new(LocalShare::open(&cfg.share_root).map_err(|e| setup("--share-root", &e))?);
+    let guards = Arc::new(OpGuards::default());
+    let node = {
+        let (share, guards, cfg) = (Arc::clone(&share), Arc::clone(&guards), cfg.clone());
+        tokio::task::spawn_blocking(move || {
+            Node::start(cfg.node_id, share, guards, &cfg.state_dir, cfg.view_binary)
+        })
+        .await
+        .map_err(|e| setup("node recovery", &e))?
+        .map_err(|e: VolumeError| setup("--state-dir", &e))?
+    };
+    let controller = Arc::new(Controller::new(share, guards, Some(Arc::clone(&node))));
+
+    if let Some(parent) = socket.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e.to_string()))?;
+    }
+    replace_stale_socket(&socket).map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e))?;
+    let listener = UnixListener::bind(&socket)
+        .map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e.to_string()))?;
+    tracing::info!(
+        endpoint = %socket.display(),
+        driver = %cfg.driver_name,
+        node_id = %node.node_id(),
+        share = %cfg.share_root.display(),
+        state = %cfg.state_dir.display(),
+        "serving CSI"
+    );
+    let result = tonic::transport::Server::builder()
+        .add_service(pb::identity_server::IdentityServer::new(IdentityService {
+            name: cfg.driver_name.clone(),
+            node: Arc::clone(&node),
+        }))
+        .add_service(pb::controller_server::ControllerServer::new(
+            ControllerService { controller },
+        ))
+        .add_service(pb::node_server::NodeServer::new(NodeService { node }))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown_signal())
+        .await;
+    let _ = std::fs::remove_file(&socket);
+    tracing::info!("stopped");
+    Ok(result?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_names() {
+        assert!(validate_driver_name("mountgroup.csi.io").is_ok());
+        assert!(validate_driver_name("a").is_ok());
+        assert!(validate_driver_name("").is_err());
+        assert!(validate_driver_name(".x").is_err());
+        assert!(validate_driver_name("x_y").is_err());
+        assert!(validate_driver_name(&"a".repeat(64)).is_err());
+    }
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(
+            endpoint_path("unix:///run/csi.sock").unwrap(),
+            PathBuf::from("/run/csi.sock")
+        );
+        assert_eq!(
+            endpoint_path("unix:/run/csi.sock").unwrap(),
+            PathBuf::from("/run/csi.sock")
+        );
+        assert_eq!(
+            endpoint_path("/run/csi.sock").unwrap(),
+            PathBuf::from("/run/csi.sock")
+        );
+        assert!(endpoint_path("tcp://0.0.0.0:10000").is_err());
+        assert!(endpoint_path("unix://relative").is_err());
+    }
+}

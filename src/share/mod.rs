@@ -1,0 +1,415 @@
+//! The backing share: our stand-in for an Azure Files storage account.
+//!
+//! Each volume is a directory `volumes/<id>/` plus a metadata record `meta/<id>.json`
+//! (name, capacity, parameters, creation time), written atomically: temp file, fsync,
+//! rename, fsync of the directory. The share never chowns anything; mountgroup's views
+//! supply the group semantics. [`Share`] is the seam where a remote share can be added.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::sys::Errno;
+
+/// The longest volume id (and name) accepted: the CSI string limit.
+pub const MAX_ID_LEN: usize = 128;
+
+/// A volume's id. It is also a directory name in the share, so it is restricted to
+/// `[A-Za-z0-9._-]`, starts with a letter or digit, and is at most 128 bytes: it can
+/// never name a path outside the share (no `/`, no `..`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct VolumeId(String);
+
+impl VolumeId {
+    /// Validates a volume id (or a volume name, which becomes the id).
+    ///
+    /// # Errors
+    /// A message saying what is wrong with it.
+    pub fn parse(s: &str) -> Result<VolumeId, String> {
+        if s.is_empty() {
+            return Err("is empty".into());
+        }
+        if s.len() > MAX_ID_LEN {
+            return Err(format!("is longer than {MAX_ID_LEN} bytes"));
+        }
+        if !s.as_bytes()[0].is_ascii_alphanumeric() {
+            return Err("must start with a letter or digit".into());
+        }
+        if let Some(c) = s
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            return Err(format!(
+                "contains {c:?}; only letters, digits, '.', '_' and '-' are allowed"
+            ));
+        }
+        Ok(VolumeId(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for VolumeId {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        VolumeId::parse(&s)
+    }
+}
+
+impl From<VolumeId> for String {
+    fn from(v: VolumeId) -> String {
+        v.0
+    }
+}
+
+impl fmt::Display for VolumeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What the share records of a volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub id: VolumeId,
+    pub name: String,
+    pub capacity_bytes: u64,
+    pub parameters: BTreeMap<String, String>,
+    pub created_unix: u64,
+}
+
+/// What a CreateVolume asks of the share.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeSpec {
+    pub id: VolumeId,
+    pub name: String,
+    pub capacity_bytes: u64,
+    pub parameters: BTreeMap<String, String>,
+}
+
+/// The result of a create: made now, or found as it was asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Created {
+    New(VolumeRecord),
+    Existing(VolumeRecord),
+}
+
+/// Why the share could not do something.
+#[derive(Debug, thiserror::Error)]
+pub enum ShareError {
+    #[error("{what}: {errno}")]
+    Io { what: String, errno: Errno },
+    #[error("volume {0} exists with another capacity or other parameters")]
+    Conflict(VolumeId),
+    #[error("the metadata of volume {id} cannot be read: {why}")]
+    Corrupt { id: VolumeId, why: String },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ShareError {
+    let what = what.into();
+    move |e| ShareError::Io {
+        what,
+        errno: Errno::from_io(&e),
+    }
+}
+
+/// A share of volumes.
+pub trait Share: Send + Sync {
+    /// Creates a volume, or finds it if one with the same id exists and is compatible.
+    fn create(&self, spec: &VolumeSpec) -> Result<Created, ShareError>;
+    /// The record of a volume, if it exists.
+    fn get(&self, id: &VolumeId) -> Result<Option<VolumeRecord>, ShareError>;
+    /// Deletes a volume and its data; deleting an absent volume succeeds.
+    fn delete(&self, id: &VolumeId) -> Result<(), ShareError>;
+    /// Every volume, ordered by id.
+    fn list(&self) -> Result<Vec<VolumeRecord>, ShareError>;
+    /// Where the volume's data lives on this node.
+    fn data_path(&self, id: &VolumeId) -> PathBuf;
+    /// Bytes the share can still give.
+    fn available_bytes(&self) -> Result<u64, ShareError>;
+    /// Whether the share is reachable.
+    fn check(&self) -> Result<(), ShareError>;
+}
+
+/// A share that is a directory on this node (a hostPath, or an NFS/SMB export
+/// mounted on every node).
+pub struct LocalShare {
+    root: PathBuf,
+    /// Serialises create and delete so that two calls for one name cannot interleave.
+    lock: Mutex<()>,
+}
+
+impl LocalShare {
+    /// Opens (and lays out, if new) the share at `root`.
+    ///
+    /// # Errors
+    /// The error of creating its directories.
+    pub fn open(root: &Path) -> Result<LocalShare, ShareError> {
+        for dir in ["volumes", "meta"] {
+            fs::create_dir_all(root.join(dir))
+                .map_err(io(format!("share {}", root.join(dir).display())))?;
+        }
+        let root = fs::canonicalize(root).map_err(io(format!("share {}", root.display())))?;
+        Ok(LocalShare {
+            root,
+            lock: Mutex::new(()),
+        })
+    }
+
+    fn meta_path(&self, id: &VolumeId) -> PathBuf {
+        self.root.join("meta").join(format!("{id}.json"))
+    }
+
+    fn write_meta(&self, rec: &VolumeRecord) -> Result<(), ShareError> {
+        let what = format!("metadata of volume {}", rec.id);
+        let body = serde_json::to_vec_pretty(rec).map_err(|e| ShareError::Corrupt {
+            id: rec.id.clone(),
+            why: e.to_string(),
+        })?;
+        write_atomically(&self.meta_path(&rec.id), &body).map_err(io(what))
+    }
+}
+
+/// Writes a file so that readers see the old or the new content, never a mix, even
+/// across a crash: temp file, fsync, rename, fsync of the directory.
+///
+/// # Errors
+/// The first failing step's error.
+pub fn write_atomically(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    let result = (|| {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        f.write_all(body)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+impl Share for LocalShare {
+    fn create(&self, spec: &VolumeSpec) -> Result<Created, ShareError> {
+        let _serial = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(existing) = self.get(&spec.id)? {
+            let compatible = existing.name == spec.name
+                && existing.capacity_bytes == spec.capacity_bytes
+                && existing.parameters == spec.parameters;
+            return if compatible {
+                Ok(Created::Existing(existing))
+            } else {
+                Err(ShareError::Conflict(spec.id.clone()))
+            };
+        }
+        let data = self.data_path(&spec.id);
+        match fs::create_dir(&data) {
+            Ok(()) => {}
+            // Left by a create that died before its metadata was written.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io(format!("volume directory {}", data.display()))(e)),
+        }
+        let rec = VolumeRecord {
+            id: spec.id.clone(),
+            name: spec.name.clone(),
+            capacity_bytes: spec.capacity_bytes,
+            parameters: spec.parameters.clone(),
+            created_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        };
+        self.write_meta(&rec)?;
+        Ok(Created::New(rec))
+    }
+
+    fn get(&self, id: &VolumeId) -> Result<Option<VolumeRecord>, ShareError> {
+        let body = match fs::read(self.meta_path(id)) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(format!("metadata of volume {id}"))(e)),
+        };
+        let rec: VolumeRecord = serde_json::from_slice(&body).map_err(|e| ShareError::Corrupt {
+            id: id.clone(),
+            why: e.to_string(),
+        })?;
+        if &rec.id != id {
+            return Err(ShareError::Corrupt {
+                id: id.clone(),
+                why: format!("it names volume {}", rec.id),
+            });
+        }
+        Ok(Some(rec))
+    }
+
+    fn delete(&self, id: &VolumeId) -> Result<(), ShareError> {
+        let _serial = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let data = self.data_path(id);
+        // Data first: if we die half way, the metadata still names the volume and a
+        // repeated DeleteVolume finishes the job. remove_dir_all never follows symlinks.
+        match fs::remove_dir_all(&data) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(format!("volume directory {}", data.display()))(e)),
+        }
+        match fs::remove_file(self.meta_path(id)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(format!("metadata of volume {id}"))(e)),
+        }
+        fs::File::open(self.root.join("meta"))
+            .and_then(|d| d.sync_all())
+            .map_err(io("share metadata directory"))
+    }
+
+    fn list(&self) -> Result<Vec<VolumeRecord>, ShareError> {
+        let dir = self.root.join("meta");
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(io(format!("share {}", dir.display())))? {
+            let entry = entry.map_err(io(format!("share {}", dir.display())))?;
+            let name = entry.file_name();
+            let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+                continue;
+            };
+            let Ok(id) = VolumeId::parse(id) else {
+                continue;
+            };
+            if let Some(rec) = self.get(&id)? {
+                out.push(rec);
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    fn data_path(&self, id: &VolumeId) -> PathBuf {
+        self.root.join("volumes").join(id.as_str())
+    }
+
+    fn available_bytes(&self) -> Result<u64, ShareError> {
+        let fd = crate::sys::file::open_root(&self.root).map_err(|errno| ShareError::Io {
+            what: format!("share {}", self.root.display()),
+            errno,
+        })?;
+        let s = crate::sys::file::statvfs(std::os::fd::AsFd::as_fd(&fd)).map_err(|errno| {
+            ShareError::Io {
+                what: format!("share {}", self.root.display()),
+                errno,
+            }
+        })?;
+        Ok(s.bavail.saturating_mul(u64::from(s.frsize)))
+    }
+
+    fn check(&self) -> Result<(), ShareError> {
+        fs::read_dir(self.root.join("volumes"))
+            .map(|_| ())
+            .map_err(io(format!("share {}", self.root.display())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, cap: u64) -> VolumeSpec {
+        VolumeSpec {
+            id: VolumeId::parse(name).unwrap(),
+            name: name.into(),
+            capacity_bytes: cap,
+            parameters: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn ids_never_name_a_path_outside() {
+        for bad in [
+            "",
+            "..",
+            ".",
+            "a/b",
+            "../x",
+            "-x",
+            ".hidden",
+            "a b",
+            "é",
+            &"x".repeat(129),
+        ] {
+            assert!(VolumeId::parse(bad).is_err(), "{bad:?}");
+        }
+        for good in [
+            "pvc-0b3c6d2e-1f",
+            "csi-abc123",
+            "a",
+            "A.b_c-d",
+            &"x".repeat(128),
+        ] {
+            assert!(VolumeId::parse(good).is_ok(), "{good:?}");
+        }
+        assert!(
+            serde_json::from_str::<VolumeId>("\"../etc\"").is_err(),
+            "validated when read back too"
+        );
+    }
+
+    #[test]
+    fn create_is_idempotent_by_name_and_refuses_conflicts() {
+        let dir = tempfile::tempdir().unwrap();
+        let share = LocalShare::open(dir.path()).unwrap();
+        let Created::New(rec) = share.create(&spec("v1", 100)).unwrap() else {
+            panic!("new")
+        };
+        assert!(share.data_path(&rec.id).is_dir());
+        assert_eq!(
+            share.create(&spec("v1", 100)).unwrap(),
+            Created::Existing(rec.clone())
+        );
+        assert!(matches!(
+            share.create(&spec("v1", 200)),
+            Err(ShareError::Conflict(_))
+        ));
+        assert_eq!(share.get(&rec.id).unwrap(), Some(rec.clone()));
+        assert_eq!(share.list().unwrap(), vec![rec.clone()]);
+        share.delete(&rec.id).unwrap();
+        share.delete(&rec.id).unwrap();
+        assert_eq!(share.get(&rec.id).unwrap(), None);
+        assert!(!share.data_path(&rec.id).exists());
+        assert_eq!(
+            fs::read_dir(dir.path().join("meta")).unwrap().count(),
+            0,
+            "no temp files left"
+        );
+    }
+
+    #[test]
+    fn delete_does_not_follow_symlinks_out_of_the_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("keep"), "x").unwrap();
+        let share = LocalShare::open(dir.path()).unwrap();
+        share.create(&spec("v", 1)).unwrap();
+        let id = VolumeId::parse("v").unwrap();
+        std::os::unix::fs::symlink(outside.path(), share.data_path(&id).join("link")).unwrap();
+        share.delete(&id).unwrap();
+        assert!(outside.path().join("keep").exists());
+    }
+}

@@ -1,0 +1,211 @@
+//! Controller operations: volumes on the share.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::share::{Created, Share, VolumeId, VolumeRecord, VolumeSpec};
+
+use super::VolumeError;
+use super::guard::OpGuards;
+use super::node::Node;
+
+/// The capacity a volume gets when the request names none.
+pub const DEFAULT_CAPACITY: u64 = 1 << 30;
+
+/// StorageClass parameters under this prefix are the CO's own (the provisioner's
+/// `--extra-create-metadata`); they are recorded and otherwise ignored.
+const CO_PREFIX: &str = "csi.storage.k8s.io/";
+
+/// The controller service's domain.
+pub struct Controller {
+    share: Arc<dyn Share>,
+    guards: Arc<OpGuards>,
+    /// The node service of this process, to refuse deleting a volume still in use.
+    node: Option<Arc<Node>>,
+}
+
+/// A page of volumes.
+pub struct VolumePage {
+    pub volumes: Vec<VolumeRecord>,
+    /// The token for the next page; empty after the last.
+    pub next_token: String,
+}
+
+impl Controller {
+    pub fn new(
+        share: Arc<dyn Share>,
+        guards: Arc<OpGuards>,
+        node: Option<Arc<Node>>,
+    ) -> Controller {
+        Controller {
+            share,
+            guards,
+            node,
+        }
+    }
+
+    /// Creates a volume, idempotently by name: a repeat with a compatible capacity
+    /// range and the same parameters returns the existing volume; an incompatible one
+    /// is ALREADY_EXISTS.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming a bad capacity or parameter, `AlreadyExists`, `Aborted`
+    /// while another call on the same name runs.
+    pub fn create_volume(
+        &self,
+        id: VolumeId,
+        name: &str,
+        required: i64,
+        limit: i64,
+        parameters: BTreeMap<String, String>,
+    ) -> Result<VolumeRecord, VolumeError> {
+        let capacity = pick_capacity(required, limit)?;
+        if let Some(key) = parameters.keys().find(|k| !k.starts_with(CO_PREFIX)) {
+            return Err(VolumeError::InvalidArgument(format!(
+                "parameters: unknown key {key:?}"
+            )));
+        }
+        let _guard = self.guards.acquire(id.as_str(), "CreateVolume")?;
+        if let Some(existing) = self.share.get(&id)? {
+            let fits = existing.capacity_bytes >= required.max(0) as u64
+                && (limit <= 0 || existing.capacity_bytes <= limit as u64);
+            if fits && existing.parameters == parameters {
+                return Ok(existing);
+            }
+            return Err(VolumeError::AlreadyExists(format!(
+                "volume {id} exists with capacity {} bytes and other parameters or an incompatible capacity_range",
+                existing.capacity_bytes
+            )));
+        }
+        let spec = VolumeSpec {
+            id,
+            name: name.to_string(),
+            capacity_bytes: capacity,
+            parameters,
+        };
+        match self.share.create(&spec)? {
+            Created::New(r) => {
+                tracing::info!(volume_id = %r.id, capacity_bytes = r.capacity_bytes, "volume created");
+                Ok(r)
+            }
+            Created::Existing(r) => Ok(r),
+        }
+    }
+
+    /// Deletes a volume. An unknown volume is already deleted: OK.
+    ///
+    /// # Errors
+    /// `FailedPrecondition` while the volume is staged or published on this node.
+    pub fn delete_volume(&self, id: &VolumeId) -> Result<(), VolumeError> {
+        let _guard = self.guards.acquire(id.as_str(), "DeleteVolume")?;
+        if let Some(node) = &self.node {
+            if let Some(where_) = node.in_use(id) {
+                return Err(VolumeError::FailedPrecondition(format!(
+                    "volume {id} is still in use: {where_}"
+                )));
+            }
+        }
+        self.share.delete(id)?;
+        tracing::info!(volume_id = %id, "volume deleted");
+        Ok(())
+    }
+
+    /// The record of an existing volume.
+    ///
+    /// # Errors
+    /// `NotFound` naming the volume.
+    pub fn get(&self, id: &VolumeId) -> Result<VolumeRecord, VolumeError> {
+        self.share
+            .get(id)?
+            .ok_or_else(|| VolumeError::NotFound(format!("volume {id} does not exist")))
+    }
+
+    /// One page of volumes, ordered by id. The token names the last volume of the
+    /// previous page, so that deleting it between pages loses nothing.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a negative `max_entries`, `Aborted` for a token this
+    /// driver did not hand out.
+    pub fn list(&self, max_entries: i32, starting_token: &str) -> Result<VolumePage, VolumeError> {
+        if max_entries < 0 {
+            return Err(VolumeError::InvalidArgument(
+                "max_entries must not be negative".into(),
+            ));
+        }
+        let all = self.share.list()?;
+        let start = if starting_token.is_empty() {
+            0
+        } else {
+            let after = starting_token
+                .strip_prefix("after:")
+                .and_then(|id| VolumeId::parse(id).ok())
+                .ok_or_else(|| {
+                    VolumeError::Aborted(format!(
+                        "starting_token {starting_token:?} is not a token of this driver"
+                    ))
+                })?;
+            all.partition_point(|r| r.id <= after)
+        };
+        let take = if max_entries == 0 {
+            usize::MAX
+        } else {
+            max_entries as usize
+        };
+        let volumes: Vec<VolumeRecord> = all[start..].iter().take(take).cloned().collect();
+        let next_token = match volumes.last() {
+            Some(last) if start + volumes.len() < all.len() => format!("after:{}", last.id),
+            _ => String::new(),
+        };
+        Ok(VolumePage {
+            volumes,
+            next_token,
+        })
+    }
+
+    /// Bytes the share can still give.
+    ///
+    /// # Errors
+    /// `Internal` if the share cannot be read.
+    pub fn available_capacity(&self) -> Result<u64, VolumeError> {
+        Ok(self.share.available_bytes()?)
+    }
+}
+
+/// The capacity for a CSI `capacity_range` (0 means unset).
+///
+/// # Errors
+/// `InvalidArgument` for negative values or a limit below the requirement.
+pub fn pick_capacity(required: i64, limit: i64) -> Result<u64, VolumeError> {
+    if required < 0 || limit < 0 {
+        return Err(VolumeError::InvalidArgument(
+            "capacity_range: bytes must not be negative".into(),
+        ));
+    }
+    if limit > 0 && required > limit {
+        return Err(VolumeError::InvalidArgument(format!(
+            "capacity_range: required_bytes {required} exceeds limit_bytes {limit}"
+        )));
+    }
+    Ok(if required > 0 {
+        required as u64
+    } else if limit > 0 {
+        DEFAULT_CAPACITY.min(limit as u64)
+    } else {
+        DEFAULT_CAPACITY
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_ranges() {
+        assert_eq!(pick_capacity(0, 0).unwrap(), DEFAULT_CAPACITY);
+        assert_eq!(pick_capacity(10, 0).unwrap(), 10);
+        assert_eq!(pick_capacity(0, 5).unwrap(), 5);
+        assert_eq!(pick_capacity(5, 5).unwrap(), 5);
+        assert!(pick_capacity(6, 5).is_err());
+        assert!(pick_capacity(-1, 0).is_err());
+    }
+}

@@ -1,0 +1,79 @@
+//! Volume lifecycle: the controller's volumes on the share, and the node's staged
+//! volumes and published views, persisted so that a restarted driver carries on.
+//!
+//! Nothing here sees tonic: requests arrive as the domain types below, failures leave
+//! as [`VolumeError`], whose every message names what was wrong.
+
+pub mod controller;
+pub mod guard;
+pub mod node;
+pub mod state;
+pub mod view;
+
+use crate::config::ViewOptions;
+use crate::share::ShareError;
+
+/// How a volume may be used (the CSI access modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessMode {
+    SingleNodeWriter,
+    SingleNodeReaderOnly,
+    MultiNodeReaderOnly,
+    MultiNodeSingleWriter,
+    MultiNodeMultiWriter,
+    SingleNodeSingleWriter,
+    SingleNodeMultiWriter,
+}
+
+impl AccessMode {
+    /// Whether the mode allows no writer at all.
+    pub fn read_only(self) -> bool {
+        matches!(
+            self,
+            AccessMode::SingleNodeReaderOnly | AccessMode::MultiNodeReaderOnly
+        )
+    }
+}
+
+/// A validated volume capability: mount access (block access is refused at the
+/// protocol edge) with its view options already parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Capability {
+    pub access: AccessMode,
+    /// `mount_flags`, parsed; the CSI `volume_mount_group` is not merged in yet.
+    pub options: ViewOptions,
+    /// `volume_mount_group`: the pod's fsGroup.
+    pub mount_group: Option<crate::config::MountGroup>,
+}
+
+/// Why a volume operation failed. The message always names the field, volume or path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VolumeError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    Aborted(String),
+    #[error("{0}")]
+    OutOfRange(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<ShareError> for VolumeError {
+    fn from(e: ShareError) -> Self {
+        match e {
+            ShareError::Conflict(_) => VolumeError::AlreadyExists(e.to_string()),
+            ShareError::Io { .. } | ShareError::Corrupt { .. } => {
+                VolumeError::Internal(e.to_string())
+            }
+        }
+    }
+}

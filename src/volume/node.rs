@@ -1,0 +1,493 @@
+//! Node operations: staging a volume (a bind mount of its share directory at the
+//! staging path) and publishing group views of it (one view process per target, each
+//! with the group of its own request).
+//!
+//! Every change is written to the state file before the call returns, so that a
+//! restarted driver serves every published target again at once (see [`Node::start`])
+//! and can unpublish and unstage whatever is left.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::share::{Share, VolumeId};
+use crate::sys::mount::{self, Health};
+
+use super::guard::OpGuards;
+use super::state::{NodeState, Published, Staged};
+use super::view::{VIEW_FSTYPE, Views};
+use super::{Capability, VolumeError};
+
+/// A NodePublishVolume, validated.
+#[derive(Clone, Debug)]
+pub struct PublishRequest {
+    pub volume_id: VolumeId,
+    pub staging_path: PathBuf,
+    pub target_path: PathBuf,
+    pub capability: Capability,
+    pub readonly: bool,
+}
+
+/// Usage in one unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub total: u64,
+    pub available: u64,
+    pub used: u64,
+}
+
+/// What NodeGetVolumeStats reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeStats {
+    pub bytes: Option<Usage>,
+    pub inodes: Option<Usage>,
+    /// Why the volume is abnormal, if it is.
+    pub abnormal: Option<String>,
+}
+
+/// The node service's domain.
+pub struct Node {
+    node_id: String,
+    share: Arc<dyn Share>,
+    guards: Arc<OpGuards>,
+    views: Views,
+    state_path: PathBuf,
+    state: Mutex<NodeState>,
+}
+
+impl Node {
+    /// Loads the node state from `state_dir` and brings back what it names: staged
+    /// volumes are bound again if their bind is gone, and every published target whose
+    /// view is not serving (a dead FUSE mount, or nothing) gets a new view, all in
+    /// parallel. Views that kept serving through the restart are left alone.
+    ///
+    /// # Errors
+    /// `Internal` if the state directory or file cannot be used.
+    pub fn start(
+        node_id: String,
+        share: Arc<dyn Share>,
+        guards: Arc<OpGuards>,
+        state_dir: &Path,
+        exe: PathBuf,
+    ) -> Result<Arc<Node>, VolumeError> {
+        std::fs::create_dir_all(state_dir).map_err(|e| {
+            VolumeError::Internal(format!("state directory {}: {e}", state_dir.display()))
+        })?;
+        let state_path = state_dir.join("node-state.json");
+        let state = NodeState::load(&state_path)?;
+        let node = Arc::new(Node {
+            node_id,
+            share,
+            guards,
+            views: Views::new(exe, state_dir.join("views"))?,
+            state_path,
+            state: Mutex::new(state),
+        });
+        node.recover();
+        Ok(node)
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    fn state(&self) -> MutexGuard<'_, NodeState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn update(&self, change: impl FnOnce(&mut NodeState)) -> Result<(), VolumeError> {
+        let mut st = self.state();
+        change(&mut st);
+        st.save(&self.state_path)
+    }
+
+    fn recover(&self) {
+        let snapshot = self.state().clone();
+        for (id, s) in &snapshot.staged {
+            if !matches!(mount::health(&s.staging_path), Health::Mounted(_)) {
+                if let Health::Dead = mount::health(&s.staging_path) {
+                    let _ = mount::unmount_lazy(&s.staging_path);
+                }
+                match mount::bind(&self.share.data_path(id), &s.staging_path) {
+                    Ok(()) => {
+                        tracing::info!(volume_id = %id, staging = %s.staging_path.display(), "staging restored")
+                    }
+                    Err(e) => {
+                        tracing::error!(volume_id = %id, staging = %s.staging_path.display(), error = %e, "cannot restore staging")
+                    }
+                }
+            }
+        }
+        let restarted: Vec<(PathBuf, Option<u32>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = snapshot
+                .published
+                .iter()
+                .map(|(target, p)| {
+                    scope.spawn(move || {
+                        let pid = match mount::health(target) {
+                            Health::Mounted(t) if t == VIEW_FSTYPE => return (target.clone(), p.pid),
+                            Health::Mounted(other) => {
+                                tracing::error!(target = %target.display(), fstype = %other, "another file system is mounted on a published target; leaving it");
+                                return (target.clone(), p.pid);
+                            }
+                            Health::Dead | Health::NotMounted => self.restart_view(target, p),
+                        };
+                        (target.clone(), pid)
+                    })
+                })
+                .collect();
+            handles.into_iter().filter_map(|h| h.join().ok()).collect()
+        });
+        if let Err(e) = self.update(|st| {
+            for (target, pid) in restarted {
+                if let Some(p) = st.published.get_mut(&target) {
+                    p.pid = pid;
+                }
+            }
+        }) {
+            tracing::error!(error = %e, "cannot save the node state after recovery");
+        }
+    }
+
+    fn restart_view(&self, target: &Path, p: &Published) -> Option<u32> {
+        if mount::health(target) == Health::Dead {
+            let _ = mount::unmount_lazy(target);
+        }
+        let options = match crate::config::ViewOptions::parse(&p.options) {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::error!(target = %target.display(), error = %e, "recorded view options no longer parse");
+                return None;
+            }
+        };
+        match self.views.start(&p.staging_path, target, &options) {
+            Ok(pid) => {
+                tracing::info!(volume_id = %p.volume_id, target = %target.display(), "view restored");
+                Some(pid)
+            }
+            Err(e) => {
+                tracing::error!(volume_id = %p.volume_id, target = %target.display(), error = %e, "cannot restore view");
+                None
+            }
+        }
+    }
+
+    /// Where the volume is in use on this node, if anywhere.
+    pub fn in_use(&self, id: &VolumeId) -> Option<String> {
+        let st = self.state();
+        let targets = st.targets_of(id);
+        if let Some(t) = targets.first() {
+            return Some(format!("published at {}", t.display()));
+        }
+        st.staged
+            .get(id)
+            .map(|s| format!("staged at {}", s.staging_path.display()))
+    }
+
+    /// Whether the node can serve: FUSE is usable and the share is reachable.
+    ///
+    /// # Errors
+    /// A message saying what is missing.
+    pub fn ready(&self) -> Result<(), String> {
+        use std::os::unix::fs::FileTypeExt;
+        match std::fs::metadata("/dev/fuse") {
+            Ok(m) if m.file_type().is_char_device() => {}
+            _ => return Err("/dev/fuse is missing: FUSE is not usable on this node".into()),
+        }
+        self.share.check().map_err(|e| e.to_string())
+    }
+
+    /// Makes the volume available at `staging_path` (a bind mount of its directory
+    /// on the share). Repeating it with the same path is OK; another path while staged
+    /// is ALREADY_EXISTS.
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown volume, `AlreadyExists`, `Aborted`, `Internal`.
+    pub fn stage(
+        &self,
+        id: &VolumeId,
+        staging_path: &Path,
+        _capability: &Capability,
+    ) -> Result<(), VolumeError> {
+        let _guard = self.guards.acquire(id.as_str(), "NodeStageVolume")?;
+        if self.share.get(id)?.is_none() {
+            return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
+        }
+        let existing = self.state().staged.get(id).cloned();
+        if let Some(s) = &existing {
+            if s.staging_path != staging_path {
+                return Err(VolumeError::AlreadyExists(format!(
+                    "volume {id} is already staged at {}",
+                    s.staging_path.display()
+                )));
+            }
+        }
+        match mount::health(staging_path) {
+            Health::Mounted(_) if existing.is_some() => return Ok(()),
+            Health::Mounted(t) => {
+                return Err(VolumeError::AlreadyExists(format!(
+                    "staging_target_path {} already holds a {t} mount",
+                    staging_path.display()
+                )));
+            }
+            Health::Dead => {
+                let _ = mount::unmount_lazy(staging_path);
+            }
+            Health::NotMounted => {}
+        }
+        std::fs::create_dir_all(staging_path).map_err(|e| {
+            VolumeError::Internal(format!(
+                "staging_target_path {}: {e}",
+                staging_path.display()
+            ))
+        })?;
+        mount::bind(&self.share.data_path(id), staging_path).map_err(|e| {
+            VolumeError::Internal(format!(
+                "binding volume {id} at {}: {e}",
+                staging_path.display()
+            ))
+        })?;
+        let staged = Staged {
+            staging_path: staging_path.to_path_buf(),
+        };
+        if let Err(e) = self.update(|st| {
+            st.staged.insert(id.clone(), staged);
+        }) {
+            let _ = mount::unmount_lazy(staging_path);
+            return Err(e);
+        }
+        tracing::info!(volume_id = %id, staging = %staging_path.display(), "volume staged");
+        Ok(())
+    }
+
+    /// Undoes [`Node::stage`]. A volume that is not staged is OK (idempotent).
+    ///
+    /// # Errors
+    /// `FailedPrecondition` while a view of the volume is still published.
+    pub fn unstage(&self, id: &VolumeId, staging_path: &Path) -> Result<(), VolumeError> {
+        let _guard = self.guards.acquire(id.as_str(), "NodeUnstageVolume")?;
+        if let Some(t) = self.state().targets_of(id).first() {
+            return Err(VolumeError::FailedPrecondition(format!(
+                "volume {id} is still published at {}; unpublish it first",
+                t.display()
+            )));
+        }
+        if !matches!(mount::health(staging_path), Health::NotMounted) {
+            mount::unmount_lazy(staging_path).map_err(|e| {
+                VolumeError::Internal(format!("unmounting {}: {e}", staging_path.display()))
+            })?;
+        }
+        self.update(|st| {
+            st.staged.remove(id);
+        })?;
+        tracing::info!(volume_id = %id, staging = %staging_path.display(), "volume unstaged");
+        Ok(())
+    }
+
+    /// Mounts a group view of the staged volume at the target, with the group of this
+    /// request (`volume_mount_group`) and the options of its `mount_flags`; read-only
+    /// if the request or the access mode says so. A repeat with the same arguments is
+    /// OK (and heals a view whose process died); different arguments for a published
+    /// target are ALREADY_EXISTS.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the group conflicts with a `gid=` flag, `NotFound` for an
+    /// unknown volume, `FailedPrecondition` when it is not staged at `staging_path`,
+    /// `AlreadyExists`, `Aborted`, `Internal` with the view's message.
+    pub fn publish(&self, req: &PublishRequest) -> Result<(), VolumeError> {
+        let id = &req.volume_id;
+        let mut options = req.capability.options.clone();
+        if let Some(g) = req.capability.mount_group {
+            options = options.with_mount_group(g).map_err(|e| {
+                VolumeError::InvalidArgument(format!(
+                    "volume_capability.mount.volume_mount_group: {e}"
+                ))
+            })?;
+        }
+        if req.readonly || req.capability.access.read_only() {
+            options.readonly = true;
+        }
+        let canonical = options.to_option_string();
+        let target = &req.target_path;
+        let _guard = self.guards.acquire(id.as_str(), "NodePublishVolume")?;
+        if self.share.get(id)?.is_none() {
+            return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
+        }
+        let (staged, existing) = {
+            let st = self.state();
+            (
+                st.staged.get(id).cloned(),
+                st.published.get(target).cloned(),
+            )
+        };
+        match staged {
+            Some(s) if s.staging_path == req.staging_path => {}
+            _ => {
+                return Err(VolumeError::FailedPrecondition(format!(
+                    "volume {id} is not staged at {}",
+                    req.staging_path.display()
+                )));
+            }
+        }
+        let mut created_target = false;
+        if let Some(p) = &existing {
+            if p.volume_id != *id || p.options != canonical || p.staging_path != req.staging_path {
+                return Err(VolumeError::AlreadyExists(format!(
+                    "target_path {} is already published (volume {}) with other arguments",
+                    target.display(),
+                    p.volume_id
+                )));
+            }
+            if mount::health(target) == Health::Mounted(VIEW_FSTYPE.into()) {
+                return Ok(());
+            }
+            // The view died: serve it again.
+            created_target = p.created_target;
+            self.views.stop(target, p.pid)?;
+        } else {
+            match mount::health(target) {
+                Health::NotMounted => {}
+                Health::Dead => self.views.stop(target, None)?,
+                Health::Mounted(t) => {
+                    return Err(VolumeError::AlreadyExists(format!(
+                        "target_path {} already holds a {t} mount",
+                        target.display()
+                    )));
+                }
+            }
+            match std::fs::symlink_metadata(target) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(VolumeError::InvalidArgument(format!(
+                        "target_path {} exists and is not a directory",
+                        target.display()
+                    )));
+                }
+                Err(_) => {
+                    std::fs::create_dir_all(target).map_err(|e| {
+                        VolumeError::Internal(format!("target_path {}: {e}", target.display()))
+                    })?;
+                    created_target = true;
+                }
+            }
+        }
+        let pid = match self.views.start(&req.staging_path, target, &options) {
+            Ok(pid) => pid,
+            Err(e) => {
+                if created_target && existing.is_none() {
+                    let _ = std::fs::remove_dir(target);
+                }
+                return Err(e);
+            }
+        };
+        let published = Published {
+            volume_id: id.clone(),
+            staging_path: req.staging_path.clone(),
+            options: canonical,
+            pid: Some(pid),
+            created_target,
+        };
+        if let Err(e) = self.update(|st| {
+            st.published.insert(target.clone(), published);
+        }) {
+            let _ = self.views.stop(target, Some(pid));
+            return Err(e);
+        }
+        tracing::info!(volume_id = %id, target = %target.display(), "volume published");
+        Ok(())
+    }
+
+    /// Stops the view at the target and removes the directory publish made. A target
+    /// that is not published is OK (a dead or orphaned view there is cleaned up).
+    ///
+    /// # Errors
+    /// `FailedPrecondition` when the target belongs to another volume, `Aborted`,
+    /// `Internal` if it cannot be unmounted.
+    pub fn unpublish(&self, id: &VolumeId, target: &Path) -> Result<(), VolumeError> {
+        let _guard = self.guards.acquire(id.as_str(), "NodeUnpublishVolume")?;
+        let existing = self.state().published.get(target).cloned();
+        match existing {
+            Some(p) if p.volume_id != *id => Err(VolumeError::FailedPrecondition(format!(
+                "target_path {} is published for volume {}, not {id}",
+                target.display(),
+                p.volume_id
+            ))),
+            Some(p) => {
+                self.views.stop(target, p.pid)?;
+                let _ = std::fs::remove_dir(target);
+                self.update(|st| {
+                    st.published.remove(target);
+                })?;
+                tracing::info!(volume_id = %id, target = %target.display(), "volume unpublished");
+                Ok(())
+            }
+            None => {
+                // Left by a state that was lost: clean up a view (live or dead) of ours.
+                match mount::health(target) {
+                    Health::Dead => self.views.stop(target, None)?,
+                    Health::Mounted(t) if t == VIEW_FSTYPE => self.views.stop(target, None)?,
+                    _ => {}
+                }
+                let _ = std::fs::remove_dir(target);
+                Ok(())
+            }
+        }
+    }
+
+    /// Usage of a published (or staged) volume as its pods see it; a dead view is
+    /// reported as an abnormal condition rather than an error.
+    ///
+    /// # Errors
+    /// `NotFound` when the volume does not exist or is not published or staged at `path`.
+    pub fn stats(&self, id: &VolumeId, path: &Path) -> Result<VolumeStats, VolumeError> {
+        if self.share.get(id)?.is_none() {
+            return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
+        }
+        let known = {
+            let st = self.state();
+            st.published.get(path).is_some_and(|p| p.volume_id == *id)
+                || st.staged.get(id).is_some_and(|s| s.staging_path == path)
+        };
+        if !known {
+            return Err(VolumeError::NotFound(format!(
+                "volume {id} is not published or staged at {}",
+                path.display()
+            )));
+        }
+        let abnormal = |why: String| VolumeStats {
+            bytes: None,
+            inodes: None,
+            abnormal: Some(why),
+        };
+        match mount::health(path) {
+            Health::Dead => {
+                return Ok(abnormal(format!(
+                    "the view at {} is not connected (its process ended); publishing again restores it",
+                    path.display()
+                )));
+            }
+            Health::NotMounted => {
+                return Ok(abnormal(format!(
+                    "nothing is mounted at {}",
+                    path.display()
+                )));
+            }
+            Health::Mounted(_) => {}
+        }
+        let s = crate::sys::file::statvfs_path(path)
+            .map_err(|e| VolumeError::Internal(format!("statfs of {}: {e}", path.display())))?;
+        let frsize = u64::from(s.frsize);
+        Ok(VolumeStats {
+            bytes: Some(Usage {
+                total: s.blocks * frsize,
+                available: s.bavail * frsize,
+                used: s.blocks.saturating_sub(s.bfree) * frsize,
+            }),
+            inodes: Some(Usage {
+                total: s.files,
+                available: s.ffree,
+                used: s.files.saturating_sub(s.ffree),
+            }),
+            abnormal: None,
+        })
+    }
+}

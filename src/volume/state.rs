@@ -1,0 +1,137 @@
+//! The node's persisted state: what is staged and published, so that a restarted
+//! driver serves every view again and can clean up whatever is left.
+//!
+//! One JSON file in the state directory, rewritten atomically on every change. It
+//! holds paths, volume ids and view options, never a secret.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::share::{VolumeId, write_atomically};
+
+use super::VolumeError;
+
+const VERSION: u32 = 1;
+
+/// A volume staged on this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Staged {
+    pub staging_path: PathBuf,
+}
+
+/// A view published at a target path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Published {
+    pub volume_id: VolumeId,
+    pub staging_path: PathBuf,
+    /// The view's options in canonical form (`ViewOptions::to_option_string`).
+    pub options: String,
+    /// The view process, when this driver started it.
+    pub pid: Option<u32>,
+    /// Whether publish created the target directory (and unpublish removes it).
+    pub created_target: bool,
+}
+
+/// Everything the node remembers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeState {
+    pub version: u32,
+    pub staged: BTreeMap<VolumeId, Staged>,
+    pub published: BTreeMap<PathBuf, Published>,
+}
+
+impl NodeState {
+    /// Reads the state file; a missing file is an empty state.
+    ///
+    /// # Errors
+    /// [`VolumeError::Internal`] when the file exists but cannot be read or parsed.
+    pub fn load(path: &Path) -> Result<NodeState, VolumeError> {
+        let body = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(NodeState {
+                    version: VERSION,
+                    ..NodeState::default()
+                });
+            }
+            Err(e) => {
+                return Err(VolumeError::Internal(format!(
+                    "state file {}: {e}",
+                    path.display()
+                )));
+            }
+        };
+        let state: NodeState = serde_json::from_slice(&body)
+            .map_err(|e| VolumeError::Internal(format!("state file {}: {e}", path.display())))?;
+        if state.version != VERSION {
+            return Err(VolumeError::Internal(format!(
+                "state file {} has version {}, this driver reads {VERSION}",
+                path.display(),
+                state.version
+            )));
+        }
+        Ok(state)
+    }
+
+    /// Writes the state file atomically.
+    ///
+    /// # Errors
+    /// [`VolumeError::Internal`] naming the file.
+    pub fn save(&self, path: &Path) -> Result<(), VolumeError> {
+        let body =
+            serde_json::to_vec_pretty(self).map_err(|e| VolumeError::Internal(e.to_string()))?;
+        write_atomically(path, &body)
+            .map_err(|e| VolumeError::Internal(format!("state file {}: {e}", path.display())))
+    }
+
+    /// The targets at which a volume is published.
+    pub fn targets_of(&self, id: &VolumeId) -> Vec<PathBuf> {
+        self.published
+            .iter()
+            .filter(|(_, p)| &p.volume_id == id)
+            .map(|(t, _)| t.clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        assert_eq!(NodeState::load(&path).unwrap().version, VERSION);
+        let mut s = NodeState {
+            version: VERSION,
+            ..Default::default()
+        };
+        let id = VolumeId::parse("v1").unwrap();
+        s.staged.insert(
+            id.clone(),
+            Staged {
+                staging_path: "/s".into(),
+            },
+        );
+        s.published.insert(
+            "/t".into(),
+            Published {
+                volume_id: id.clone(),
+                staging_path: "/s".into(),
+                options: "gid=1".into(),
+                pid: Some(7),
+                created_target: true,
+            },
+        );
+        s.save(&path).unwrap();
+        assert_eq!(NodeState::load(&path).unwrap(), s);
+        assert_eq!(s.targets_of(&id), vec![PathBuf::from("/t")]);
+        std::fs::write(&path, "{").unwrap();
+        assert!(
+            matches!(NodeState::load(&path), Err(VolumeError::Internal(m)) if m.contains("state.json"))
+        );
+    }
+}

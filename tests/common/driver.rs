@@ -1,0 +1,241 @@
+//! A `mountgroup serve` child process and tonic clients that talk to it over its
+//! unix socket, the way kubelet and the sidecars do. Dropping the driver stops it and
+//! unmounts every view and staging bind under its directory, even when a test fails.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mountgroup::csi::pb;
+use mountgroup::csi::pb::controller_client::ControllerClient;
+use mountgroup::csi::pb::identity_client::IdentityClient;
+use mountgroup::csi::pb::node_client::NodeClient;
+use mountgroup::csi::pb::volume_capability::access_mode::Mode;
+use mountgroup::csi::pb::volume_capability::{AccessMode, AccessType, MountVolume};
+use rustix::process::{Pid, Signal, kill_process};
+use tonic::transport::Channel;
+
+use super::BIN;
+
+pub struct Driver {
+    child: Option<Child>,
+    pub root: PathBuf,
+    pub socket: PathBuf,
+    pub state: PathBuf,
+    pub share: PathBuf,
+    pub log: PathBuf,
+}
+
+pub struct Clients {
+    pub identity: IdentityClient<Channel>,
+    pub controller: ControllerClient<Channel>,
+    pub node: NodeClient<Channel>,
+}
+
+impl Driver {
+    /// Starts `mountgroup serve` with everything under `root` and waits for its socket.
+    pub fn start(root: &Path) -> Driver {
+        let mut d = Driver {
+            child: None,
+            root: root.to_path_buf(),
+            socket: root.join("csi/csi.sock"),
+            state: root.join("state"),
+            share: root.join("share"),
+            log: root.join("driver.log"),
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(BIN)
+            .arg("serve")
+            .arg("--endpoint")
+            .arg(format!("unix://{}", self.socket.display()))
+            .arg("--node-id")
+            .arg("test-node")
+            .arg("--state-dir")
+            .arg(&self.state)
+            .arg("--share-root")
+            .arg(&self.share)
+            .env("RUST_LOG", "mountgroup=debug,info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.socket.exists() {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("driver exited with {status}: {}", self.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no socket after 30 s: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGKILL: the driver dies mid-life, its views do not.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM, and the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        let _ = kill_process(Pid::from_raw(c.id() as i32).unwrap(), Signal::TERM);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                return s.code();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts the driver again on the same directories.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop the driver first");
+        self.spawn();
+    }
+
+    pub async fn clients(&self) -> Clients {
+        let path = self.socket.clone();
+        let channel = tonic::transport::Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await
+            .unwrap();
+        Clients {
+            identity: IdentityClient::new(channel.clone()),
+            controller: ControllerClient::new(channel.clone()),
+            node: NodeClient::new(channel),
+        }
+    }
+
+    /// Every mount point below the driver's directory.
+    pub fn mounts_below(&self) -> Vec<PathBuf> {
+        mounts_below(&self.root)
+    }
+}
+
+pub fn mounts_below(root: &Path) -> Vec<PathBuf> {
+    let prefix = root.to_string_lossy().to_string();
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&prefix))
+        .map(|m| PathBuf::from(m.replace("\\040", " ")))
+        .collect()
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.terminate();
+        // Views are processes of their own: unmounting ends them.
+        for m in mounts_below(&self.root).into_iter().rev() {
+            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
+/// A mount capability with flags and a group.
+pub fn mount_cap(flags: &[&str], group: &str, mode: Mode) -> pb::VolumeCapability {
+    pb::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: String::new(),
+            mount_flags: flags.iter().map(|s| s.to_string()).collect(),
+            volume_mount_group: group.into(),
+        })),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    }
+}
+
+pub fn rw_cap(group: &str) -> pb::VolumeCapability {
+    mount_cap(&[], group, Mode::SingleNodeMultiWriter)
+}
+
+pub fn create_req(name: &str, bytes: i64) -> pb::CreateVolumeRequest {
+    pb::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(pb::CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![rw_cap("")],
+        ..Default::default()
+    }
+}
+
+pub fn stage_req(id: &str, staging: &Path) -> pb::NodeStageVolumeRequest {
+    pb::NodeStageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_string_lossy().into(),
+        volume_capability: Some(rw_cap("")),
+        ..Default::default()
+    }
+}
+
+pub fn publish_req(
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    group: &str,
+) -> pb::NodePublishVolumeRequest {
+    pb::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_string_lossy().into(),
+        target_path: target.to_string_lossy().into(),
+        volume_capability: Some(rw_cap(group)),
+        ..Default::default()
+    }
+}
+
+pub fn unpublish_req(id: &str, target: &Path) -> pb::NodeUnpublishVolumeRequest {
+    pb::NodeUnpublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: target.to_string_lossy().into(),
+    }
+}
+
+pub fn unstage_req(id: &str, staging: &Path) -> pb::NodeUnstageVolumeRequest {
+    pb::NodeUnstageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_string_lossy().into(),
+    }
+}
