@@ -73,7 +73,8 @@ impl Driver {
             .unwrap();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !self.socket.exists() {
+        // A socket file may be left from before: wait until someone listens on it.
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("driver exited with {status}: {}", self.log_text());
             }
