@@ -289,3 +289,46 @@ async fn read_only_publishes_give_read_only_views() {
         .unwrap();
     assert!(d.mounts_below().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn secrets_in_requests_never_reach_logs_or_state() {
+    const MARKER: &str = "s3cr3t-marker-0b9f";
+    let f = Fixture::new();
+    let d = Driver::start(f.dir.path());
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    let target = f.dir.path().join("target");
+    let mut req = create_req("secret-vol", 1 << 20);
+    req.secrets.insert("shareKey".into(), MARKER.into());
+    c.controller.create_volume(req).await.unwrap();
+    let mut req = stage_req("secret-vol", &staging);
+    req.secrets.insert("shareKey".into(), MARKER.into());
+    c.node.node_stage_volume(req).await.unwrap();
+    let mut req = publish_req("secret-vol", &staging, &target, "1");
+    req.secrets.insert("shareKey".into(), MARKER.into());
+    c.node.node_publish_volume(req).await.unwrap();
+    // A failing call too: errors are logged.
+    let mut req = publish_req("secret-vol", &staging, &target, "2");
+    req.secrets.insert("shareKey".into(), MARKER.into());
+    c.node.node_publish_volume(req).await.unwrap_err();
+    c.node
+        .node_unpublish_volume(unpublish_req("secret-vol", &target))
+        .await
+        .unwrap();
+    assert!(
+        d.log_text().contains("NodePublishVolume"),
+        "the calls were logged"
+    );
+    assert!(!d.log_text().contains(MARKER), "a secret in the driver log");
+    let out = std::process::Command::new("grep")
+        .args(["-r", MARKER])
+        .arg(&d.state)
+        .arg(&d.share)
+        .output()
+        .unwrap();
+    assert!(
+        out.stdout.is_empty(),
+        "a secret on disk: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
