@@ -51,6 +51,10 @@ struct ServeArgs {
     /// The share: the directory that holds every volume.
     #[arg(long, default_value = "/var/lib/mountgroup/share")]
     share_root: PathBuf,
+    /// The share's access key (mode 0600; generated if absent). Default:
+    /// STATE_DIR/share.key. `none` runs without a key (local use only).
+    #[arg(long, value_name = "PATH|none")]
+    share_key_file: Option<String>,
 }
 
 fn host_name() -> String {
@@ -69,7 +73,13 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let share_key_file = match args.share_key_file.as_deref() {
+        Some("none") => None,
+        Some(path) => Some(PathBuf::from(path)),
+        None => Some(args.state_dir.join("share.key")),
+    };
     let cfg = mountgroup::csi::server::ServeConfig {
+        share_key_file,
         endpoint: args.endpoint,
         node_id: args.node_id.unwrap_or_else(host_name),
         driver_name: args.driver_name,

@@ -10,6 +10,7 @@ use super::pb::controller_service_capability::rpc::Type as RpcType;
 use super::validate::{self, CapabilityError};
 use super::{blocking, pb};
 use crate::share::VolumeRecord;
+use crate::share::key::SECRET_NAME;
 use crate::volume::controller::Controller;
 
 pub struct ControllerService {
@@ -59,10 +60,11 @@ impl pb::controller_server::Controller for ControllerService {
             .capacity_range
             .map_or((0, 0), |c| (c.required_bytes, c.limit_bytes));
         let parameters: BTreeMap<String, String> = r.parameters.into_iter().collect();
+        let secret = r.secrets.get(SECRET_NAME).cloned();
         let c = Arc::clone(&self.controller);
         let span = info_span!("CreateVolume", volume_id = %id);
         let rec = blocking(span, move || {
-            c.create_volume(id, &r.name, required, limit, parameters)
+            c.create_volume(id, &r.name, required, limit, parameters, secret.as_deref())
         })
         .await?;
         Ok(Response::new(pb::CreateVolumeResponse {
@@ -76,9 +78,10 @@ impl pb::controller_server::Controller for ControllerService {
         req: Request<pb::DeleteVolumeRequest>,
     ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
         let id = validate::volume_id(&req.get_ref().volume_id, "volume_id")?;
+        let secret = req.get_ref().secrets.get(SECRET_NAME).cloned();
         let c = Arc::clone(&self.controller);
         let span = info_span!("DeleteVolume", volume_id = %id);
-        blocking(span, move || c.delete_volume(&id)).await?;
+        blocking(span, move || c.delete_volume(&id, secret.as_deref())).await?;
         Ok(Response::new(pb::DeleteVolumeResponse {}))
     }
 
@@ -167,7 +170,38 @@ impl pb::controller_server::Controller for ControllerService {
                 rpc(RpcType::ListVolumes),
                 rpc(RpcType::GetCapacity),
                 rpc(RpcType::SingleNodeMultiWriter),
+                rpc(RpcType::ExpandVolume),
             ],
+        }))
+    }
+
+    /// Grows the recorded capacity (never shrinks: OUT_OF_RANGE); the node applies it.
+    /// A repeat is OK.
+    async fn controller_expand_volume(
+        &self,
+        req: Request<pb::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<pb::ControllerExpandVolumeResponse>, Status> {
+        let r = req.get_ref();
+        let id = validate::volume_id(&r.volume_id, "volume_id")?;
+        let range = r
+            .capacity_range
+            .ok_or_else(|| Status::invalid_argument("capacity_range missing in request"))?;
+        let secret = r.secrets.get(SECRET_NAME).cloned();
+        let c = Arc::clone(&self.controller);
+        let span =
+            info_span!("ControllerExpandVolume", volume_id = %id, required = range.required_bytes);
+        let bytes = blocking(span, move || {
+            c.expand_volume(
+                &id,
+                range.required_bytes,
+                range.limit_bytes,
+                secret.as_deref(),
+            )
+        })
+        .await?;
+        Ok(Response::new(pb::ControllerExpandVolumeResponse {
+            capacity_bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
+            node_expansion_required: true,
         }))
     }
 }

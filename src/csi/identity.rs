@@ -35,8 +35,16 @@ impl pb::identity_server::Identity for IdentityService {
                 pb::plugin_capability::Service { r#type: t as i32 },
             )),
         };
+        // Volumes grow while published: the node applies a new quota to the live volume.
+        let online = pb::PluginCapability {
+            r#type: Some(pb::plugin_capability::Type::VolumeExpansion(
+                pb::plugin_capability::VolumeExpansion {
+                    r#type: pb::plugin_capability::volume_expansion::Type::Online as i32,
+                },
+            )),
+        };
         Ok(Response::new(pb::GetPluginCapabilitiesResponse {
-            capabilities: vec![service(ServiceType::ControllerService)],
+            capabilities: vec![service(ServiceType::ControllerService), online],
         }))
     }
 

@@ -9,6 +9,7 @@ use tracing::info_span;
 use super::pb::node_service_capability::rpc::Type as RpcType;
 use super::validate::{self, CapabilityError};
 use super::{blocking, pb};
+use crate::share::key::SECRET_NAME;
 use crate::volume::node::{Node, PublishRequest, Usage};
 
 /// The topology key NodeGetInfo reports (informational: volumes carry no
@@ -41,9 +42,13 @@ impl pb::node_server::Node for NodeService {
         let staging = validate::abs_path(&r.staging_target_path, "staging_target_path")?;
         let cap = validate::capability(r.volume_capability.as_ref(), "volume_capability")
             .map_err(CapabilityError::into_status)?;
+        let secret = r.secrets.get(SECRET_NAME).cloned();
         let node = Arc::clone(&self.node);
         let span = info_span!("NodeStageVolume", volume_id = %id, staging = %staging.display());
-        blocking(span, move || node.stage(&id, &staging, &cap)).await?;
+        blocking(span, move || {
+            node.stage(&id, &staging, &cap, secret.as_deref())
+        })
+        .await?;
         Ok(Response::new(pb::NodeStageVolumeResponse {}))
     }
 
@@ -132,6 +137,37 @@ impl pb::node_server::Node for NodeService {
         }))
     }
 
+    /// Applies the recorded capacity to the live volume. A repeat is OK.
+    async fn node_expand_volume(
+        &self,
+        req: Request<pb::NodeExpandVolumeRequest>,
+    ) -> Result<Response<pb::NodeExpandVolumeResponse>, Status> {
+        let r = req.get_ref();
+        let id = validate::volume_id(&r.volume_id, "volume_id")?;
+        let path = validate::abs_path(&r.volume_path, "volume_path")?;
+        let requested = r
+            .capacity_range
+            .map(|c| {
+                if c.required_bytes > 0 {
+                    c.required_bytes
+                } else {
+                    c.limit_bytes
+                }
+            })
+            .filter(|b| *b > 0)
+            .map(|b| b as u64);
+        let secret = r.secrets.get(SECRET_NAME).cloned();
+        let node = Arc::clone(&self.node);
+        let span = info_span!("NodeExpandVolume", volume_id = %id, path = %path.display());
+        let bytes = blocking(span, move || {
+            node.expand(&id, &path, requested, secret.as_deref())
+        })
+        .await?;
+        Ok(Response::new(pb::NodeExpandVolumeResponse {
+            capacity_bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
+        }))
+    }
+
     async fn node_get_capabilities(
         &self,
         _req: Request<pb::NodeGetCapabilitiesRequest>,
@@ -148,6 +184,7 @@ impl pb::node_server::Node for NodeService {
                 rpc(RpcType::VolumeCondition),
                 rpc(RpcType::SingleNodeMultiWriter),
                 rpc(RpcType::VolumeMountGroup),
+                rpc(RpcType::ExpandVolume),
             ],
         }))
     }

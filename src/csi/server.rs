@@ -11,6 +11,7 @@ use super::identity::IdentityService;
 use super::node::NodeService;
 use super::pb;
 use crate::share::LocalShare;
+use crate::share::key::ShareKey;
 use crate::volume::VolumeError;
 use crate::volume::controller::Controller;
 use crate::volume::guard::OpGuards;
@@ -29,6 +30,8 @@ pub struct ServeConfig {
     pub share_root: PathBuf,
     /// The binary that serves views (`mountgroup mount`); this one by default.
     pub view_binary: PathBuf,
+    /// The share key file (created with a random key if absent); `None`: no key.
+    pub share_key_file: Option<PathBuf>,
 }
 
 /// Why the server could not start or ended badly.
@@ -126,17 +129,39 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
         endpoint_path(&cfg.endpoint).map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e))?;
     let setup = |what: &str, e: &dyn std::fmt::Display| ServeError::Setup(format!("{what}: {e}"));
     let share = Arc::new(LocalShare::open(&cfg.share_root).map_err(|e| setup("--share-root", &e))?);
+    let key = Arc::new(match &cfg.share_key_file {
+        Some(path) => ShareKey::load_or_create(path)
+            .map_err(|e| ServeError::Setup(format!("--share-key-file: {e}")))?,
+        None => {
+            tracing::warn!(
+                "no share key: every caller may create, delete, stage and expand volumes"
+            );
+            ShareKey::none()
+        }
+    });
     let guards = Arc::new(OpGuards::default());
     let node = {
-        let (share, guards, cfg) = (Arc::clone(&share), Arc::clone(&guards), cfg.clone());
+        let (share, guards, key, cfg) = (
+            Arc::clone(&share),
+            Arc::clone(&guards),
+            Arc::clone(&key),
+            cfg.clone(),
+        );
         tokio::task::spawn_blocking(move || {
-            Node::start(cfg.node_id, share, guards, &cfg.state_dir, cfg.view_binary)
+            Node::start(
+                cfg.node_id,
+                share,
+                guards,
+                key,
+                &cfg.state_dir,
+                cfg.view_binary,
+            )
         })
         .await
         .map_err(|e| setup("node recovery", &e))?
         .map_err(|e: VolumeError| setup("--state-dir", &e))?
     };
-    let controller = Arc::new(Controller::new(share, guards, Some(Arc::clone(&node))));
+    let controller = Arc::new(Controller::new(share, guards, key, Some(Arc::clone(&node))));
 
     if let Some(parent) = socket.parent() {
         std::fs::create_dir_all(parent)

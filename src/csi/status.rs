@@ -12,6 +12,7 @@ pub fn to_status(e: VolumeError) -> Status {
         VolumeError::AlreadyExists(_) => Code::AlreadyExists,
         VolumeError::FailedPrecondition(_) => Code::FailedPrecondition,
         VolumeError::Aborted(_) => Code::Aborted,
+        VolumeError::PermissionDenied(_) => Code::PermissionDenied,
         VolumeError::OutOfRange(_) => Code::OutOfRange,
         VolumeError::Unavailable(_) => Code::Unavailable,
         VolumeError::Internal(_) => Code::Internal,

@@ -101,6 +101,9 @@ pub struct ViewFs {
     handles: DashMap<u64, Handle>,
     next_fh: AtomicU64,
     warned_bad_record: AtomicBool,
+    /// The btrfs quota group of the volume, when the root is a btrfs subvolume:
+    /// statfs then reports the volume's limit and usage, not the whole file system.
+    qgroup: Option<std::path::PathBuf>,
 }
 
 const DIR_BUF: usize = 32 * 1024;
@@ -123,7 +126,18 @@ impl ViewFs {
         if st.kind != Kind::Directory {
             return Err(FsError::Os(Errno::ENOTDIR));
         }
+        let qgroup = match crate::sys::btrfs::qgroup_dir(root.as_fd()) {
+            Ok(q) => q,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot tell the btrfs quota group; statfs shows the whole file system");
+                None
+            }
+        };
+        if let Some(q) = &qgroup {
+            tracing::info!(qgroup = %q.display(), "statfs follows the volume's btrfs quota group");
+        }
         Ok(ViewFs {
+            qgroup,
             policy: Policy::from_options(options),
             readonly: options.readonly,
             root_mnt: st.mnt_id,
@@ -852,12 +866,32 @@ impl ViewFs {
         Ok(file::stat(fd.as_fd())?.kind)
     }
 
-    /// File system statistics of the backing tree.
+    /// File system statistics of the backing tree; on a btrfs subvolume with a quota
+    /// limit, the volume's capacity and usage (read on every call, so an expansion of
+    /// the live volume shows at once).
     ///
     /// # Errors
     /// The error of `statvfs`.
     pub fn statfs(&self) -> FsResult<FsStat> {
-        Ok(file::statvfs(self.inodes.root().fd.as_fd())?)
+        let mut st = file::statvfs(self.inodes.root().fd.as_fd())?;
+        if let Some(dir) = &self.qgroup {
+            match crate::sys::btrfs::qgroup_usage(dir) {
+                Ok(crate::sys::btrfs::QgroupUsage {
+                    limit: Some(limit),
+                    used,
+                }) => {
+                    let unit = u64::from(st.frsize.max(1));
+                    st.blocks = limit / unit;
+                    st.bfree = limit.saturating_sub(used) / unit;
+                    st.bavail = st.bfree;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "quota group unreadable; whole file system reported")
+                }
+            }
+        }
+        Ok(st)
     }
 
     /// Reads an xattr; the daemon's own are invisible.

@@ -4,6 +4,13 @@
 //! (name, capacity, parameters, creation time), written atomically: temp file, fsync,
 //! rename, fsync of the directory. The share never chowns anything; mountgroup's views
 //! supply the group semantics. [`Share`] is the seam where a remote share can be added.
+//!
+//! Capacity is enforced where the share's file system can: on btrfs each volume is a
+//! subvolume with a quota-group limit (`btrfs.rs`). Elsewhere it is advisory: recorded
+//! and reported, not enforced, which the driver says once when it starts.
+
+pub mod btrfs;
+pub mod key;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -112,6 +119,8 @@ pub enum ShareError {
     Conflict(VolumeId),
     #[error("the metadata of volume {id} cannot be read: {why}")]
     Corrupt { id: VolumeId, why: String },
+    #[error("{0}")]
+    Backend(String),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ShareError {
@@ -138,6 +147,22 @@ pub trait Share: Send + Sync {
     fn available_bytes(&self) -> Result<u64, ShareError>;
     /// Whether the share is reachable.
     fn check(&self) -> Result<(), ShareError>;
+    /// Records a new capacity for a volume (ControllerExpandVolume).
+    fn set_capacity(&self, id: &VolumeId, bytes: u64) -> Result<VolumeRecord, ShareError>;
+    /// Makes the recorded capacity the enforced one (NodeExpandVolume); a no-op when
+    /// capacity is advisory.
+    fn apply_capacity(&self, rec: &VolumeRecord) -> Result<(), ShareError>;
+    /// How capacity is held.
+    fn capacity(&self) -> &CapacityMode;
+}
+
+/// How a share holds volumes to their capacity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CapacityMode {
+    /// The kernel refuses writes past the capacity (btrfs quota groups).
+    Enforced,
+    /// Recorded and reported, not enforced; the reason says why.
+    Advisory(String),
 }
 
 /// A share that is a directory on this node (a hostPath, or an NFS/SMB export
@@ -146,6 +171,7 @@ pub struct LocalShare {
     root: PathBuf,
     /// Serialises create and delete so that two calls for one name cannot interleave.
     lock: Mutex<()>,
+    capacity: CapacityMode,
 }
 
 impl LocalShare {
@@ -159,10 +185,34 @@ impl LocalShare {
                 .map_err(io(format!("share {}", root.join(dir).display())))?;
         }
         let root = fs::canonicalize(root).map_err(io(format!("share {}", root.display())))?;
+        let capacity = if !btrfs::is_btrfs(&root) {
+            CapacityMode::Advisory(
+                "the share's file system has no quota support mountgroup can use (it needs btrfs)"
+                    .into(),
+            )
+        } else {
+            match btrfs::enable_quota(&root) {
+                Ok(()) => CapacityMode::Enforced,
+                Err(e) => CapacityMode::Advisory(format!("btrfs quotas cannot be enabled: {e}")),
+            }
+        };
+        match &capacity {
+            CapacityMode::Enforced => {
+                tracing::info!(share = %root.display(), "capacity enforced by btrfs quota groups")
+            }
+            CapacityMode::Advisory(why) => {
+                tracing::warn!(share = %root.display(), %why, "capacity is advisory")
+            }
+        }
         Ok(LocalShare {
             root,
             lock: Mutex::new(()),
+            capacity,
         })
+    }
+
+    fn enforced(&self) -> bool {
+        self.capacity == CapacityMode::Enforced
     }
 
     fn meta_path(&self, id: &VolumeId) -> PathBuf {
@@ -224,11 +274,18 @@ impl Share for LocalShare {
             };
         }
         let data = self.data_path(&spec.id);
-        match fs::create_dir(&data) {
-            Ok(()) => {}
-            // Left by a create that died before its metadata was written.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io(format!("volume directory {}", data.display()))(e)),
+        // A directory may be left by a create that died before its metadata was written.
+        if self.enforced() {
+            if !btrfs::is_subvolume(&data) {
+                btrfs::create_subvolume(&data)?;
+            }
+            btrfs::limit(&data, spec.capacity_bytes)?;
+        } else {
+            match fs::create_dir(&data) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io(format!("volume directory {}", data.display()))(e)),
+            }
         }
         let rec = VolumeRecord {
             id: spec.id.clone(),
@@ -267,10 +324,14 @@ impl Share for LocalShare {
         let data = self.data_path(id);
         // Data first: if we die half way, the metadata still names the volume and a
         // repeated DeleteVolume finishes the job. remove_dir_all never follows symlinks.
-        match fs::remove_dir_all(&data) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io(format!("volume directory {}", data.display()))(e)),
+        if btrfs::is_subvolume(&data) {
+            btrfs::delete_subvolume(&data)?;
+        } else {
+            match fs::remove_dir_all(&data) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(format!("volume directory {}", data.display()))(e)),
+            }
         }
         match fs::remove_file(self.meta_path(id)) {
             Ok(()) => {}
@@ -317,13 +378,48 @@ impl Share for LocalShare {
                 errno,
             }
         })?;
-        Ok(s.bavail.saturating_mul(u64::from(s.frsize)))
+        let free = s.bavail.saturating_mul(u64::from(s.frsize));
+        if !self.enforced() {
+            // Advisory capacity reserves nothing: the file system's free space is the truth.
+            return Ok(free);
+        }
+        // Enforced: space promised to volumes but not yet used is not the share's to give.
+        let mut promised = 0u64;
+        for rec in self.list()? {
+            let used = btrfs::used_bytes(&self.data_path(&rec.id)).unwrap_or(0);
+            promised = promised.saturating_add(rec.capacity_bytes.saturating_sub(used));
+        }
+        Ok(free.saturating_sub(promised))
     }
 
     fn check(&self) -> Result<(), ShareError> {
         fs::read_dir(self.root.join("volumes"))
             .map(|_| ())
             .map_err(io(format!("share {}", self.root.display())))
+    }
+
+    fn set_capacity(&self, id: &VolumeId, bytes: u64) -> Result<VolumeRecord, ShareError> {
+        let _serial = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rec = self
+            .get(id)?
+            .ok_or_else(|| ShareError::Backend(format!("volume {id} does not exist")))?;
+        if rec.capacity_bytes != bytes {
+            rec.capacity_bytes = bytes;
+            self.write_meta(&rec)?;
+        }
+        Ok(rec)
+    }
+
+    fn apply_capacity(&self, rec: &VolumeRecord) -> Result<(), ShareError> {
+        let data = self.data_path(&rec.id);
+        if self.enforced() && btrfs::is_subvolume(&data) {
+            btrfs::limit(&data, rec.capacity_bytes)?;
+        }
+        Ok(())
+    }
+
+    fn capacity(&self) -> &CapacityMode {
+        &self.capacity
     }
 }
 

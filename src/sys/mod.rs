@@ -4,6 +4,7 @@
 //! [`Errno`], never a `std::io::Error` that might have lost its OS error code. All
 //! `unsafe` code of the crate lives here (see `signal.rs`).
 
+pub mod btrfs;
 pub mod file;
 pub mod mount;
 pub mod process;

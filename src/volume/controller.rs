@@ -3,11 +3,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::share::key::ShareKey;
 use crate::share::{Created, Share, VolumeId, VolumeRecord, VolumeSpec};
 
-use super::VolumeError;
 use super::guard::OpGuards;
 use super::node::Node;
+use super::{SecretUse, VolumeError, authorize};
 
 /// The capacity a volume gets when the request names none.
 pub const DEFAULT_CAPACITY: u64 = 1 << 30;
@@ -20,6 +21,7 @@ const CO_PREFIX: &str = "csi.storage.k8s.io/";
 pub struct Controller {
     share: Arc<dyn Share>,
     guards: Arc<OpGuards>,
+    key: Arc<ShareKey>,
     /// The node service of this process, to refuse deleting a volume still in use.
     node: Option<Arc<Node>>,
 }
@@ -35,11 +37,13 @@ impl Controller {
     pub fn new(
         share: Arc<dyn Share>,
         guards: Arc<OpGuards>,
+        key: Arc<ShareKey>,
         node: Option<Arc<Node>>,
     ) -> Controller {
         Controller {
             share,
             guards,
+            key,
             node,
         }
     }
@@ -49,8 +53,9 @@ impl Controller {
     /// is ALREADY_EXISTS.
     ///
     /// # Errors
-    /// `InvalidArgument` naming a bad capacity or parameter, `AlreadyExists`, `Aborted`
-    /// while another call on the same name runs.
+    /// `InvalidArgument` naming a bad capacity or parameter or a missing share key,
+    /// `PermissionDenied` for a wrong key, `AlreadyExists`, `Aborted` while another call
+    /// on the same name runs.
     pub fn create_volume(
         &self,
         id: VolumeId,
@@ -58,6 +63,7 @@ impl Controller {
         required: i64,
         limit: i64,
         parameters: BTreeMap<String, String>,
+        secret: Option<&str>,
     ) -> Result<VolumeRecord, VolumeError> {
         let capacity = pick_capacity(required, limit)?;
         if let Some(key) = parameters.keys().find(|k| !k.starts_with(CO_PREFIX)) {
@@ -65,6 +71,7 @@ impl Controller {
                 "parameters: unknown key {key:?}"
             )));
         }
+        authorize(&self.key, secret, SecretUse::Provisioner)?;
         let _guard = self.guards.acquire(id.as_str(), "CreateVolume")?;
         if let Some(existing) = self.share.get(&id)? {
             let fits = existing.capacity_bytes >= required.max(0) as u64
@@ -95,8 +102,10 @@ impl Controller {
     /// Deletes a volume. An unknown volume is already deleted: OK.
     ///
     /// # Errors
-    /// `FailedPrecondition` while the volume is staged or published on this node.
-    pub fn delete_volume(&self, id: &VolumeId) -> Result<(), VolumeError> {
+    /// `FailedPrecondition` while the volume is staged or published on this node; a
+    /// missing or wrong share key.
+    pub fn delete_volume(&self, id: &VolumeId, secret: Option<&str>) -> Result<(), VolumeError> {
+        authorize(&self.key, secret, SecretUse::Provisioner)?;
         let _guard = self.guards.acquire(id.as_str(), "DeleteVolume")?;
         if let Some(node) = &self.node {
             if let Some(where_) = node.in_use(id) {
@@ -160,6 +169,42 @@ impl Controller {
             volumes,
             next_token,
         })
+    }
+
+    /// Grows the capacity the share records for a volume (never shrinks it); the
+    /// node then applies it (NodeExpandVolume). Repeating it is OK.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an empty or inverted range or a missing key,
+    /// `PermissionDenied` for a wrong key, `NotFound`, `OutOfRange` for a shrink.
+    pub fn expand_volume(
+        &self,
+        id: &VolumeId,
+        required: i64,
+        limit: i64,
+        secret: Option<&str>,
+    ) -> Result<u64, VolumeError> {
+        if required <= 0 && limit <= 0 {
+            return Err(VolumeError::InvalidArgument(
+                "capacity_range: required_bytes or limit_bytes must be set".into(),
+            ));
+        }
+        let new = pick_capacity(required, limit)?;
+        let new = if required > 0 { new } else { limit as u64 };
+        authorize(&self.key, secret, SecretUse::ControllerExpand)?;
+        let _guard = self.guards.acquire(id.as_str(), "ControllerExpandVolume")?;
+        let rec = self.get(id)?;
+        if new < rec.capacity_bytes {
+            return Err(VolumeError::OutOfRange(format!(
+                "capacity_range: volume {id} has {} bytes; shrinking it to {new} is not supported",
+                rec.capacity_bytes
+            )));
+        }
+        if new > rec.capacity_bytes {
+            self.share.set_capacity(id, new)?;
+            tracing::info!(volume_id = %id, from = rec.capacity_bytes, to = new, "capacity recorded");
+        }
+        Ok(new)
     }
 
     /// Bytes the share can still give.

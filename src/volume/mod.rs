@@ -60,6 +60,8 @@ pub enum VolumeError {
     #[error("{0}")]
     Aborted(String),
     #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
     OutOfRange(String),
     #[error("{0}")]
     Unavailable(String),
@@ -67,11 +69,51 @@ pub enum VolumeError {
     Internal(String),
 }
 
+/// What a CSI caller must configure to send the share key, for each kind of call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SecretUse {
+    Provisioner,
+    ControllerExpand,
+    NodeStage,
+    NodeExpand,
+}
+
+impl SecretUse {
+    fn storage_class_parameter(self) -> &'static str {
+        match self {
+            SecretUse::Provisioner => "csi.storage.k8s.io/provisioner-secret-name",
+            SecretUse::ControllerExpand => "csi.storage.k8s.io/controller-expand-secret-name",
+            SecretUse::NodeStage => "csi.storage.k8s.io/node-stage-secret-name",
+            SecretUse::NodeExpand => "csi.storage.k8s.io/node-expand-secret-name",
+        }
+    }
+}
+
+/// Checks the share key a request carries; the error names the secret entry and the
+/// StorageClass parameter that supplies it, never a key.
+///
+/// # Errors
+/// `InvalidArgument` when missing, `PermissionDenied` when wrong.
+pub fn authorize(
+    key: &crate::share::key::ShareKey,
+    presented: Option<&str>,
+    used_for: SecretUse,
+) -> Result<(), VolumeError> {
+    use crate::share::key::KeyError;
+    key.verify(presented).map_err(|e| match e {
+        KeyError::Missing => VolumeError::InvalidArgument(format!(
+            "{e} (set {} and its namespace in the StorageClass)",
+            used_for.storage_class_parameter()
+        )),
+        KeyError::Wrong => VolumeError::PermissionDenied(e.to_string()),
+    })
+}
+
 impl From<ShareError> for VolumeError {
     fn from(e: ShareError) -> Self {
         match e {
             ShareError::Conflict(_) => VolumeError::AlreadyExists(e.to_string()),
-            ShareError::Io { .. } | ShareError::Corrupt { .. } => {
+            ShareError::Io { .. } | ShareError::Corrupt { .. } | ShareError::Backend(_) => {
                 VolumeError::Internal(e.to_string())
             }
         }

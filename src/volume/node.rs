@@ -9,13 +9,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::share::key::ShareKey;
 use crate::share::{Share, VolumeId};
 use crate::sys::mount::{self, Health};
 
 use super::guard::OpGuards;
 use super::state::{NodeState, Published, Staged};
 use super::view::{VIEW_FSTYPE, Views};
-use super::{Capability, VolumeError};
+use super::{Capability, SecretUse, VolumeError, authorize};
 
 /// A NodePublishVolume, validated.
 #[derive(Clone, Debug)]
@@ -49,6 +50,7 @@ pub struct Node {
     node_id: String,
     share: Arc<dyn Share>,
     guards: Arc<OpGuards>,
+    key: Arc<ShareKey>,
     views: Views,
     state_path: PathBuf,
     state: Mutex<NodeState>,
@@ -66,6 +68,7 @@ impl Node {
         node_id: String,
         share: Arc<dyn Share>,
         guards: Arc<OpGuards>,
+        key: Arc<ShareKey>,
         state_dir: &Path,
         exe: PathBuf,
     ) -> Result<Arc<Node>, VolumeError> {
@@ -78,6 +81,7 @@ impl Node {
             node_id,
             share,
             guards,
+            key,
             views: Views::new(exe, state_dir.join("views"))?,
             state_path,
             state: Mutex::new(state),
@@ -201,13 +205,17 @@ impl Node {
     /// is ALREADY_EXISTS.
     ///
     /// # Errors
-    /// `NotFound` for an unknown volume, `AlreadyExists`, `Aborted`, `Internal`.
+    /// A missing or wrong share key (the node-stage secret, as a CIFS mount needs the
+    /// account key), `NotFound` for an unknown volume, `AlreadyExists`, `Aborted`,
+    /// `Internal`.
     pub fn stage(
         &self,
         id: &VolumeId,
         staging_path: &Path,
         _capability: &Capability,
+        secret: Option<&str>,
     ) -> Result<(), VolumeError> {
+        authorize(&self.key, secret, SecretUse::NodeStage)?;
         let _guard = self.guards.acquire(id.as_str(), "NodeStageVolume")?;
         if self.share.get(id)?.is_none() {
             return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
@@ -433,6 +441,50 @@ impl Node {
         }
     }
 
+    /// Applies the capacity the share records to the live volume (the quota limit of
+    /// its subvolume) while its views stay mounted, after checking the share really
+    /// holds at least `requested` bytes for it. Repeating it is OK.
+    ///
+    /// # Errors
+    /// A missing or wrong share key (the node-expand secret), `NotFound` for an unknown
+    /// volume or a path it is not published or staged at, `FailedPrecondition` when the
+    /// share records less than `requested`.
+    pub fn expand(
+        &self,
+        id: &VolumeId,
+        path: &Path,
+        requested: Option<u64>,
+        secret: Option<&str>,
+    ) -> Result<u64, VolumeError> {
+        authorize(&self.key, secret, SecretUse::NodeExpand)?;
+        let _guard = self.guards.acquire(id.as_str(), "NodeExpandVolume")?;
+        let rec = self
+            .share
+            .get(id)?
+            .ok_or_else(|| VolumeError::NotFound(format!("volume {id} does not exist")))?;
+        if !self.is_at(id, path) {
+            return Err(VolumeError::NotFound(format!(
+                "volume {id} is not published or staged at {}",
+                path.display()
+            )));
+        }
+        if let Some(want) = requested.filter(|w| *w > rec.capacity_bytes) {
+            return Err(VolumeError::FailedPrecondition(format!(
+                "the share records {} bytes for volume {id}, less than the {want} asked for; ControllerExpandVolume must grow it first",
+                rec.capacity_bytes
+            )));
+        }
+        self.share.apply_capacity(&rec)?;
+        tracing::info!(volume_id = %id, capacity_bytes = rec.capacity_bytes, "capacity applied");
+        Ok(rec.capacity_bytes)
+    }
+
+    fn is_at(&self, id: &VolumeId, path: &Path) -> bool {
+        let st = self.state();
+        st.published.get(path).is_some_and(|p| p.volume_id == *id)
+            || st.staged.get(id).is_some_and(|s| s.staging_path == path)
+    }
+
     /// Usage of a published (or staged) volume as its pods see it; a dead view is
     /// reported as an abnormal condition rather than an error.
     ///
@@ -442,12 +494,7 @@ impl Node {
         if self.share.get(id)?.is_none() {
             return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
         }
-        let known = {
-            let st = self.state();
-            st.published.get(path).is_some_and(|p| p.volume_id == *id)
-                || st.staged.get(id).is_some_and(|s| s.staging_path == path)
-        };
-        if !known {
+        if !self.is_at(id, path) {
             return Err(VolumeError::NotFound(format!(
                 "volume {id} is not published or staged at {}",
                 path.display()

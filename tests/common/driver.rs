@@ -21,6 +21,8 @@ use super::BIN;
 
 pub struct Driver {
     child: Option<Child>,
+    /// Extra `serve` arguments.
+    args: Vec<String>,
     pub root: PathBuf,
     pub socket: PathBuf,
     pub state: PathBuf,
@@ -35,14 +37,22 @@ pub struct Clients {
 }
 
 impl Driver {
-    /// Starts `mountgroup serve` with everything under `root` and waits for its socket.
+    /// Starts `mountgroup serve` with everything under `root`, without a share key
+    /// (the protocol tests; the key has its own tests), and waits for its socket.
     pub fn start(root: &Path) -> Driver {
+        Driver::start_with(root, root.join("share"), &["--share-key-file", "none"])
+    }
+
+    /// Starts `mountgroup serve` with the share at `share` and extra arguments; with
+    /// no `--share-key-file` the driver generates its key in the state directory.
+    pub fn start_with(root: &Path, share: PathBuf, args: &[&str]) -> Driver {
         let mut d = Driver {
             child: None,
+            args: args.iter().map(|s| s.to_string()).collect(),
             root: root.to_path_buf(),
             socket: root.join("csi/csi.sock"),
             state: root.join("state"),
-            share: root.join("share"),
+            share,
             log: root.join("driver.log"),
         };
         d.spawn();
@@ -55,8 +65,8 @@ impl Driver {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(BIN)
-            .arg("serve")
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve")
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket.display()))
             .arg("--node-id")
@@ -65,12 +75,17 @@ impl Driver {
             .arg(&self.state)
             .arg("--share-root")
             .arg(&self.share)
-            .env("RUST_LOG", "mountgroup=debug,info")
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+            .stderr(log);
+        if self.args.iter().any(|a| a == "--log") {
+            // The test chose a filter; RUST_LOG would override it.
+            cmd.env_remove("RUST_LOG");
+        } else {
+            cmd.env("RUST_LOG", "mountgroup=debug,info");
+        }
+        let child = cmd.spawn().unwrap();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         // A socket file may be left from before: wait until someone listens on it.
@@ -85,6 +100,11 @@ impl Driver {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The share key the driver generated.
+    pub fn key(&self) -> String {
+        fs::read_to_string(self.state.join("share.key")).expect("a generated share key")
     }
 
     pub fn log_text(&self) -> String {
