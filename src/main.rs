@@ -55,6 +55,9 @@ struct ServeArgs {
     /// STATE_DIR/share.key. `none` runs without a key (local use only).
     #[arg(long, value_name = "PATH|none")]
     share_key_file: Option<String>,
+    /// Where secret views keep their private tmpfs mounts.
+    #[arg(long, default_value = "/run/mountgroup")]
+    runtime_dir: PathBuf,
 }
 
 fn host_name() -> String {
@@ -80,6 +83,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     let cfg = mountgroup::csi::server::ServeConfig {
         share_key_file,
+        runtime_dir: args.runtime_dir,
         endpoint: args.endpoint,
         node_id: args.node_id.unwrap_or_else(host_name),
         driver_name: args.driver_name,

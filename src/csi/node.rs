@@ -1,6 +1,7 @@
 //! The Node service.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
@@ -10,7 +11,9 @@ use super::pb::node_service_capability::rpc::Type as RpcType;
 use super::validate::{self, CapabilityError};
 use super::{blocking, pb};
 use crate::share::key::SECRET_NAME;
+use crate::volume::Lifecycle;
 use crate::volume::node::{Node, PublishRequest, Usage};
+use crate::volume::secrets::Payload;
 
 /// The topology key NodeGetInfo reports (informational: volumes carry no
 /// accessibility constraints, every node that mounts the share can serve them).
@@ -76,15 +79,30 @@ impl pb::node_server::Node for NodeService {
         let r = req.get_ref();
         let volume_id = validate::volume_id(&r.volume_id, "volume_id")?;
         let target_path = validate::abs_path(&r.target_path, "target_path")?;
-        let staging_path = validate::abs_path(&r.staging_target_path, "staging_target_path")?;
+        let lifecycle = validate::lifecycle(&r.volume_context)?;
+        // Inline volumes are never staged: kubelet sends no staging path for them.
+        let staging_path = match lifecycle {
+            Lifecycle::Persistent => {
+                validate::abs_path(&r.staging_target_path, "staging_target_path")?
+            }
+            Lifecycle::Ephemeral(_) => PathBuf::new(),
+        };
         let capability = validate::capability(r.volume_capability.as_ref(), "volume_capability")
             .map_err(CapabilityError::into_status)?;
+        let secrets = Payload(
+            r.secrets
+                .iter()
+                .map(|(k, v)| (PathBuf::from(k), v.as_bytes().to_vec()))
+                .collect(),
+        );
         let publish = PublishRequest {
             volume_id,
             staging_path,
             target_path,
             capability,
             readonly: r.readonly,
+            lifecycle,
+            secrets,
         };
         let node = Arc::clone(&self.node);
         let span = info_span!(

@@ -32,6 +32,8 @@ pub struct ServeConfig {
     pub view_binary: PathBuf,
     /// The share key file (created with a random key if absent); `None`: no key.
     pub share_key_file: Option<PathBuf>,
+    /// Where secret views keep their tmpfs (memory; never the state directory).
+    pub runtime_dir: PathBuf,
 }
 
 /// Why the server could not start or ended badly.
@@ -154,6 +156,7 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
                 guards,
                 key,
                 &cfg.state_dir,
+                &cfg.runtime_dir,
                 cfg.view_binary,
             )
         })

@@ -8,7 +8,7 @@ use tonic::Status;
 
 use crate::config::{MountGroup, ViewOptions};
 use crate::share::VolumeId;
-use crate::volume::{AccessMode, Capability};
+use crate::volume::{AccessMode, Capability, Inline, Lifecycle, SecretSpec};
 
 use super::pb;
 use super::pb::volume_capability::access_mode::Mode;
@@ -146,6 +146,143 @@ pub fn capability(
     })
 }
 
+/// The `volume_context` key kubelet sets (with podInfoOnMount) on inline volumes.
+pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
+
+/// Parses a size: bytes, or a number with a Kubernetes unit (`Ki`, `Mi`, `Gi`, `Ti`,
+/// or decimal `k`, `M`, `G`, `T`).
+///
+/// # Errors
+/// A message saying why it is not a size.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let units: &[(&str, u64)] = &[
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    let (digits, mult) = units
+        .iter()
+        .find_map(|(u, m)| s.strip_suffix(u).map(|d| (d, *m)))
+        .unwrap_or((s, 1));
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("is not a size (bytes, or a number with Ki, Mi, Gi, Ti, k, M, G or T)".into());
+    }
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| "is zero or too large".into())
+}
+
+/// The volume's lifecycle from `volume_context`: kubelet's
+/// `csi.storage.k8s.io/ephemeral` and the pod's `volumeAttributes`. Keys under
+/// `csi.storage.k8s.io/` (pod information) are ignored; any other unknown key is an
+/// error naming it. Values are never echoed (they may carry tokens).
+///
+/// # Errors
+/// InvalidArgument naming the attribute.
+pub fn lifecycle(ctx: &std::collections::HashMap<String, String>) -> Result<Lifecycle, Status> {
+    const KNOWN: &str = "size, source, items, defaultMode";
+    let ephemeral = match ctx.get(EPHEMERAL_KEY).map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => {
+            return Err(invalid(format!(
+                "volume_context.{EPHEMERAL_KEY} is not true or false"
+            )));
+        }
+    };
+    let mut unknown: Vec<&str> = ctx
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !k.starts_with("csi.storage.k8s.io/") && !KNOWN.split(", ").any(|n| n == *k))
+        .collect();
+    if !unknown.is_empty() {
+        unknown.sort_unstable();
+        return Err(invalid(format!(
+            "volume_context: unknown attributes {unknown:?} (known: {KNOWN})"
+        )));
+    }
+    let get = |k: &str| ctx.get(k).map(String::as_str);
+    if !ephemeral {
+        if let Some(k) = KNOWN.split(", ").find(|k| ctx.contains_key(*k)) {
+            return Err(invalid(format!(
+                "volume_context.{k} applies to inline (ephemeral) volumes only"
+            )));
+        }
+        return Ok(Lifecycle::Persistent);
+    }
+    match get("source").unwrap_or("share") {
+        "share" => {
+            if let Some(k) = ["items", "defaultMode"]
+                .into_iter()
+                .find(|k| ctx.contains_key(*k))
+            {
+                return Err(invalid(format!(
+                    "volume_context.{k} applies to source: secrets only"
+                )));
+            }
+            let size = get("size")
+                .map(|v| {
+                    parse_size(v).map_err(|why| invalid(format!("volume_context.size {v:?} {why}")))
+                })
+                .transpose()?;
+            Ok(Lifecycle::Ephemeral(Inline::Share { size }))
+        }
+        "secrets" => {
+            if ctx.contains_key("size") {
+                return Err(invalid(
+                    "volume_context.size does not apply to source: secrets".into(),
+                ));
+            }
+            let items = get("items")
+                .map(|v| {
+                    v.split(',')
+                        .filter(|i| !i.trim().is_empty())
+                        .map(|item| {
+                            let (key, path) = item
+                                .trim()
+                                .split_once('=')
+                                .unwrap_or((item.trim(), item.trim()));
+                            crate::volume::secrets::check_path(path)
+                                .map(|p| (key.to_string(), p))
+                                .map_err(|why| {
+                                    invalid(format!("volume_context.items: path of {key:?} {why}"))
+                                })
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .transpose()?;
+            let default_mode = get("defaultMode")
+                .map(|v| {
+                    let digits = v.strip_prefix("0o").unwrap_or(v);
+                    u32::from_str_radix(digits, 8)
+                        .ok()
+                        .filter(|m| *m <= 0o777)
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "volume_context.defaultMode {v:?} is not an octal mode up to 0777"
+                            ))
+                        })
+                })
+                .transpose()?;
+            Ok(Lifecycle::Ephemeral(Inline::Secrets(SecretSpec {
+                items,
+                default_mode,
+            })))
+        }
+        other => Err(invalid(format!(
+            "volume_context.source {other:?} is not share or secrets"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +348,74 @@ mod tests {
         assert_eq!(
             message(capability(Some(&none), "c")),
             "c.access_mode missing in request"
+        );
+    }
+
+    #[test]
+    fn volume_contexts() {
+        use std::collections::HashMap;
+        let ctx = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<HashMap<_, _>>()
+        };
+        let eph = (EPHEMERAL_KEY, "true");
+        let pod = ("csi.storage.k8s.io/pod.name", "p");
+        assert_eq!(lifecycle(&ctx(&[pod])).unwrap(), Lifecycle::Persistent);
+        assert_eq!(
+            lifecycle(&ctx(&[eph, pod])).unwrap(),
+            Lifecycle::Ephemeral(Inline::Share { size: None })
+        );
+        assert_eq!(
+            lifecycle(&ctx(&[eph, ("size", "5Mi")])).unwrap(),
+            Lifecycle::Ephemeral(Inline::Share {
+                size: Some(5 << 20)
+            })
+        );
+        let s = lifecycle(&ctx(&[
+            eph,
+            ("source", "secrets"),
+            ("items", "a,b=dir/b.txt"),
+            ("defaultMode", "0400"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            s,
+            Lifecycle::Ephemeral(Inline::Secrets(SecretSpec {
+                items: Some(vec![
+                    ("a".into(), "a".into()),
+                    ("b".into(), "dir/b.txt".into())
+                ]),
+                default_mode: Some(0o400),
+            }))
+        );
+        let msg =
+            |pairs: &[(&str, &str)]| lifecycle(&ctx(pairs)).unwrap_err().message().to_string();
+        assert!(
+            msg(&[eph, ("colour", "red"), ("hostPath", "/etc")])
+                .contains("[\"colour\", \"hostPath\"]")
+        );
+        assert!(
+            !msg(&[eph, ("token", "s3cret")]).contains("s3cret"),
+            "values are never echoed"
+        );
+        assert!(msg(&[("size", "1Gi")]).contains("volume_context.size applies to inline"));
+        assert!(msg(&[eph, ("size", "lots")]).contains("volume_context.size"));
+        assert!(
+            msg(&[eph, ("source", "secrets"), ("items", "a=../../etc/passwd")]).contains("items")
+        );
+        assert!(msg(&[eph, ("items", "a")]).contains("source: secrets only"));
+        assert!(msg(&[eph, ("source", "hostpath")]).contains("volume_context.source"));
+        assert!(
+            msg(&[eph, ("source", "secrets"), ("defaultMode", "4755")]).contains("defaultMode")
+        );
+        assert_eq!(parse_size("1000").unwrap(), 1000);
+        assert_eq!(parse_size("2G").unwrap(), 2_000_000_000);
+        assert!(
+            parse_size("0").is_err()
+                && parse_size("-1Mi").is_err()
+                && parse_size("99999999999Ti").is_err()
         );
     }
 

@@ -119,6 +119,23 @@ pub fn bind(source: &Path, target: &Path) -> SysResult<()> {
     Ok(())
 }
 
+/// Mounts a tmpfs on `target` with `options` (`mode=`, `size=`, ...), always
+/// `nosuid,nodev,noexec`.
+///
+/// # Errors
+/// The error of `mount(2)`.
+pub fn mount_tmpfs(target: &Path, options: &str) -> SysResult<()> {
+    use rustix::mount::MountFlags;
+    let data = std::ffi::CString::new(options).map_err(|_| super::Errno::EINVAL)?;
+    Ok(rustix::mount::mount(
+        "tmpfs",
+        target,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        data.as_c_str(),
+    )?)
+}
+
 /// The file system type mounted at exactly `path` (the topmost mount there), from
 /// `/proc/self/mountinfo`, or `None` when nothing is mounted there.
 ///

@@ -141,7 +141,9 @@ impl Controller {
                 "max_entries must not be negative".into(),
             ));
         }
-        let all = self.share.list()?;
+        // Inline volumes belong to their pods, not to the controller.
+        let mut all = self.share.list()?;
+        all.retain(|r| !super::node::is_inline(r));
         let start = if starting_token.is_empty() {
             0
         } else {

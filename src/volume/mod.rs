@@ -7,6 +7,7 @@
 pub mod controller;
 pub mod guard;
 pub mod node;
+pub mod secrets;
 pub mod state;
 pub mod view;
 
@@ -45,6 +46,36 @@ pub struct Capability {
     /// `volume_mount_group`: the pod's fsGroup.
     pub mount_group: Option<crate::config::MountGroup>,
 }
+
+/// Whether a publish is of a persistent volume (staged first) or an inline one that
+/// lives and dies with the pod (KEP-596).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lifecycle {
+    Persistent,
+    Ephemeral(Inline),
+}
+
+/// An inline volume, from the pod's `volumeAttributes`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Inline {
+    /// A fresh volume on the share (`source: share`), of `size` bytes if asked for.
+    Share { size: Option<u64> },
+    /// A read-only view of the request's secrets (`source: secrets`).
+    Secrets(SecretSpec),
+}
+
+/// Which secrets become which files, and their mode (a Secret volume's `items` and
+/// `defaultMode`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretSpec {
+    /// `None`: every secret entry, named by its key.
+    pub items: Option<Vec<(String, std::path::PathBuf)>>,
+    /// `None`: 0440 with a mount group (readable by the pod's fsGroup), 0444 without.
+    pub default_mode: Option<u32>,
+}
+
+/// The default mode of secret files: readable by owner and group (the pod's fsGroup).
+pub const SECRET_DEFAULT_MODE: u32 = 0o440;
 
 /// Why a volume operation failed. The message always names the field, volume or path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

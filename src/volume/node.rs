@@ -9,24 +9,47 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use std::collections::BTreeMap;
+
+use crate::config::ViewOptions;
 use crate::share::key::ShareKey;
-use crate::share::{Share, VolumeId};
+use crate::share::{Share, VolumeId, VolumeRecord, VolumeSpec};
 use crate::sys::mount::{self, Health};
 
 use super::guard::OpGuards;
-use super::state::{NodeState, Published, Staged};
+use super::secrets::{self, Payload};
+use super::state::{NodeState, Published, Staged, ViewKind};
 use super::view::{VIEW_FSTYPE, Views};
-use super::{Capability, SecretUse, VolumeError, authorize};
+use super::{
+    Capability, Inline, Lifecycle, SECRET_DEFAULT_MODE, SecretUse, VolumeError, authorize,
+};
 
 /// A NodePublishVolume, validated.
 #[derive(Clone, Debug)]
 pub struct PublishRequest {
     pub volume_id: VolumeId,
+    /// The staging path of a persistent volume (unused for inline volumes).
     pub staging_path: PathBuf,
     pub target_path: PathBuf,
     pub capability: Capability,
     pub readonly: bool,
+    pub lifecycle: Lifecycle,
+    /// The request's secrets (the content of a secret view); Debug shows no value.
+    pub secrets: Payload,
 }
+
+/// The parameter that marks a volume on the share as inline (created by a publish,
+/// deleted by the unpublish), so a persistent volume is never handed to a pod inline.
+pub const INLINE_MARKER: &str = "csi.storage.k8s.io/ephemeral";
+
+/// Whether a volume on the share is an inline one.
+pub fn is_inline(rec: &VolumeRecord) -> bool {
+    rec.parameters.get(INLINE_MARKER).map(String::as_str) == Some("true")
+}
+
+/// A secret view's tmpfs: private, small (Secrets are at most 1 MiB; two versions
+/// coexist during a rotation), never executable.
+const SECRETS_TMPFS_OPTIONS: &str = "mode=0700,size=4m,nr_inodes=4096";
 
 /// Usage in one unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +75,8 @@ pub struct Node {
     guards: Arc<OpGuards>,
     key: Arc<ShareKey>,
     views: Views,
+    /// Where secret views keep their tmpfs (memory, outside the state directory).
+    runtime_dir: PathBuf,
     state_path: PathBuf,
     state: Mutex<NodeState>,
 }
@@ -70,6 +95,7 @@ impl Node {
         guards: Arc<OpGuards>,
         key: Arc<ShareKey>,
         state_dir: &Path,
+        runtime_dir: &Path,
         exe: PathBuf,
     ) -> Result<Arc<Node>, VolumeError> {
         std::fs::create_dir_all(state_dir).map_err(|e| {
@@ -82,6 +108,7 @@ impl Node {
             share,
             guards,
             key,
+            runtime_dir: runtime_dir.to_path_buf(),
             views: Views::new(exe, state_dir.join("views"))?,
             state_path,
             state: Mutex::new(state),
@@ -163,7 +190,7 @@ impl Node {
                 return None;
             }
         };
-        match self.views.start(&p.staging_path, target, &options) {
+        match self.views.start(&p.source, target, &options) {
             Ok(pid) => {
                 tracing::info!(volume_id = %p.volume_id, target = %target.display(), "view restored");
                 Some(pid)
@@ -291,18 +318,10 @@ impl Node {
         Ok(())
     }
 
-    /// Mounts a group view of the staged volume at the target, with the group of this
-    /// request (`volume_mount_group`) and the options of its `mount_flags`; read-only
-    /// if the request or the access mode says so. A repeat with the same arguments is
-    /// OK (and heals a view whose process died); different arguments for a published
-    /// target are ALREADY_EXISTS.
-    ///
-    /// # Errors
-    /// `InvalidArgument` when the group conflicts with a `gid=` flag, `NotFound` for an
-    /// unknown volume, `FailedPrecondition` when it is not staged at `staging_path`,
-    /// `AlreadyExists`, `Aborted`, `Internal` with the view's message.
-    pub fn publish(&self, req: &PublishRequest) -> Result<(), VolumeError> {
-        let id = &req.volume_id;
+    /// The view options of a publish: the capability's `mount_flags`, the group of
+    /// this request, `ro` for a read-only publish or access mode, and for secret views
+    /// always `ro` and no kernel caching (a rotation shows at once).
+    fn view_options(req: &PublishRequest) -> Result<ViewOptions, VolumeError> {
         let mut options = req.capability.options.clone();
         if let Some(g) = req.capability.mount_group {
             options = options.with_mount_group(g).map_err(|e| {
@@ -314,37 +333,112 @@ impl Node {
         if req.readonly || req.capability.access.read_only() {
             options.readonly = true;
         }
-        let canonical = options.to_option_string();
+        if let Lifecycle::Ephemeral(Inline::Secrets(_)) = req.lifecycle {
+            // Read-only to the pod whatever it asks (KEP-596, CVE-2017-1002102).
+            options.readonly = true;
+            options.attr_timeout = std::time::Duration::ZERO;
+            options.entry_timeout = std::time::Duration::ZERO;
+        }
+        Ok(options)
+    }
+
+    /// Where the tmpfs of the secret view at `target` lives.
+    fn secrets_dir(&self, target: &Path) -> PathBuf {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        target.hash(&mut h);
+        self.runtime_dir
+            .join("secrets")
+            .join(format!("{:016x}", h.finish()))
+    }
+
+    /// Mounts a group view at the target, with the group of this request
+    /// (`volume_mount_group`) and the options of its `mount_flags`; read-only if the
+    /// request or the access mode says so.
+    ///
+    /// - a persistent volume must be staged at `staging_path`; the view shows it;
+    /// - an inline volume (`csi.storage.k8s.io/ephemeral`) is created on the share on
+    ///   first publish (a handle that names a persistent volume is refused) and its
+    ///   view shows it directly;
+    /// - a secret view writes the request's secrets to a private tmpfs and shows it
+    ///   read-only.
+    ///
+    /// A repeat with the same arguments is OK (and heals a view whose process died); a
+    /// repeat of a secret view rotates its content atomically if it changed, without
+    /// unmounting. Different arguments for a published target are ALREADY_EXISTS.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a group that conflicts with a `gid=` flag or secrets that
+    /// do not fit the items, `NotFound` for an unknown persistent volume,
+    /// `FailedPrecondition` when it is not staged there, `AlreadyExists`, `Aborted`,
+    /// `Internal` with the view's message.
+    pub fn publish(&self, req: &PublishRequest) -> Result<(), VolumeError> {
+        let id = &req.volume_id;
         let target = &req.target_path;
-        let _guard = self.guards.acquire(id.as_str(), "NodePublishVolume")?;
-        if self.share.get(id)?.is_none() {
-            return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
-        }
-        let (staged, existing) = {
-            let st = self.state();
-            (
-                st.staged.get(id).cloned(),
-                st.published.get(target).cloned(),
-            )
-        };
-        match staged {
-            Some(s) if s.staging_path == req.staging_path => {}
-            _ => {
-                return Err(VolumeError::FailedPrecondition(format!(
-                    "volume {id} is not staged at {}",
-                    req.staging_path.display()
-                )));
+        let options = Self::view_options(req)?;
+        let canonical = options.to_option_string();
+        let (kind, source) = match &req.lifecycle {
+            Lifecycle::Persistent => (ViewKind::Persistent, req.staging_path.clone()),
+            Lifecycle::Ephemeral(Inline::Share { .. }) => {
+                (ViewKind::InlineShare, self.share.data_path(id))
             }
-        }
-        let mut created_target = false;
+            Lifecycle::Ephemeral(Inline::Secrets(_)) => {
+                (ViewKind::InlineSecrets, self.secrets_dir(target))
+            }
+        };
+        let _guard = self.guards.acquire(id.as_str(), "NodePublishVolume")?;
+        let existing = self.state().published.get(target).cloned();
         if let Some(p) = &existing {
-            if p.volume_id != *id || p.options != canonical || p.staging_path != req.staging_path {
+            if p.volume_id != *id || p.options != canonical || p.kind != kind || p.source != source
+            {
                 return Err(VolumeError::AlreadyExists(format!(
                     "target_path {} is already published (volume {}) with other arguments",
                     target.display(),
                     p.volume_id
                 )));
             }
+        }
+        // Make the source exist (the only side effects before the view starts).
+        let made_source = match &req.lifecycle {
+            Lifecycle::Persistent => {
+                if self.share.get(id)?.is_none() {
+                    return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
+                }
+                match self.state().staged.get(id) {
+                    Some(s) if s.staging_path == source => {}
+                    _ => {
+                        return Err(VolumeError::FailedPrecondition(format!(
+                            "volume {id} is not staged at {}",
+                            source.display()
+                        )));
+                    }
+                }
+                false
+            }
+            Lifecycle::Ephemeral(Inline::Share { size }) => self.ensure_inline_volume(id, *size)?,
+            Lifecycle::Ephemeral(Inline::Secrets(spec)) => {
+                let payload = secrets::payload(&req.secrets, spec)?;
+                let mode = spec
+                    .default_mode
+                    .unwrap_or(if req.capability.mount_group.is_some() {
+                        SECRET_DEFAULT_MODE
+                    } else {
+                        0o444
+                    });
+                let fresh = self.ensure_secrets_tmpfs(&source)?;
+                if secrets::write(&source, &payload, mode)? && existing.is_some() {
+                    tracing::info!(volume_id = %id, target = %target.display(), "secrets rotated");
+                }
+                fresh
+            }
+        };
+        let undo_source = |this: &Self| {
+            if made_source {
+                this.remove_source(kind, id, &source);
+            }
+        };
+        let mut created_target = false;
+        if let Some(p) = &existing {
             if mount::health(target) == Health::Mounted(VIEW_FSTYPE.into()) {
                 return Ok(());
             }
@@ -356,6 +450,7 @@ impl Node {
                 Health::NotMounted => {}
                 Health::Dead => self.views.stop(target, None)?,
                 Health::Mounted(t) => {
+                    undo_source(self);
                     return Err(VolumeError::AlreadyExists(format!(
                         "target_path {} already holds a {t} mount",
                         target.display()
@@ -365,31 +460,40 @@ impl Node {
             match std::fs::symlink_metadata(target) {
                 Ok(m) if m.is_dir() => {}
                 Ok(_) => {
+                    undo_source(self);
                     return Err(VolumeError::InvalidArgument(format!(
                         "target_path {} exists and is not a directory",
                         target.display()
                     )));
                 }
                 Err(_) => {
-                    std::fs::create_dir_all(target).map_err(|e| {
-                        VolumeError::Internal(format!("target_path {}: {e}", target.display()))
-                    })?;
+                    if let Err(e) = std::fs::create_dir_all(target) {
+                        undo_source(self);
+                        return Err(VolumeError::Internal(format!(
+                            "target_path {}: {e}",
+                            target.display()
+                        )));
+                    }
                     created_target = true;
                 }
             }
         }
-        let pid = match self.views.start(&req.staging_path, target, &options) {
+        let pid = match self.views.start(&source, target, &options) {
             Ok(pid) => pid,
             Err(e) => {
                 if created_target && existing.is_none() {
                     let _ = std::fs::remove_dir(target);
+                }
+                if existing.is_none() {
+                    undo_source(self);
                 }
                 return Err(e);
             }
         };
         let published = Published {
             volume_id: id.clone(),
-            staging_path: req.staging_path.clone(),
+            kind,
+            source,
             options: canonical,
             pid: Some(pid),
             created_target,
@@ -400,12 +504,70 @@ impl Node {
             let _ = self.views.stop(target, Some(pid));
             return Err(e);
         }
-        tracing::info!(volume_id = %id, target = %target.display(), "volume published");
+        tracing::info!(volume_id = %id, target = %target.display(), kind = ?kind, "volume published");
         Ok(())
     }
 
-    /// Stops the view at the target and removes the directory publish made. A target
-    /// that is not published is OK (a dead or orphaned view there is cleaned up).
+    /// Creates the inline volume `id` on the share unless it exists; returns whether it
+    /// was created now. A persistent volume with that id is never handed to a pod.
+    fn ensure_inline_volume(&self, id: &VolumeId, size: Option<u64>) -> Result<bool, VolumeError> {
+        match self.share.get(id)? {
+            Some(rec) if is_inline(&rec) => Ok(false),
+            Some(_) => Err(VolumeError::AlreadyExists(format!(
+                "volume handle {id} names a persistent volume; an inline volume cannot use it"
+            ))),
+            None => {
+                let spec = VolumeSpec {
+                    id: id.clone(),
+                    name: id.to_string(),
+                    capacity_bytes: size.unwrap_or(super::controller::DEFAULT_CAPACITY),
+                    parameters: BTreeMap::from([(INLINE_MARKER.to_string(), "true".to_string())]),
+                };
+                self.share.create(&spec)?;
+                tracing::info!(volume_id = %id, capacity_bytes = spec.capacity_bytes, "inline volume created");
+                Ok(true)
+            }
+        }
+    }
+
+    /// Mounts a private tmpfs for a secret view unless one is there; returns whether it
+    /// was mounted now.
+    fn ensure_secrets_tmpfs(&self, dir: &Path) -> Result<bool, VolumeError> {
+        if mount::health(dir) == Health::Mounted("tmpfs".into()) {
+            return Ok(false);
+        }
+        let internal = |e: &dyn std::fmt::Display| {
+            VolumeError::Internal(format!("secrets tmpfs {}: {e}", dir.display()))
+        };
+        std::fs::create_dir_all(dir).map_err(|e| internal(&e))?;
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| internal(&e))?;
+        mount::mount_tmpfs(dir, SECRETS_TMPFS_OPTIONS).map_err(|e| internal(&e))?;
+        Ok(true)
+    }
+
+    /// Removes what a publish made for an inline view: the inline volume, or the
+    /// secrets tmpfs (and with it the secrets).
+    fn remove_source(&self, kind: ViewKind, id: &VolumeId, source: &Path) {
+        match kind {
+            ViewKind::Persistent => {}
+            ViewKind::InlineShare => {
+                if let Err(e) = self.share.delete(id) {
+                    tracing::error!(volume_id = %id, error = %e, "cannot delete the inline volume");
+                }
+            }
+            ViewKind::InlineSecrets => {
+                if mount::health(source) != Health::NotMounted {
+                    let _ = mount::unmount_lazy(source);
+                }
+                let _ = std::fs::remove_dir(source);
+            }
+        }
+    }
+
+    /// Stops the view at the target and removes the directory publish made; an inline
+    /// volume is deleted with it, a secret view's tmpfs unmounted. A target that is not
+    /// published is OK (a dead or orphaned view there is cleaned up).
     ///
     /// # Errors
     /// `FailedPrecondition` when the target belongs to another volume, `Aborted`,
@@ -421,7 +583,10 @@ impl Node {
             ))),
             Some(p) => {
                 self.views.stop(target, p.pid)?;
-                let _ = std::fs::remove_dir(target);
+                if p.created_target {
+                    let _ = std::fs::remove_dir(target);
+                }
+                self.remove_source(p.kind, id, &p.source);
                 self.update(|st| {
                     st.published.remove(target);
                 })?;

@@ -21,11 +21,28 @@ pub struct Staged {
     pub staging_path: PathBuf,
 }
 
+/// What a published view shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ViewKind {
+    /// A staged persistent volume.
+    #[default]
+    Persistent,
+    /// An inline volume on the share, deleted on unpublish.
+    InlineShare,
+    /// An inline read-only view of secrets held on a private tmpfs (the `source`).
+    InlineSecrets,
+}
+
 /// A view published at a target path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Published {
     pub volume_id: VolumeId,
-    pub staging_path: PathBuf,
+    #[serde(default)]
+    pub kind: ViewKind,
+    /// What the view shows: the staging path, the volume directory of an inline
+    /// volume, or the tmpfs of a secret view.
+    pub source: PathBuf,
     /// The view's options in canonical form (`ViewOptions::to_option_string`).
     pub options: String,
     /// The view process, when this driver started it.
@@ -120,7 +137,8 @@ mod tests {
             "/t".into(),
             Published {
                 volume_id: id.clone(),
-                staging_path: "/s".into(),
+                kind: ViewKind::InlineSecrets,
+                source: "/s".into(),
                 options: "gid=1".into(),
                 pid: Some(7),
                 created_target: true,

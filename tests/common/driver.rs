@@ -75,6 +75,8 @@ impl Driver {
             .arg(&self.state)
             .arg("--share-root")
             .arg(&self.share)
+            .arg("--runtime-dir")
+            .arg(self.root.join("run"))
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
