@@ -166,7 +166,10 @@ impl Filesystem for FuseView {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
         let caps = config.capabilities();
+        // READDIRPLUS_AUTO: the kernel asks for attributes with the names only when the
+        // program stats the entries (ls -l), not for a plain listing.
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_AUTO_INVAL_DATA
             | InitFlags::FUSE_ASYNC_DIO
