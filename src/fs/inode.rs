@@ -1,14 +1,21 @@
-//! The inode table: one `O_PATH|O_NOFOLLOW` descriptor per inode the kernel knows,
-//! counted by lookups and released on FORGET, so memory and open descriptors stay
-//! bounded however many files a pod walks.
+//! The inode table: every inode the kernel holds a reference to, counted by lookups
+//! and released on FORGET.
+//!
+//! An inode is named by a file handle (`name_to_handle_at`) and reached through an
+//! `O_PATH` descriptor opened from it on demand (`open_by_handle_at`, which no rename
+//! can steer). Open descriptors are kept in a bounded cache, so memory and open
+//! descriptors stay bounded however many files a pod walks: the kernel may cache a
+//! million inodes, the view holds a million small handles and a few thousand
+//! descriptors. On a backing file system without handles (most FUSE backends) each
+//! inode keeps its descriptor for as long as the kernel holds it.
 
 use std::any::Any;
-use std::collections::HashMap;
-use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 
-use crate::sys::file::{Kind, Stat};
+use crate::sys::file::{self, FileHandle, Kind, Stat};
 
 use super::error::{FsError, FsResult};
 
@@ -47,16 +54,111 @@ impl DataFile {
     }
 }
 
+/// How an inode is reached.
+enum Source {
+    /// Its own descriptor for as long as the kernel holds the inode (the root, and
+    /// file systems without handles).
+    Pinned(Arc<OwnedFd>),
+    /// A handle, and a descriptor opened from it while the cache keeps it.
+    Handle {
+        handle: FileHandle,
+        cached: Mutex<Option<Arc<OwnedFd>>>,
+    },
+}
+
+/// What the inodes of one view share: the root descriptor handles are opened
+/// against, and the bound on cached descriptors.
+struct Shared {
+    /// The root opened for reading: `open_by_handle_at` refuses an `O_PATH` one.
+    mount_fd: Option<OwnedFd>,
+    max_cached: usize,
+    cached: AtomicUsize,
+    /// Inodes in the order their descriptors were cached (oldest first).
+    queue: Mutex<VecDeque<Weak<Inode>>>,
+}
+
 /// One inode the kernel holds a reference to.
 pub struct Inode {
     /// The kernel's id for it (`nodeid`), also shown as `st_ino`.
     pub id: u64,
-    pub fd: OwnedFd,
     pub kind: Kind,
     pub key: InodeKey,
+    source: Source,
+    shared: Arc<Shared>,
     lookups: AtomicU64,
     /// The shared I/O descriptor while any handle is open.
     pub data: Mutex<Weak<DataFile>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Inode {
+    /// An `O_PATH` descriptor of the inode: the pinned one, a cached one, or one
+    /// opened now from the handle (evicting the oldest cached descriptor if the cache
+    /// is full).
+    ///
+    /// # Errors
+    /// `ESTALE` when the inode no longer exists, or the error of opening it.
+    pub fn fd(self: &Arc<Self>) -> FsResult<Arc<OwnedFd>> {
+        let (handle, cached) = match &self.source {
+            Source::Pinned(fd) => return Ok(Arc::clone(fd)),
+            Source::Handle { handle, cached } => (handle, cached),
+        };
+        if let Some(fd) = lock(cached).as_ref() {
+            return Ok(Arc::clone(fd));
+        }
+        let mount_fd = self
+            .shared
+            .mount_fd
+            .as_ref()
+            .ok_or(FsError::Os(crate::sys::Errno::EBADF))?;
+        let fd = Arc::new(file::open_handle(mount_fd.as_fd(), handle)?);
+        self.cache(Arc::clone(&fd));
+        Ok(fd)
+    }
+
+    /// Keeps `fd` as this inode's descriptor, within the cache's bound.
+    fn cache(self: &Arc<Self>, fd: Arc<OwnedFd>) {
+        let Source::Handle { cached, .. } = &self.source else {
+            return;
+        };
+        {
+            let mut slot = lock(cached);
+            if slot.is_some() {
+                return;
+            }
+            *slot = Some(fd);
+        }
+        self.shared.cached.fetch_add(1, Ordering::Relaxed);
+        let mut queue = lock(&self.shared.queue);
+        queue.push_back(Arc::downgrade(self));
+        while self.shared.cached.load(Ordering::Relaxed) > self.shared.max_cached {
+            let Some(old) = queue.pop_front() else { break };
+            if let Some(old) = old.upgrade() {
+                old.uncache();
+            }
+        }
+        // Entries of forgotten inodes pile up when nothing is evicted: sweep them.
+        if queue.len() > 2 * self.shared.max_cached.max(1024) {
+            queue.retain(|w| w.strong_count() > 0);
+        }
+    }
+
+    fn uncache(&self) {
+        if let Source::Handle { cached, .. } = &self.source {
+            if lock(cached).take().is_some() {
+                self.shared.cached.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for Inode {
+    fn drop(&mut self) {
+        self.uncache();
+    }
 }
 
 struct Maps {
@@ -69,17 +171,28 @@ struct Maps {
 pub struct InodeTable {
     maps: RwLock<Maps>,
     root: Arc<Inode>,
+    shared: Arc<Shared>,
 }
 
 impl InodeTable {
-    /// A table holding only the root, which is never forgotten.
-    pub fn new(root_fd: OwnedFd, root: &Stat) -> InodeTable {
+    /// A table holding only the root, which is never forgotten. At most
+    /// `max_cached` descriptors are kept open for inodes reached by handle.
+    pub fn new(root_fd: OwnedFd, root: &Stat, max_cached: usize) -> InodeTable {
         let key = (root.dev, root.ino);
+        let mount_fd = file::reopen(root_fd.as_fd(), file::Access::Directory).ok();
+        let root_fd = Arc::new(root_fd);
+        let shared = Arc::new(Shared {
+            mount_fd,
+            max_cached: max_cached.max(1),
+            cached: AtomicUsize::new(0),
+            queue: Mutex::new(VecDeque::new()),
+        });
         let root = Arc::new(Inode {
             id: ROOT_ID,
-            fd: root_fd,
             kind: root.kind,
             key,
+            source: Source::Pinned(root_fd),
+            shared: Arc::clone(&shared),
             lookups: AtomicU64::new(1),
             data: Mutex::new(Weak::new()),
         });
@@ -93,6 +206,7 @@ impl InodeTable {
         InodeTable {
             maps: RwLock::new(maps),
             root,
+            shared,
         }
     }
 
@@ -116,8 +230,8 @@ impl InodeTable {
             .ok_or(FsError::UnknownInode(id))
     }
 
-    /// Counts one kernel lookup of the inode `fd` refers to, registering it if new
-    /// (the descriptor is dropped if the inode is already known).
+    /// Counts one kernel lookup of the inode `fd` refers to, registering it if new.
+    /// The descriptor becomes the inode's (cached) descriptor.
     pub fn lookup(&self, fd: OwnedFd, st: &Stat) -> Arc<Inode> {
         let key = (st.dev, st.ino);
         {
@@ -126,9 +240,29 @@ impl InodeTable {
             let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
             if let Some(inode) = maps.by_key.get(&key).and_then(|id| maps.by_id.get(id)) {
                 inode.lookups.fetch_add(1, Ordering::Relaxed);
-                return Arc::clone(inode);
+                let inode = Arc::clone(inode);
+                drop(maps);
+                inode.cache(Arc::new(fd));
+                return inode;
             }
         }
+        // Outside the lock: the handle costs a system call. Without a mount descriptor
+        // to open handles against, inodes keep their descriptors.
+        let handle = match self.shared.mount_fd {
+            Some(_) => file::handle_of(fd.as_fd()),
+            None => Err(crate::sys::Errno::EBADF),
+        };
+        let (source, to_cache) = match handle {
+            Ok(handle) => (
+                Source::Handle {
+                    handle,
+                    cached: Mutex::new(None),
+                },
+                Some(fd),
+            ),
+            // No handles here: the inode keeps its descriptor.
+            Err(_) => (Source::Pinned(Arc::new(fd)), None),
+        };
         let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
         if let Some(inode) = maps.by_key.get(&key).and_then(|id| maps.by_id.get(id)) {
             inode.lookups.fetch_add(1, Ordering::Relaxed);
@@ -142,14 +276,20 @@ impl InodeTable {
         };
         let inode = Arc::new(Inode {
             id,
-            fd,
             kind: st.kind,
             key,
+            source,
+            shared: Arc::clone(&self.shared),
             lookups: AtomicU64::new(1),
             data: Mutex::new(Weak::new()),
         });
         maps.by_id.insert(id, Arc::clone(&inode));
         maps.by_key.insert(key, id);
+        drop(maps);
+        if let Some(fd) = to_cache {
+            // The lookup's descriptor is open already: it is the first cached one.
+            inode.cache(Arc::new(fd));
+        }
         inode
     }
 
@@ -173,6 +313,7 @@ impl InodeTable {
             if maps.by_id.capacity() > 1024 && maps.by_id.len() * 4 < maps.by_id.capacity() {
                 maps.by_id.shrink_to_fit();
                 maps.by_key.shrink_to_fit();
+                crate::sys::process::trim_heap();
             }
         }
     }
@@ -190,16 +331,26 @@ impl InodeTable {
     pub fn is_empty(&self) -> bool {
         self.len() <= 1
     }
+
+    /// How many descriptors the cache holds open now.
+    pub fn cached_fds(&self) -> usize {
+        self.shared.cached.load(Ordering::Relaxed)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::file;
 
     fn open(path: &std::path::Path) -> (OwnedFd, Stat) {
-        let fd = file::open_root(path).unwrap();
-        let st = file::stat(std::os::fd::AsFd::as_fd(&fd)).unwrap();
+        use rustix::fs::{Mode, OFlags};
+        let fd = rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        let st = file::stat(fd.as_fd()).unwrap();
         (fd, st)
     }
 
@@ -208,7 +359,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("a")).unwrap();
         let (rfd, rst) = open(dir.path());
-        let table = InodeTable::new(rfd, &rst);
+        let table = InodeTable::new(rfd, &rst, 16);
         let (fd, st) = open(&dir.path().join("a"));
         let a = table.lookup(fd, &st);
         assert_eq!(a.id, st.ino, "the backing inode number is the id");
@@ -226,11 +377,42 @@ mod tests {
     }
 
     #[test]
+    fn descriptors_stay_bounded_and_reopen_by_handle() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..50 {
+            std::fs::write(dir.path().join(format!("f{i}")), format!("{i}")).unwrap();
+        }
+        let (rfd, rst) = open(dir.path());
+        let table = InodeTable::new(rfd, &rst, 8);
+        let mut inodes = Vec::new();
+        for i in 0..50 {
+            let (fd, st) = open(&dir.path().join(format!("f{i}")));
+            inodes.push(table.lookup(fd, &st));
+        }
+        assert_eq!(table.len(), 51);
+        assert!(
+            table.cached_fds() <= 8,
+            "{} descriptors cached",
+            table.cached_fds()
+        );
+        // Evicted inodes reopen from their handle, as themselves, after a rename too.
+        std::fs::rename(dir.path().join("f0"), dir.path().join("moved")).unwrap();
+        let fd = inodes[0].fd().unwrap();
+        assert_eq!(file::stat(fd.as_fd()).unwrap().ino, inodes[0].key.1);
+        assert!(table.cached_fds() <= 8);
+        // A deleted, unreferenced inode is stale, not something else.
+        drop(fd);
+        std::fs::remove_file(dir.path().join("f1")).unwrap();
+        inodes[1].uncache();
+        assert!(inodes[1].fd().is_err());
+    }
+
+    #[test]
     fn colliding_numbers_get_spare_ids() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("a")).unwrap();
         let (rfd, rst) = open(dir.path());
-        let table = InodeTable::new(rfd, &rst);
+        let table = InodeTable::new(rfd, &rst, 16);
         let (fd, mut st) = open(&dir.path().join("a"));
         st.ino = 1;
         let a = table.lookup(fd, &st);

@@ -141,7 +141,13 @@ impl ViewFs {
             policy: Policy::from_options(options),
             readonly: options.readonly,
             root_mnt: st.mnt_id,
-            inodes: InodeTable::new(root, &st),
+            // Half the open-file limit for cached inode descriptors; the rest is for
+            // open files and directories.
+            inodes: InodeTable::new(
+                root,
+                &st,
+                (crate::sys::process::nofile_limit() / 2).clamp(64, 65_536) as usize,
+            ),
             handles: DashMap::new(),
             next_fh: AtomicU64::new(1),
             warned_bad_record: AtomicBool::new(false),
@@ -210,15 +216,15 @@ impl ViewFs {
         }
     }
 
-    fn record_for(&self, inode: &Inode) -> FsResult<Option<Record>> {
+    fn record_for(&self, inode: &Arc<Inode>) -> FsResult<Option<Record>> {
         if self.policy.reads_record(inode.kind) {
-            self.read_record(inode.fd.as_fd())
+            self.read_record(inode.fd()?.as_fd())
         } else {
             Ok(None)
         }
     }
 
-    fn attr(&self, inode: &Inode, st: &Stat) -> FsResult<Attr> {
+    fn attr(&self, inode: &Arc<Inode>, st: &Stat) -> FsResult<Attr> {
         let rec = self.record_for(inode)?;
         let disk = Owner {
             uid: st.uid,
@@ -244,8 +250,8 @@ impl ViewFs {
         })
     }
 
-    fn shown(&self, inode: &Inode) -> FsResult<Owner> {
-        let st = file::stat(inode.fd.as_fd())?;
+    fn shown(&self, inode: &Arc<Inode>) -> FsResult<Owner> {
+        let st = file::stat(inode.fd()?.as_fd())?;
         let a = self.attr(inode, &st)?;
         Ok(Owner {
             uid: a.uid,
@@ -262,7 +268,7 @@ impl ViewFs {
     /// `ENOENT` when absent, `ENOTDIR` when `parent` is not a directory.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
         let p = self.dir(parent)?;
-        let fd = match file::open_child(p.fd.as_fd(), name, self.root_mnt) {
+        let fd = match file::open_child(p.fd()?.as_fd(), name, self.root_mnt) {
             Ok(fd) => fd,
             Err(Errno::EXDEV) => return Err(FsError::Os(Errno::ENOENT)),
             Err(e) => return Err(e.into()),
@@ -293,7 +299,7 @@ impl ViewFs {
     /// `ESTALE` for an unknown inode, or the error of `statx`.
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
         let inode = self.inodes.get(ino)?;
-        let st = file::stat(inode.fd.as_fd())?;
+        let st = file::stat(inode.fd()?.as_fd())?;
         self.attr(&inode, &st)
     }
 
@@ -325,14 +331,14 @@ impl ViewFs {
             match via_handle {
                 Some(data) => file::truncate(data.fd.as_fd(), size)?,
                 None => {
-                    let fd = file::reopen(inode.fd.as_fd(), Access::ReadWrite)?;
+                    let fd = file::reopen(inode.fd()?.as_fd(), Access::ReadWrite)?;
                     file::truncate(fd.as_fd(), size)?;
                 }
             }
         }
         if set.atime.is_some() || set.mtime.is_some() {
             file::set_times(
-                inode.fd.as_fd(),
+                inode.fd()?.as_fd(),
                 set.atime.unwrap_or(SetTime::Omit),
                 set.mtime.unwrap_or(SetTime::Omit),
             )?;
@@ -345,17 +351,17 @@ impl ViewFs {
         if !change.is_empty() {
             if self.policy.changes_disk() {
                 if change.uid.is_some() || change.gid.is_some() {
-                    file::chown(inode.fd.as_fd(), change.uid, change.gid)?;
+                    file::chown(inode.fd()?.as_fd(), change.uid, change.gid)?;
                 }
                 if let Some(perm) = change.perm {
                     if inode.kind != Kind::Symlink {
-                        file::chmod(inode.fd.as_fd(), perm)?;
+                        file::chmod(inode.fd()?.as_fd(), perm)?;
                     }
                 }
             } else {
                 let current = self.record_for(&inode)?;
                 if let Some(new) = view::changed_record(&self.policy, inode.kind, current, change) {
-                    self.write_record(inode.fd.as_fd(), &new)?;
+                    self.write_record(inode.fd()?.as_fd(), &new)?;
                 }
             }
         }
@@ -371,7 +377,7 @@ impl ViewFs {
         if inode.kind != Kind::Symlink {
             return Err(FsError::Os(Errno::EINVAL));
         }
-        Ok(file::readlink(inode.fd.as_fd())?)
+        Ok(file::readlink(inode.fd()?.as_fd())?)
     }
 
     /// Gives a new entry its ownership: in a plain view, the disk's (created by root,
@@ -379,7 +385,7 @@ impl ViewFs {
     /// record. On failure the entry is removed again, so a create never half succeeds.
     fn adopt(
         &self,
-        parent: &Inode,
+        parent: &Arc<Inode>,
         name: &OsStr,
         fd: &OwnedFd,
         kind: Kind,
@@ -405,7 +411,7 @@ impl ViewFs {
             }
         };
         if let Err(e) = result {
-            let _ = file::unlink(parent.fd.as_fd(), name, kind == Kind::Directory);
+            let _ = file::unlink(parent.fd()?.as_fd(), name, kind == Kind::Directory);
             return Err(e);
         }
         Ok(())
@@ -413,13 +419,13 @@ impl ViewFs {
 
     fn give_to_caller(
         &self,
-        parent: &Inode,
+        parent: &Arc<Inode>,
         fd: &OwnedFd,
         kind: Kind,
         perm: u32,
         caller: Caller,
     ) -> FsResult<()> {
-        let pst = file::stat(parent.fd.as_fd())?;
+        let pst = file::stat(parent.fd()?.as_fd())?;
         // A setgid parent gave the entry its group already (the file system did that).
         let gid = (pst.perm & 0o2000 == 0).then_some(caller.gid);
         let (euid, egid) = crate::sys::process::effective_ids();
@@ -456,7 +462,8 @@ impl ViewFs {
         self.writable()?;
         let p = self.dir(parent)?;
         let perm = mode & file::PERM_MASK;
-        let fd = match file::create_file(p.fd.as_fd(), name, self.policy.disk_create_perm(perm)) {
+        let fd = match file::create_file(p.fd()?.as_fd(), name, self.policy.disk_create_perm(perm))
+        {
             Ok(fd) => fd,
             Err(Errno::EEXIST) if flags & libc::O_EXCL == 0 => {
                 let attr = self.lookup(parent, name)?;
@@ -492,7 +499,7 @@ impl ViewFs {
         self.writable()?;
         let p = self.dir(parent)?;
         let perm = mode & file::PERM_MASK;
-        file::mkdir(p.fd.as_fd(), name, self.policy.disk_create_perm(perm))?;
+        file::mkdir(p.fd()?.as_fd(), name, self.policy.disk_create_perm(perm))?;
         self.finish_new(&p, name, Kind::Directory, perm, caller)
     }
 
@@ -508,7 +515,12 @@ impl ViewFs {
         }
         let p = self.dir(parent)?;
         let perm = mode & file::PERM_MASK;
-        file::mknod(p.fd.as_fd(), name, kind, self.policy.disk_create_perm(perm))?;
+        file::mknod(
+            p.fd()?.as_fd(),
+            name,
+            kind,
+            self.policy.disk_create_perm(perm),
+        )?;
         self.finish_new(&p, name, kind, perm, caller)
     }
 
@@ -525,19 +537,19 @@ impl ViewFs {
     ) -> FsResult<Attr> {
         self.writable()?;
         let p = self.dir(parent)?;
-        file::symlink(target, p.fd.as_fd(), name)?;
+        file::symlink(target, p.fd()?.as_fd(), name)?;
         self.finish_new(&p, name, Kind::Symlink, 0o777, caller)
     }
 
     fn finish_new(
         &self,
-        p: &Inode,
+        p: &Arc<Inode>,
         name: &OsStr,
         kind: Kind,
         perm: u32,
         caller: Caller,
     ) -> FsResult<Attr> {
-        let fd = file::open_child(p.fd.as_fd(), name, self.root_mnt)?;
+        let fd = file::open_child(p.fd()?.as_fd(), name, self.root_mnt)?;
         let st = file::stat(fd.as_fd())?;
         if st.kind != kind {
             // Replaced between creation and open: leave the stranger alone.
@@ -555,7 +567,7 @@ impl ViewFs {
         self.writable()?;
         let inode = self.inodes.get(ino)?;
         let p = self.dir(new_parent)?;
-        file::link(inode.fd.as_fd(), p.fd.as_fd(), name)?;
+        file::link(inode.fd()?.as_fd(), p.fd()?.as_fd(), name)?;
         self.lookup(new_parent, name)
     }
 
@@ -566,7 +578,7 @@ impl ViewFs {
     pub fn unlink(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<()> {
         self.writable()?;
         let p = self.dir(parent)?;
-        Ok(file::unlink(p.fd.as_fd(), name, dir)?)
+        Ok(file::unlink(p.fd()?.as_fd(), name, dir)?)
     }
 
     /// Renames, with `RENAME_NOREPLACE`/`RENAME_EXCHANGE`.
@@ -585,9 +597,9 @@ impl ViewFs {
         let p = self.dir(parent)?;
         let np = self.dir(new_parent)?;
         Ok(file::rename(
-            p.fd.as_fd(),
+            p.fd()?.as_fd(),
             name,
-            np.fd.as_fd(),
+            np.fd()?.as_fd(),
             new_name,
             flags,
         )?)
@@ -600,7 +612,7 @@ impl ViewFs {
     }
 
     /// The shared I/O descriptor of an inode, opened now if no handle holds one.
-    fn shared_data(&self, inode: &Inode, wants_write: bool) -> FsResult<Arc<DataFile>> {
+    fn shared_data(&self, inode: &Arc<Inode>, wants_write: bool) -> FsResult<Arc<DataFile>> {
         let mut slot = lock(&inode.data);
         if let Some(d) = slot.upgrade() {
             if d.writable || !wants_write {
@@ -617,12 +629,12 @@ impl ViewFs {
         } else {
             Access::ReadWrite
         };
-        let (fd, writable) = match file::reopen(inode.fd.as_fd(), access) {
+        let (fd, writable) = match file::reopen(inode.fd()?.as_fd(), access) {
             Ok(fd) => (fd, access == Access::ReadWrite),
             // A running executable (ETXTBSY), an immutable file, a read-only backend:
             // readers still get in.
             Err(Errno::EACCES | Errno::EPERM | Errno::EROFS | Errno::ETXTBSY) if !wants_write => {
-                (file::reopen(inode.fd.as_fd(), Access::ReadOnly)?, false)
+                (file::reopen(inode.fd()?.as_fd(), Access::ReadOnly)?, false)
             }
             Err(e) => return Err(e.into()),
         };
@@ -769,7 +781,7 @@ impl ViewFs {
     /// `ENOTDIR`, or the error of the open.
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
         let inode = self.dir(ino)?;
-        let fd = file::reopen(inode.fd.as_fd(), Access::Directory)?;
+        let fd = file::reopen(inode.fd()?.as_fd(), Access::Directory)?;
         let stream = DirStream {
             fd,
             pos: 0,
@@ -862,7 +874,7 @@ impl ViewFs {
             return Ok(Kind::Directory);
         }
         let p = self.dir(dir)?;
-        let fd = file::open_child(p.fd.as_fd(), OsStr::from_bytes(name), self.root_mnt)?;
+        let fd = file::open_child(p.fd()?.as_fd(), OsStr::from_bytes(name), self.root_mnt)?;
         Ok(file::stat(fd.as_fd())?.kind)
     }
 
@@ -873,7 +885,7 @@ impl ViewFs {
     /// # Errors
     /// The error of `statvfs`.
     pub fn statfs(&self) -> FsResult<FsStat> {
-        let mut st = file::statvfs(self.inodes.root().fd.as_fd())?;
+        let mut st = file::statvfs(self.inodes.root().fd()?.as_fd())?;
         if let Some(dir) = &self.qgroup {
             match crate::sys::btrfs::qgroup_usage(dir) {
                 Ok(crate::sys::btrfs::QgroupUsage {
@@ -904,7 +916,7 @@ impl ViewFs {
         }
         let inode = self.inodes.get(ino)?;
         let value =
-            file::get_xattr(inode.fd.as_fd(), &cstring(name)?)?.ok_or(FsError::NoAttribute)?;
+            file::get_xattr(inode.fd()?.as_fd(), &cstring(name)?)?.ok_or(FsError::NoAttribute)?;
         sized(value, size)
     }
 
@@ -914,7 +926,7 @@ impl ViewFs {
     /// `ERANGE` when `size` is too small, or the error of `listxattr`.
     pub fn listxattr(&self, ino: u64, size: u32) -> FsResult<XattrReply> {
         let inode = self.inodes.get(ino)?;
-        let all = file::list_xattr(inode.fd.as_fd())?;
+        let all = file::list_xattr(inode.fd()?.as_fd())?;
         let mut shown = Vec::with_capacity(all.len());
         for name in all.split_inclusive(|b| *b == 0) {
             if !record::is_reserved(name) {
@@ -936,7 +948,7 @@ impl ViewFs {
         let inode = self.inodes.get(ino)?;
         let flags = u32::try_from(flags).map_err(|_| FsError::Os(Errno::EINVAL))?;
         Ok(file::set_xattr(
-            inode.fd.as_fd(),
+            inode.fd()?.as_fd(),
             &cstring(name)?,
             value,
             flags,
@@ -954,7 +966,7 @@ impl ViewFs {
         }
         refuse_unless_user(name)?;
         let inode = self.inodes.get(ino)?;
-        Ok(file::remove_xattr(inode.fd.as_fd(), &cstring(name)?)?)
+        Ok(file::remove_xattr(inode.fd()?.as_fd(), &cstring(name)?)?)
     }
 
     /// `access(2)` when the kernel does not check permissions itself (CIFS `noperm`):

@@ -12,3 +12,50 @@ pub fn effective_ids() -> (u32, u32) {
         rustix::process::getegid().as_raw(),
     )
 }
+
+/// Raises the open-file limit as far as it goes: to `fs.nr_open` as root (raising the
+/// hard limit), else to the hard limit. A view holds one descriptor per inode the
+/// kernel has cached, so a walk of a million files needs a million descriptors.
+/// Returns the soft limit now in force.
+pub fn raise_nofile_limit() -> u64 {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(1 << 20);
+    let current = getrlimit(Resource::Nofile);
+    let want = Rlimit {
+        current: Some(nr_open),
+        maximum: Some(nr_open),
+    };
+    if setrlimit(Resource::Nofile, want).is_err() {
+        let hard = Rlimit {
+            current: current.maximum,
+            maximum: current.maximum,
+        };
+        let _ = setrlimit(Resource::Nofile, hard);
+    }
+    getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
+}
+
+/// The soft open-file limit in force.
+pub fn nofile_limit() -> u64 {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX)
+}
+
+/// Returns free heap memory to the operating system (`malloc_trim(3)`), after the
+/// inode table shrank from a large walk, so the daemon's RSS follows the kernel's
+/// cache down. A no-op where the C library has no `malloc_trim`.
+pub fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: malloc_trim only releases memory the allocator holds free; it touches
+        // no memory the program owns.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+}
