@@ -18,6 +18,9 @@ struct Cli {
     /// Log filter in RUST_LOG syntax (e.g. `info`, `mountgroup=debug`); RUST_LOG wins if set.
     #[arg(long, global = true, default_value = "info")]
     log: String,
+    /// Log lines for people (`human`) or for log collectors (`json`, one object a line).
+    #[arg(long, global = true, default_value = "human", value_parser = ["human", "json"])]
+    log_format: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -58,6 +61,9 @@ struct ServeArgs {
     /// Where secret views keep their private tmpfs mounts.
     #[arg(long, default_value = "/run/mountgroup")]
     runtime_dir: PathBuf,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 0.0.0.0:9810).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 fn host_name() -> String {
@@ -83,6 +89,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     let cfg = mountgroup::csi::server::ServeConfig {
         share_key_file,
+        metrics_addr: args.metrics_addr,
         runtime_dir: args.runtime_dir,
         endpoint: args.endpoint,
         node_id: args.node_id.unwrap_or_else(host_name),
@@ -136,6 +143,9 @@ struct MountArgs {
     /// Same as `-o ro`.
     #[arg(long)]
     ro: bool,
+    /// Write operation counters to this file every second (read by `serve`'s metrics).
+    #[arg(long, value_name = "PATH")]
+    metrics_file: Option<PathBuf>,
 }
 
 impl MountArgs {
@@ -159,18 +169,23 @@ impl MountArgs {
     }
 }
 
-fn init_logging(default: &str) {
+fn init_logging(default: &str, json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().with_current_span(true).init();
+    } else {
+        builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log);
+    init_logging(&cli.log, cli.log_format == "json");
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Mount(args) => {
@@ -182,7 +197,12 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match mountgroup::fs::run_foreground(&args.source, &args.mountpoint, &options) {
+            match mountgroup::fs::run_foreground(
+                &args.source,
+                &args.mountpoint,
+                &options,
+                args.metrics_file.as_deref(),
+            ) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("mountgroup: {e}");

@@ -5,6 +5,7 @@
 
 pub mod controller;
 pub mod identity;
+pub mod metrics;
 pub mod node;
 pub mod server;
 pub mod status;

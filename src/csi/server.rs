@@ -8,10 +8,11 @@ use tokio_stream::wrappers::UnixListenerStream;
 
 use super::controller::ControllerService;
 use super::identity::IdentityService;
+use super::metrics::{Metrics, MetricsLayer, serve_http};
 use super::node::NodeService;
 use super::pb;
-use crate::share::LocalShare;
 use crate::share::key::ShareKey;
+use crate::share::{CapacityMode, LocalShare, Share};
 use crate::volume::VolumeError;
 use crate::volume::controller::Controller;
 use crate::volume::guard::OpGuards;
@@ -34,6 +35,8 @@ pub struct ServeConfig {
     pub share_key_file: Option<PathBuf>,
     /// Where secret views keep their tmpfs (memory; never the state directory).
     pub runtime_dir: PathBuf,
+    /// Where to serve Prometheus metrics, if anywhere.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Why the server could not start or ended badly.
@@ -141,6 +144,18 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
             ShareKey::none()
         }
     });
+    // One driver per state directory: a second one (a DaemonSet surge pod) waits here
+    // until the first has drained and exited.
+    std::fs::create_dir_all(&cfg.state_dir).map_err(|e| setup("--state-dir", &e))?;
+    let lock_path = cfg.state_dir.join("lock");
+    let _state_lock = tokio::task::spawn_blocking(move || {
+        crate::sys::file::lock_exclusive(&lock_path, || {
+            tracing::info!(lock = %lock_path.display(), "another driver holds the state directory; waiting for it to exit");
+        })
+    })
+    .await
+    .map_err(|e| setup("--state-dir lock", &e))?
+    .map_err(|e| setup("--state-dir lock", &e))?;
     let guards = Arc::new(OpGuards::default());
     let node = {
         let (share, guards, key, cfg) = (
@@ -164,7 +179,14 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
         .map_err(|e| setup("node recovery", &e))?
         .map_err(|e: VolumeError| setup("--state-dir", &e))?
     };
+    let enforced = *share.capacity() == CapacityMode::Enforced;
     let controller = Arc::new(Controller::new(share, guards, key, Some(Arc::clone(&node))));
+    let metrics = Metrics::new(Arc::clone(&node), enforced);
+    if let Some(addr) = cfg.metrics_addr {
+        serve_http(addr, Arc::clone(&metrics))
+            .await
+            .map_err(|e| ServeError::Setup(format!("--metrics-addr {addr}: {e}")))?;
+    }
 
     if let Some(parent) = socket.parent() {
         std::fs::create_dir_all(parent)
@@ -182,6 +204,7 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
         "serving CSI"
     );
     let result = tonic::transport::Server::builder()
+        .layer(MetricsLayer(metrics))
         .add_service(pb::identity_server::IdentityServer::new(IdentityService {
             name: cfg.driver_name.clone(),
             node: Arc::clone(&node),

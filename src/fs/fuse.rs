@@ -7,8 +7,9 @@ use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem,
@@ -23,6 +24,7 @@ use crate::sys::file::{Kind, SetTime, Time};
 use super::error::FsError;
 use super::inode::DataFile;
 use super::ops::{Attr, SetAttr, ViewFs, XattrReply};
+use super::stats::{Op, ViewStats};
 use super::view::Caller;
 
 /// Largest write the kernel sends in one request.
@@ -36,6 +38,7 @@ pub struct FuseView {
     warned_backing: AtomicBool,
     attr_ttl: Duration,
     entry_ttl: Duration,
+    stats: Arc<ViewStats>,
 }
 
 impl FuseView {
@@ -52,7 +55,20 @@ impl FuseView {
             warned_backing: AtomicBool::new(false),
             attr_ttl,
             entry_ttl,
+            stats: Arc::new(ViewStats::default()),
         }
+    }
+
+    /// The view's operation counters (shared with whoever writes them out).
+    pub fn stats(&self) -> Arc<ViewStats> {
+        Arc::clone(&self.stats)
+    }
+
+    fn timed<T>(&self, op: Op, f: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
+        let start = Instant::now();
+        let r = f();
+        self.stats.record(op, start, r.is_err());
+        r
     }
 
     fn fattr(&self, a: &Attr) -> FileAttr {
@@ -192,12 +208,16 @@ impl Filesystem for FuseView {
                 }
             }
         }
+        self.stats.set_passthrough(self.passthrough);
         tracing::info!(passthrough = self.passthrough, "FUSE session initialised");
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(reply, self.fs.lookup(parent.0, name));
+        self.entry(
+            reply,
+            self.timed(Op::Lookup, || self.fs.lookup(parent.0, name)),
+        );
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -205,7 +225,7 @@ impl Filesystem for FuseView {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
+        match self.timed(Op::Getattr, || self.fs.getattr(ino.0)) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -237,14 +257,14 @@ impl Filesystem for FuseView {
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
         };
-        match self.fs.setattr(ino.0, fh.map(|f| f.0), set) {
+        match self.timed(Op::Setattr, || self.fs.setattr(ino.0, fh.map(|f| f.0), set)) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
+        match self.timed(Op::Readlink, || self.fs.readlink(ino.0)) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(&e)),
         }
@@ -260,7 +280,12 @@ impl Filesystem for FuseView {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(reply, self.fs.mknod(parent.0, name, mode, caller(req)));
+        self.entry(
+            reply,
+            self.timed(Op::Mknod, || {
+                self.fs.mknod(parent.0, name, mode, caller(req))
+            }),
+        );
     }
 
     fn mkdir(
@@ -272,18 +297,23 @@ impl Filesystem for FuseView {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(reply, self.fs.mkdir(parent.0, name, mode, caller(req)));
+        self.entry(
+            reply,
+            self.timed(Op::Mkdir, || {
+                self.fs.mkdir(parent.0, name, mode, caller(req))
+            }),
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.unlink(parent.0, name, false) {
+        match self.timed(Op::Unlink, || self.fs.unlink(parent.0, name, false)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.unlink(parent.0, name, true) {
+        match self.timed(Op::Rmdir, || self.fs.unlink(parent.0, name, true)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -331,11 +361,14 @@ impl Filesystem for FuseView {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.entry(reply, self.fs.link(ino.0, newparent.0, newname));
+        self.entry(
+            reply,
+            self.timed(Op::Link, || self.fs.link(ino.0, newparent.0, newname)),
+        );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(ino.0, flags.0) {
+        match self.timed(Op::Open, || self.fs.open(ino.0, flags.0)) {
             Ok((fh, data)) => match self.backing(&data, || reply.open_backing(data.fd.as_fd())) {
                 Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), id),
                 None => reply.opened(FileHandle(fh), FopenFlags::empty()),
@@ -354,7 +387,9 @@ impl Filesystem for FuseView {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        match self.fs.create(parent.0, name, mode, flags, caller(req)) {
+        match self.timed(Op::Create, || {
+            self.fs.create(parent.0, name, mode, flags, caller(req))
+        }) {
             Ok((attr, fh, data)) => {
                 let fa = self.fattr(&attr);
                 match self.backing(&data, || reply.open_backing(data.fd.as_fd())) {
@@ -390,7 +425,7 @@ impl Filesystem for FuseView {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(fh.0, offset, size) {
+        match self.timed(Op::Read, || self.fs.read(fh.0, offset, size)) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
         }
@@ -408,7 +443,7 @@ impl Filesystem for FuseView {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(fh.0, offset, data) {
+        match self.timed(Op::Write, || self.fs.write(fh.0, offset, data)) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
         }
@@ -448,14 +483,14 @@ impl Filesystem for FuseView {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.fs.fsync(fh.0, datasync) {
+        match self.timed(Op::Fsync, || self.fs.fsync(fh.0, datasync)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(ino.0) {
+        match self.timed(Op::Opendir, || self.fs.opendir(ino.0)) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(&e)),
         }
@@ -469,13 +504,15 @@ impl Filesystem for FuseView {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.fs.readdir(ino.0, fh.0, offset, false, |item, next| {
-            reply.add(
-                INodeNo(item.ino),
-                next,
-                file_type(item.kind),
-                OsStr::from_bytes(&item.name),
-            )
+        let r = self.timed(Op::Readdir, || {
+            self.fs.readdir(ino.0, fh.0, offset, false, |item, next| {
+                reply.add(
+                    INodeNo(item.ino),
+                    next,
+                    file_type(item.kind),
+                    OsStr::from_bytes(&item.name),
+                )
+            })
         });
         match r {
             Ok(()) => reply.ok(),
@@ -491,36 +528,38 @@ impl Filesystem for FuseView {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let r = self.fs.readdir(ino.0, fh.0, offset, true, |item, next| {
-            let fa = match &item.attr {
-                Some(a) => self.fattr(a),
-                // `.` and `..`: the kernel takes only the name, number and type.
-                None => FileAttr {
-                    ino: INodeNo(item.ino),
-                    size: 0,
-                    blocks: 0,
-                    atime: UNIX_EPOCH,
-                    mtime: UNIX_EPOCH,
-                    ctime: UNIX_EPOCH,
-                    crtime: UNIX_EPOCH,
-                    kind: file_type(item.kind),
-                    perm: 0,
-                    nlink: 0,
-                    uid: 0,
-                    gid: 0,
-                    rdev: 0,
-                    blksize: 0,
-                    flags: 0,
-                },
-            };
-            reply.add(
-                INodeNo(item.ino),
-                next,
-                OsStr::from_bytes(&item.name),
-                &self.entry_ttl,
-                &fa,
-                Generation(0),
-            )
+        let r = self.timed(Op::Readdir, || {
+            self.fs.readdir(ino.0, fh.0, offset, true, |item, next| {
+                let fa = match &item.attr {
+                    Some(a) => self.fattr(a),
+                    // `.` and `..`: the kernel takes only the name, number and type.
+                    None => FileAttr {
+                        ino: INodeNo(item.ino),
+                        size: 0,
+                        blocks: 0,
+                        atime: UNIX_EPOCH,
+                        mtime: UNIX_EPOCH,
+                        ctime: UNIX_EPOCH,
+                        crtime: UNIX_EPOCH,
+                        kind: file_type(item.kind),
+                        perm: 0,
+                        nlink: 0,
+                        uid: 0,
+                        gid: 0,
+                        rdev: 0,
+                        blksize: 0,
+                        flags: 0,
+                    },
+                };
+                reply.add(
+                    INodeNo(item.ino),
+                    next,
+                    OsStr::from_bytes(&item.name),
+                    &self.entry_ttl,
+                    &fa,
+                    Generation(0),
+                )
+            })
         });
         match r {
             Ok(()) => reply.ok(),
@@ -548,14 +587,14 @@ impl Filesystem for FuseView {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.fs.fsync(fh.0, datasync) {
+        match self.timed(Op::Fsync, || self.fs.fsync(fh.0, datasync)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.fs.statfs() {
+        match self.timed(Op::Statfs, || self.fs.statfs()) {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
             ),
@@ -573,14 +612,14 @@ impl Filesystem for FuseView {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        match self.fs.setxattr(ino.0, name, value, flags) {
+        match self.timed(Op::Setxattr, || self.fs.setxattr(ino.0, name, value, flags)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.fs.getxattr(ino.0, name, size) {
+        match self.timed(Op::Getxattr, || self.fs.getxattr(ino.0, name, size)) {
             Ok(XattrReply::Size(n)) => reply.size(n),
             Ok(XattrReply::Data(d)) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
@@ -588,7 +627,7 @@ impl Filesystem for FuseView {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.fs.listxattr(ino.0, size) {
+        match self.timed(Op::Listxattr, || self.fs.listxattr(ino.0, size)) {
             Ok(XattrReply::Size(n)) => reply.size(n),
             Ok(XattrReply::Data(d)) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
@@ -596,14 +635,14 @@ impl Filesystem for FuseView {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.removexattr(ino.0, name) {
+        match self.timed(Op::Removexattr, || self.fs.removexattr(ino.0, name)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        match self.fs.access(ino.0, mask.bits()) {
+        match self.timed(Op::Access, || self.fs.access(ino.0, mask.bits())) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -619,7 +658,9 @@ impl Filesystem for FuseView {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        match self.fs.fallocate(fh.0, offset, length, mode) {
+        match self.timed(Op::Fallocate, || {
+            self.fs.fallocate(fh.0, offset, length, mode)
+        }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -634,7 +675,7 @@ impl Filesystem for FuseView {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        match self.fs.lseek(fh.0, offset, whence) {
+        match self.timed(Op::Lseek, || self.fs.lseek(fh.0, offset, whence)) {
             Ok(pos) => reply.offset(pos as i64),
             Err(e) => reply.error(errno(&e)),
         }

@@ -9,6 +9,7 @@ pub mod fuse;
 pub mod inode;
 pub mod ops;
 pub mod record;
+pub mod stats;
 pub mod view;
 
 use std::io;
@@ -219,6 +220,7 @@ pub fn run_foreground(
     source: &Path,
     mountpoint: &Path,
     options: &ViewOptions,
+    metrics_file: Option<&Path>,
 ) -> Result<(), MountError> {
     let root = open_source(source, options)?;
     check_mountpoint(mountpoint)?;
@@ -239,7 +241,11 @@ pub fn run_foreground(
             "passthrough=on needs root",
         )));
     }
+    // Before the view sizes its descriptor cache from it.
+    let nofile = crate::sys::process::raise_nofile_limit();
+    tracing::debug!(nofile, "open-file limit");
     let view = build(&source, root, options)?;
+    let stats = view.stats();
     // Block termination signals before fuser spawns its workers, so that only the
     // waiting thread below ever sees them.
     let signals = TerminationSignals::block()
@@ -271,6 +277,22 @@ pub fn run_foreground(
         options = %options.to_option_string(),
         "mounted"
     );
+    if let Some(path) = metrics_file {
+        // The driver reads this snapshot for its metrics endpoint (fs/stats.rs); one
+        // small file write a second.
+        let (path, stats) = (path.to_path_buf(), std::sync::Arc::clone(&stats));
+        std::thread::Builder::new()
+            .name("mountgroup-stats".into())
+            .spawn(move || {
+                loop {
+                    if let Err(e) = stats.write_snapshot(&path) {
+                        tracing::debug!(error = %e, "cannot write the metrics snapshot");
+                    }
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            })
+            .map_err(MountError::Session)?;
+    }
     std::thread::Builder::new()
         .name("mountgroup-signals".into())
         .spawn(move || {
@@ -281,6 +303,9 @@ pub fn run_foreground(
         })
         .map_err(MountError::Session)?;
     session.run().map_err(MountError::Session)?;
+    if let Some(path) = metrics_file {
+        let _ = std::fs::remove_file(path);
+    }
     tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
     Ok(())
 }

@@ -68,6 +68,16 @@ pub struct VolumeStats {
     pub abnormal: Option<String>,
 }
 
+/// One published view as the metrics see it.
+#[derive(Clone, Debug)]
+pub struct ViewInfo {
+    pub volume_id: String,
+    pub target: PathBuf,
+    pub serving: bool,
+    /// The view's last operation snapshot, if it wrote one.
+    pub stats: Option<crate::fs::stats::Snapshot>,
+}
+
 /// The node service's domain.
 pub struct Node {
     node_id: String,
@@ -200,6 +210,27 @@ impl Node {
                 None
             }
         }
+    }
+
+    /// Every published view: serving or dead, with its last operation snapshot.
+    pub fn views_overview(&self) -> Vec<ViewInfo> {
+        let published: Vec<(PathBuf, Published)> = self
+            .state()
+            .published
+            .iter()
+            .map(|(t, p)| (t.clone(), p.clone()))
+            .collect();
+        published
+            .into_iter()
+            .map(|(target, p)| ViewInfo {
+                volume_id: p.volume_id.to_string(),
+                serving: mount::health(&target) == Health::Mounted(VIEW_FSTYPE.into()),
+                stats: std::fs::read(self.views.metrics_path(&target))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok()),
+                target,
+            })
+            .collect()
     }
 
     /// Where the volume is in use on this node, if anywhere.

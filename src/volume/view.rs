@@ -42,9 +42,19 @@ impl Views {
 
     /// The log file of the view at `target`.
     pub fn log_path(&self, target: &Path) -> PathBuf {
+        self.log_dir.join(format!("{}.log", Self::key(target)))
+    }
+
+    /// The metrics snapshot the view at `target` writes (fs/stats.rs).
+    pub fn metrics_path(&self, target: &Path) -> PathBuf {
+        self.log_dir
+            .join(format!("{}.metrics.json", Self::key(target)))
+    }
+
+    fn key(target: &Path) -> String {
         let mut h = std::hash::DefaultHasher::new();
         target.hash(&mut h);
-        self.log_dir.join(format!("{:016x}.log", h.finish()))
+        format!("{:016x}", h.finish())
     }
 
     /// Mounts a view of `source` at `target` and returns the serving process's pid
@@ -71,6 +81,8 @@ impl Views {
             .arg(target)
             .arg("-o")
             .arg(options.to_option_string())
+            .arg("--metrics-file")
+            .arg(self.metrics_path(target))
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),

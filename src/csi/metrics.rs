@@ -1,0 +1,294 @@
+//! Prometheus metrics on HTTP (`serve --metrics-addr`): every CSI call by method and
+//! gRPC code with its duration, measured by a tower layer around the gRPC server (so
+//! calls refused by validation count too); the node's views (serving or dead, and
+//! whether kernel passthrough is on); and the operations of all views on the node,
+//! summed from the snapshots the view processes write.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tonic::codegen::http;
+
+use crate::fs::stats::{BUCKETS, Snapshot};
+use crate::volume::node::Node;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    method: String,
+    code: String,
+}
+
+fn call_histogram() -> Histogram {
+    // 0.5 ms to about 16 s: a view takes milliseconds to mount, a btrfs subvolume more.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// The driver's metrics.
+pub struct Metrics {
+    registry: Registry,
+    calls: Family<CallLabels, Histogram, fn() -> Histogram>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Metrics {
+    pub fn new(node: Arc<Node>, capacity_enforced: bool) -> Arc<Metrics> {
+        let mut registry = Registry::default();
+        let calls = Family::<CallLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            call_histogram,
+        );
+        registry.register(
+            "mountgroup_csi_operation_duration_seconds",
+            "CSI calls by method and gRPC code, and how long they took",
+            calls.clone(),
+        );
+        registry.register_collector(Box::new(NodeCollector {
+            node,
+            capacity_enforced,
+        }));
+        Arc::new(Metrics { registry, calls })
+    }
+
+    /// Counts one CSI call.
+    pub fn observe(&self, method: &str, code: tonic::Code, seconds: f64) {
+        self.calls
+            .get_or_create(&CallLabels {
+                method: method.to_string(),
+                code: format!("{code:?}"),
+            })
+            .observe(seconds);
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "metrics could not be encoded");
+        }
+        out
+    }
+}
+
+/// The node's views, read at every scrape.
+struct NodeCollector {
+    node: Arc<Node>,
+    capacity_enforced: bool,
+}
+
+impl std::fmt::Debug for NodeCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NodeCollector")
+    }
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let views = self.node.views_overview();
+        let serving = views.iter().filter(|v| v.serving).count() as i64;
+        let mut m = encoder.encode_descriptor(
+            "mountgroup_views",
+            "Published views by state",
+            None,
+            MetricType::Gauge,
+        )?;
+        m.encode_family(&[("state", "serving")])?
+            .encode_gauge(&serving)?;
+        m.encode_family(&[("state", "dead")])?
+            .encode_gauge(&(views.len() as i64 - serving))?;
+
+        let mut m = encoder.encode_descriptor(
+            "mountgroup_view_passthrough",
+            "1 when a view's reads and writes go through kernel FUSE passthrough",
+            None,
+            MetricType::Gauge,
+        )?;
+        for v in views.iter().filter(|v| v.serving) {
+            if let Some(s) = &v.stats {
+                let target = v.target.display().to_string();
+                m.encode_family(&[
+                    ("volume_id", v.volume_id.as_str()),
+                    ("target", target.as_str()),
+                ])?
+                .encode_gauge(&i64::from(s.passthrough))?;
+            }
+        }
+
+        let mut total = Snapshot::default();
+        for s in views.iter().filter_map(|v| v.stats.as_ref()) {
+            total.add(s);
+        }
+        let mut m = encoder.encode_descriptor(
+            "mountgroup_view_operations",
+            "FUSE operations served by the node's views",
+            None,
+            MetricType::Counter,
+        )?;
+        for (op, o) in &total.ops {
+            m.encode_family(&[("op", op.as_str())])?
+                .encode_counter::<NoLabelSet, _, u64>(&o.count, None)?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "mountgroup_view_operation_errors",
+            "FUSE operations the node's views answered with an error",
+            None,
+            MetricType::Counter,
+        )?;
+        for (op, o) in &total.ops {
+            m.encode_family(&[("op", op.as_str())])?
+                .encode_counter::<NoLabelSet, _, u64>(&o.errors, None)?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "mountgroup_view_operation_duration_seconds",
+            "How long the node's views took to serve FUSE operations",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (op, o) in &total.ops {
+            // The snapshot is cumulative per bucket; the encoder wants each bucket's own.
+            let mut buckets = Vec::with_capacity(BUCKETS.len() + 1);
+            let mut below = 0;
+            for (bound, cumulative) in BUCKETS.iter().zip(&o.buckets) {
+                buckets.push((*bound, cumulative - below));
+                below = *cumulative;
+            }
+            buckets.push((f64::INFINITY, o.count.saturating_sub(below)));
+            m.encode_family(&[("op", op.as_str())])?
+                .encode_histogram::<NoLabelSet>(o.sum_seconds, o.count, &buckets, None)?;
+        }
+
+        encoder
+            .encode_descriptor(
+                "mountgroup_share_capacity_enforced",
+                "1 when the share enforces volume capacity (btrfs quota groups), 0 when advisory",
+                None,
+                MetricType::Gauge,
+            )?
+            .encode_gauge(&i64::from(self.capacity_enforced))?;
+        Ok(())
+    }
+}
+
+/// A tower layer that times every gRPC call and counts it by method and code.
+#[derive(Clone)]
+pub struct MetricsLayer(pub Arc<Metrics>);
+
+impl<S> tower::Layer<S> for MetricsLayer {
+    type Service = Metered<S>;
+    fn layer(&self, inner: S) -> Metered<S> {
+        Metered {
+            inner,
+            metrics: Arc::clone(&self.0),
+        }
+    }
+}
+
+/// The service [`MetricsLayer`] wraps around the gRPC routes.
+#[derive(Clone)]
+pub struct Metered<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for Metered<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        // "/csi.v1.Node/NodePublishVolume" → "NodePublishVolume"
+        let method = req
+            .uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let metrics = Arc::clone(&self.metrics);
+        // The clone that was made ready is the one to call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let start = Instant::now();
+        Box::pin(async move {
+            let response = inner.call(req).await?;
+            // An error is a trailers-only response: its grpc-status is in the headers.
+            // A success carries grpc-status 0 in the trailers.
+            let code = response
+                .headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<i32>().ok())
+                .map_or(tonic::Code::Ok, tonic::Code::from_i32);
+            metrics.observe(&method, code, start.elapsed().as_secs_f64());
+            Ok(response)
+        })
+    }
+}
+
+/// Serves `GET /metrics` on `addr` until the process ends.
+///
+/// # Errors
+/// The error of binding the address.
+pub async fn serve_http(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tracing::info!(addr = %bound, "serving metrics at /metrics");
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let metrics = Arc::clone(&metrics);
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let metrics = Arc::clone(&metrics);
+                        async move {
+                            let response = if req.uri().path() == "/metrics" {
+                                http::Response::builder()
+                                    .header(
+                                        "content-type",
+                                        "text/plain; version=0.0.4; charset=utf-8",
+                                    )
+                                    .body(Full::new(Bytes::from(metrics.encode())))
+                            } else {
+                                http::Response::builder()
+                                    .status(404)
+                                    .body(Full::new(Bytes::from_static(b"not found\n")))
+                            };
+                            response.map_err(|e| std::io::Error::other(e.to_string()))
+                        }
+                    });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! Operation counts and latencies of one view, kept in atomics (a few nanoseconds per
+//! operation) and written as a JSON snapshot that the driver's metrics endpoint reads:
+//! views are processes of their own, so this file is how their numbers reach it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// Upper bounds of the latency buckets, in seconds.
+pub const BUCKETS: [f64; 11] = [
+    10e-6, 50e-6, 100e-6, 500e-6, 1e-3, 5e-3, 10e-3, 50e-3, 100e-3, 500e-3, 1.0,
+];
+
+macro_rules! ops {
+    ($($variant:ident => $name:literal),* $(,)?) => {
+        /// The FUSE operations a view counts.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Op { $($variant),* }
+        impl Op {
+            pub const ALL: &'static [Op] = &[$(Op::$variant),*];
+            pub fn name(self) -> &'static str {
+                match self { $(Op::$variant => $name),* }
+            }
+        }
+    };
+}
+
+ops! {
+    Lookup => "lookup", Getattr => "getattr", Setattr => "setattr", Readlink => "readlink",
+    Mknod => "mknod", Mkdir => "mkdir", Unlink => "unlink", Rmdir => "rmdir",
+    Symlink => "symlink", Rename => "rename", Link => "link", Open => "open",
+    Create => "create", Read => "read", Write => "write", Release => "release",
+    Fsync => "fsync", Opendir => "opendir", Readdir => "readdir", Statfs => "statfs",
+    Getxattr => "getxattr", Setxattr => "setxattr", Listxattr => "listxattr",
+    Removexattr => "removexattr", Access => "access", Fallocate => "fallocate",
+    Lseek => "lseek", CopyFileRange => "copy_file_range",
+}
+
+#[derive(Default)]
+struct OpStats {
+    count: AtomicU64,
+    errors: AtomicU64,
+    sum_ns: AtomicU64,
+    /// Cumulative: bucket i counts operations that took at most BUCKETS[i].
+    buckets: [AtomicU64; BUCKETS.len()],
+}
+
+/// The counters of one view.
+pub struct ViewStats {
+    ops: Vec<OpStats>,
+    passthrough: AtomicBool,
+}
+
+impl Default for ViewStats {
+    fn default() -> Self {
+        ViewStats {
+            ops: Op::ALL.iter().map(|_| OpStats::default()).collect(),
+            passthrough: AtomicBool::new(false),
+        }
+    }
+}
+
+/// One operation's numbers in a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OpSnapshot {
+    pub count: u64,
+    pub errors: u64,
+    pub sum_seconds: f64,
+    /// Cumulative counts per bucket of [`BUCKETS`].
+    pub buckets: Vec<u64>,
+}
+
+/// What a view's metrics file holds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub passthrough: bool,
+    pub ops: BTreeMap<String, OpSnapshot>,
+}
+
+impl ViewStats {
+    /// Counts one operation that started at `start`.
+    pub fn record(&self, op: Op, start: Instant, failed: bool) {
+        let s = &self.ops[op as usize];
+        let elapsed = start.elapsed();
+        s.count.fetch_add(1, Ordering::Relaxed);
+        if failed {
+            s.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        s.sum_ns.fetch_add(
+            u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        let secs = elapsed.as_secs_f64();
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            if secs <= *bound {
+                s.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub fn set_passthrough(&self, on: bool) {
+        self.passthrough.store(on, Ordering::Relaxed);
+    }
+
+    /// The numbers now.
+    pub fn snapshot(&self) -> Snapshot {
+        let ops = Op::ALL
+            .iter()
+            .zip(&self.ops)
+            .filter(|(_, s)| s.count.load(Ordering::Relaxed) > 0)
+            .map(|(op, s)| {
+                (
+                    op.name().to_string(),
+                    OpSnapshot {
+                        count: s.count.load(Ordering::Relaxed),
+                        errors: s.errors.load(Ordering::Relaxed),
+                        sum_seconds: Duration::from_nanos(s.sum_ns.load(Ordering::Relaxed))
+                            .as_secs_f64(),
+                        buckets: s
+                            .buckets
+                            .iter()
+                            .map(|b| b.load(Ordering::Relaxed))
+                            .collect(),
+                    },
+                )
+            })
+            .collect();
+        Snapshot {
+            passthrough: self.passthrough.load(Ordering::Relaxed),
+            ops,
+        }
+    }
+
+    /// Writes the snapshot to `path` atomically (temp file and rename).
+    ///
+    /// # Errors
+    /// The error of writing or renaming.
+    pub fn write_snapshot(&self, path: &Path) -> std::io::Result<()> {
+        let body = serde_json::to_vec(&self.snapshot())?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, body)?;
+        std::fs::rename(&tmp, path)
+    }
+}
+
+impl Snapshot {
+    /// Adds another view's numbers to these (for a node-wide total).
+    pub fn add(&mut self, other: &Snapshot) {
+        for (name, o) in &other.ops {
+            let e = self.ops.entry(name.clone()).or_insert_with(|| OpSnapshot {
+                buckets: vec![0; BUCKETS.len()],
+                ..OpSnapshot::default()
+            });
+            e.count += o.count;
+            e.errors += o.errors;
+            e.sum_seconds += o.sum_seconds;
+            for (a, b) in e.buckets.iter_mut().zip(&o.buckets) {
+                *a += b;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_buckets_and_sums() {
+        let s = ViewStats::default();
+        let t = Instant::now();
+        s.record(Op::Lookup, t, false);
+        s.record(Op::Lookup, t, true);
+        s.record(Op::Write, t, false);
+        s.set_passthrough(true);
+        let snap = s.snapshot();
+        assert!(snap.passthrough);
+        assert_eq!(snap.ops["lookup"].count, 2);
+        assert_eq!(snap.ops["lookup"].errors, 1);
+        assert_eq!(
+            *snap.ops["lookup"].buckets.last().unwrap(),
+            2,
+            "cumulative up to 1 s"
+        );
+        assert!(
+            !snap.ops.contains_key("read"),
+            "unused operations are left out"
+        );
+        let mut total = Snapshot::default();
+        total.add(&snap);
+        total.add(&snap);
+        assert_eq!(total.ops["write"].count, 2);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.json");
+        s.write_snapshot(&path).unwrap();
+        let back: Snapshot = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(back, snap);
+    }
+}

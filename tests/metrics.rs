@@ -1,0 +1,169 @@
+//! The metrics endpoint and JSON logs: CSI calls by method and code (refused ones
+//! too), the views and their operations, passthrough per view.
+
+mod common;
+#[path = "common/driver.rs"]
+mod driver;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use common::*;
+use driver::*;
+use mountgroup::csi::pb;
+
+fn scrape(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(
+        out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
+        "{out}"
+    );
+    out
+}
+
+/// The value of the first sample line that starts with `prefix`.
+fn sample(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_calls_views_and_operations_and_logs_are_json() {
+    let f = Fixture::new();
+    let d = Driver::start_with(
+        f.dir.path(),
+        f.dir.path().join("share"),
+        &[
+            "--share-key-file",
+            "none",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--log",
+            "mountgroup=debug,info",
+        ],
+    );
+    let log = d.log_text();
+    let addr = log
+        .lines()
+        .find(|l| l.contains("serving metrics"))
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .and_then(|v| v["fields"]["addr"].as_str().map(String::from))
+        .unwrap_or_else(|| panic!("no metrics address logged: {log}"));
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    let target = f.dir.path().join("target");
+    c.controller
+        .create_volume(create_req("m-vol", 1 << 20))
+        .await
+        .unwrap();
+    c.controller
+        .create_volume(create_req("", 1))
+        .await
+        .unwrap_err();
+    c.node
+        .node_stage_volume(stage_req("m-vol", &staging))
+        .await
+        .unwrap();
+    c.node
+        .node_publish_volume(publish_req("m-vol", &staging, &target, "42"))
+        .await
+        .unwrap();
+    for i in 0..20 {
+        std::fs::write(target.join(format!("f{i}")), "x").unwrap();
+    }
+    assert!(std::fs::metadata(target.join("missing")).is_err());
+
+    // The view writes its counters every second; wait for them to show.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = scrape(&addr);
+        if sample(&text, "mountgroup_view_operations_total{op=\"create\"}").unwrap_or(0.0) >= 20.0 {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "view operations never showed:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        sample(
+            &text,
+            "mountgroup_csi_operation_duration_seconds_count{method=\"NodePublishVolume\",code=\"Ok\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "mountgroup_csi_operation_duration_seconds_count{method=\"CreateVolume\",code=\"InvalidArgument\"}"
+        ),
+        Some(1.0),
+        "refused calls are counted: {text}"
+    );
+    assert_eq!(
+        sample(&text, "mountgroup_views{state=\"serving\"}"),
+        Some(1.0)
+    );
+    assert_eq!(sample(&text, "mountgroup_views{state=\"dead\"}"), Some(0.0));
+    assert_eq!(
+        sample(&text, "mountgroup_view_passthrough{"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        sample(
+            &text,
+            "mountgroup_view_operation_errors_total{op=\"lookup\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "the missing file"
+    );
+    assert!(
+        text.contains(
+            "mountgroup_view_operation_duration_seconds_bucket{le=\"+Inf\",op=\"create\"} 20"
+        ) || text.contains(
+            "mountgroup_view_operation_duration_seconds_bucket{op=\"create\",le=\"+Inf\"} 20"
+        ),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "mountgroup_share_capacity_enforced"),
+        Some(0.0)
+    );
+
+    c.node
+        .node_unpublish_volume(unpublish_req("m-vol", &target))
+        .await
+        .unwrap();
+    let text = scrape(&addr);
+    assert_eq!(
+        sample(&text, "mountgroup_views{state=\"serving\"}"),
+        Some(0.0)
+    );
+    c.node
+        .node_unstage_volume(unstage_req("m-vol", &staging))
+        .await
+        .unwrap();
+
+    // Every log line is one JSON object, spans included.
+    let log = d.log_text();
+    let mut publish_seen = false;
+    for line in log.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        publish_seen |= v["span"]["name"] == "NodePublishVolume";
+    }
+    assert!(publish_seen, "{log}");
+    let _ = pb::ProbeRequest {};
+}
