@@ -377,3 +377,41 @@ async fn secret_views_are_read_only_and_rotate_atomically() {
     );
     assert!(!tmpfs[0].exists());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_reboot_a_secret_view_waits_for_kubelets_publish() {
+    let f = Fixture::new();
+    let mut d = Driver::start(f.dir.path());
+    let mut c = d.clients().await;
+    let target = f.dir.path().join("creds");
+    c.node
+        .node_publish_volume(secret_req("csi-boot", &target, "5", &[("token", "t-1")]))
+        .await
+        .unwrap();
+    assert_eq!(fs::read_to_string(target.join("token")).unwrap(), "t-1");
+    // A reboot, as far as this node is concerned: driver, view and tmpfs all gone,
+    // the state file left.
+    d.kill9();
+    for m in d.mounts_below().into_iter().rev() {
+        rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH).unwrap();
+    }
+    d.restart();
+    assert!(
+        d.log_text().contains("secret view waits for kubelet"),
+        "{}",
+        d.log_text()
+    );
+    assert!(!is_mounted(&target), "no view of an empty directory");
+    // kubelet publishes again after the reboot: content and view come back.
+    let mut c = d.clients().await;
+    c.node
+        .node_publish_volume(secret_req("csi-boot", &target, "5", &[("token", "t-2")]))
+        .await
+        .unwrap();
+    assert_eq!(fs::read_to_string(target.join("token")).unwrap(), "t-2");
+    c.node
+        .node_unpublish_volume(unpublish_req("csi-boot", &target))
+        .await
+        .unwrap();
+    assert!(d.mounts_below().is_empty(), "{:?}", d.mounts_below());
+}

@@ -467,7 +467,7 @@ impl ViewFs {
             Ok(fd) => fd,
             Err(Errno::EEXIST) if flags & libc::O_EXCL == 0 => {
                 let attr = self.lookup(parent, name)?;
-                return match self.open(attr.ino, flags) {
+                return match self.open(attr.ino, flags, caller) {
                     Ok((fh, data)) => Ok((attr, fh, data)),
                     Err(e) => {
                         self.forget(attr.ino, 1);
@@ -649,7 +649,7 @@ impl ViewFs {
     /// # Errors
     /// `EROFS` writing on a read-only view, `EACCES` writing a CIFS read-only file,
     /// `EINVAL` for anything but a regular file.
-    pub fn open(&self, ino: u64, flags: i32) -> FsResult<(u64, Arc<DataFile>)> {
+    pub fn open(&self, ino: u64, flags: i32, caller: Caller) -> FsResult<(u64, Arc<DataFile>)> {
         let inode = self.inodes.get(ino)?;
         if inode.kind != Kind::Regular {
             // FIFOs and device nodes are opened by the kernel, never by the daemon.
@@ -661,6 +661,7 @@ impl ViewFs {
             if view::write_refused(&self.policy, inode.kind, self.record_for(&inode)?.as_ref()) {
                 return Err(FsError::ReadOnlyFile);
             }
+            self.drop_set_id_for_writer(&inode, caller)?;
         }
         let data = self.shared_data(&inode, wants_write)?;
         let fh = self.add_handle(Handle::File(OpenFile {
@@ -668,6 +669,44 @@ impl ViewFs {
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
         }));
         Ok((fh, data))
+    }
+
+    /// The kernel leaves dropping set-id bits on write to the view
+    /// (`FUSE_HANDLE_KILLPRIV_V2`, which spares a `security.capability` lookup per
+    /// write), and passthrough writes never reach the daemon. So a writer without
+    /// `CAP_FSETID` (any caller but root) clears setuid, and setgid where group execute
+    /// is set, when it opens the file for writing: what the kernel does on its first
+    /// write. The backing file system itself still removes `security.capability` on
+    /// every write, passthrough included.
+    fn drop_set_id_for_writer(&self, inode: &Arc<Inode>, caller: Caller) -> FsResult<()> {
+        if caller.uid == 0 {
+            return Ok(());
+        }
+        let st = file::stat(inode.fd()?.as_fd())?;
+        let shown = self.attr(inode, &st)?;
+        let kill = (shown.perm & 0o4000)
+            | if shown.perm & 0o010 != 0 {
+                shown.perm & 0o2000
+            } else {
+                0
+            };
+        if kill == 0 {
+            return Ok(());
+        }
+        let perm = shown.perm & !kill;
+        if self.policy.changes_disk() {
+            file::chmod(inode.fd()?.as_fd(), perm)?;
+        } else {
+            let current = self.record_for(inode)?;
+            let change = OwnerChange {
+                perm: Some(perm),
+                ..OwnerChange::default()
+            };
+            if let Some(new) = view::changed_record(&self.policy, inode.kind, current, change) {
+                self.write_record(inode.fd()?.as_fd(), &new)?;
+            }
+        }
+        Ok(())
     }
 
     fn data(&self, fh: u64) -> FsResult<(Arc<DataFile>, bool)> {
@@ -1227,8 +1266,8 @@ mod tests {
             ),
             Err(FsError::ReadOnly)
         );
-        assert_eq!(v.open(f, libc::O_WRONLY).err(), Some(FsError::ReadOnly));
-        let (fh, data) = v.open(f, libc::O_RDONLY).unwrap();
+        assert_eq!(v.open(f, libc::O_WRONLY, ME).err(), Some(FsError::ReadOnly));
+        let (fh, data) = v.open(f, libc::O_RDONLY, ME).unwrap();
         assert!(!data.writable);
         assert_eq!(v.write(fh, 0, b"y"), Err(FsError::ReadOnly));
         assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"x");
@@ -1243,7 +1282,7 @@ mod tests {
             .unwrap();
         assert_eq!(p.kind, Kind::Fifo);
         assert_eq!(
-            v.open(p.ino, libc::O_RDONLY).err(),
+            v.open(p.ino, libc::O_RDONLY, ME).err(),
             Some(FsError::WrongKind)
         );
     }

@@ -193,6 +193,14 @@ impl Node {
         if mount::health(target) == Health::Dead {
             let _ = mount::unmount_lazy(target);
         }
+        if p.kind == ViewKind::InlineSecrets
+            && mount::health(&p.source) != Health::Mounted("tmpfs".into())
+        {
+            // The secrets were in memory and are gone (a reboot): only kubelet has
+            // them. Its next publish of this target writes them and starts the view.
+            tracing::warn!(volume_id = %p.volume_id, target = %target.display(), "secret view waits for kubelet to publish it again");
+            return None;
+        }
         let options = match crate::config::ViewOptions::parse(&p.options) {
             Ok(o) => o,
             Err(e) => {
