@@ -232,16 +232,6 @@ async fn quota_holds_through_passthrough_and_grows_online() {
     );
 }
 
-fn expect<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: Code, needle: &str) {
-    let e = r.expect_err("expected an error");
-    assert_eq!(e.code(), code, "{e:?}");
-    assert!(
-        e.message().contains(needle),
-        "{:?} should say {needle:?}",
-        e.message()
-    );
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn keys_and_expansion_errors() {
     let f = Fixture::new();

@@ -12,16 +12,6 @@ use driver::*;
 use mountgroup::csi::pb;
 use tonic::Code;
 
-fn expect(r: Result<impl std::fmt::Debug, tonic::Status>, code: Code, needle: &str) {
-    let e = r.expect_err("expected an error");
-    assert_eq!(e.code(), code, "{e:?}");
-    assert!(
-        e.message().contains(needle),
-        "{:?} should name {needle:?}",
-        e.message()
-    );
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn identity() {
     let f = Fixture::new();
@@ -72,20 +62,7 @@ async fn capabilities_and_node_info() {
     let d = Driver::start(f.dir.path());
     let mut c = d.clients().await;
     use pb::node_service_capability::rpc::Type as N;
-    let caps = c
-        .node
-        .node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    let types: Vec<i32> = caps
-        .capabilities
-        .iter()
-        .map(|c| match &c.r#type {
-            Some(pb::node_service_capability::Type::Rpc(r)) => r.r#type,
-            None => 0,
-        })
-        .collect();
+    let types = c.node_capabilities().await;
     for want in [
         N::StageUnstageVolume,
         N::VolumeMountGroup,
@@ -96,20 +73,7 @@ async fn capabilities_and_node_info() {
         assert!(types.contains(&(want as i32)), "{want:?} in {types:?}");
     }
     use pb::controller_service_capability::rpc::Type as C;
-    let caps = c
-        .controller
-        .controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    let types: Vec<i32> = caps
-        .capabilities
-        .iter()
-        .map(|c| match &c.r#type {
-            Some(pb::controller_service_capability::Type::Rpc(r)) => r.r#type,
-            None => 0,
-        })
-        .collect();
+    let types = c.controller_capabilities().await;
     for want in [C::CreateDeleteVolume, C::ListVolumes, C::GetCapacity] {
         assert!(types.contains(&(want as i32)), "{want:?}");
     }

@@ -42,34 +42,8 @@ async fn the_csidriver_object_matches_the_driver() {
         "metadata.name is the driver name"
     );
 
-    let node_caps: Vec<i32> = c
-        .node
-        .node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .capabilities
-        .iter()
-        .filter_map(|c| {
-            c.r#type
-                .as_ref()
-                .map(|pb::node_service_capability::Type::Rpc(r)| r.r#type)
-        })
-        .collect();
-    let ctl_caps: Vec<i32> = c
-        .controller
-        .controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .capabilities
-        .iter()
-        .filter_map(|c| {
-            c.r#type
-                .as_ref()
-                .map(|pb::controller_service_capability::Type::Rpc(r)| r.r#type)
-        })
-        .collect();
+    let node_caps = c.node_capabilities().await;
+    let ctl_caps = c.controller_capabilities().await;
     use pb::controller_service_capability::rpc::Type as C;
     use pb::node_service_capability::rpc::Type as N;
 

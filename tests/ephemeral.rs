@@ -127,17 +127,6 @@ async fn attributes_are_checked_and_reach_nothing_else() {
     let d = Driver::start(f.dir.path());
     let mut c = d.clients().await;
     let t = f.dir.path().join("t");
-    let expect = |r: Result<tonic::Response<pb::NodePublishVolumeResponse>, tonic::Status>,
-                  code: Code,
-                  needle: &str| {
-        let e = r.expect_err("an error");
-        assert_eq!(e.code(), code, "{e:?}");
-        assert!(
-            e.message().contains(needle),
-            "{:?} should name {needle:?}",
-            e.message()
-        );
-    };
     expect(
         c.node
             .node_publish_volume(inline_req("csi-x", &t, "1", &[("hostPath", "/etc")]))

@@ -262,3 +262,50 @@ pub fn unstage_req(id: &str, staging: &Path) -> pb::NodeUnstageVolumeRequest {
         staging_target_path: staging.to_string_lossy().into(),
     }
 }
+
+/// Asserts a call failed with `code` and a message that names `needle`.
+pub fn expect<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: tonic::Code, needle: &str) {
+    let e = r.expect_err("expected an error");
+    assert_eq!(e.code(), code, "{e:?}");
+    assert!(
+        e.message().contains(needle),
+        "{:?} should name {needle:?}",
+        e.message()
+    );
+}
+
+impl Clients {
+    /// The node's advertised RPC capabilities.
+    pub async fn node_capabilities(&mut self) -> Vec<i32> {
+        self.node
+            .node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .capabilities
+            .iter()
+            .filter_map(|c| {
+                c.r#type
+                    .as_ref()
+                    .map(|pb::node_service_capability::Type::Rpc(r)| r.r#type)
+            })
+            .collect()
+    }
+
+    /// The controller's advertised RPC capabilities.
+    pub async fn controller_capabilities(&mut self) -> Vec<i32> {
+        self.controller
+            .controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .capabilities
+            .iter()
+            .filter_map(|c| {
+                c.r#type
+                    .as_ref()
+                    .map(|pb::controller_service_capability::Type::Rpc(r)| r.r#type)
+            })
+            .collect()
+    }
+}
