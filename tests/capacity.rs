@@ -186,11 +186,7 @@ async fn quota_holds_through_passthrough_and_grows_online() {
     // Stats report the quota, not the whole file system.
     let stats = c
         .node
-        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
-            volume_id: "pvc-quota".into(),
-            volume_path: target.to_string_lossy().into(),
-            staging_target_path: String::new(),
-        })
+        .node_get_volume_stats(stats_req("pvc-quota", &target))
         .await
         .unwrap()
         .into_inner();
@@ -438,11 +434,7 @@ async fn without_quota_support_capacity_is_advisory_and_stats_truthful() {
     // The statistics are the file system's own, not an invented capacity.
     let stats = c
         .node
-        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
-            volume_id: "adv".into(),
-            volume_path: target.to_string_lossy().into(),
-            staging_target_path: String::new(),
-        })
+        .node_get_volume_stats(stats_req("adv", &target))
         .await
         .unwrap()
         .into_inner();

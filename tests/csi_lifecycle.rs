@@ -144,11 +144,7 @@ async fn two_pods_with_two_fs_groups_share_one_volume() {
     // Stats through a view.
     let stats = c
         .node
-        .node_get_volume_stats(mountgroup::csi::pb::NodeGetVolumeStatsRequest {
-            volume_id: "pvc-lifecycle".into(),
-            volume_path: target_a.to_string_lossy().into(),
-            staging_target_path: String::new(),
-        })
+        .node_get_volume_stats(stats_req("pvc-lifecycle", &target_a))
         .await
         .unwrap()
         .into_inner();

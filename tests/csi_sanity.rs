@@ -355,11 +355,7 @@ async fn node_sanity() {
     });
     let stats = c
         .node
-        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
-            volume_id: "v-node".into(),
-            volume_path: target.to_string_lossy().into(),
-            staging_target_path: String::new(),
-        })
+        .node_get_volume_stats(stats_req("v-node", &target))
         .await
         .unwrap()
         .into_inner();

@@ -256,6 +256,14 @@ pub fn unpublish_req(id: &str, target: &Path) -> pb::NodeUnpublishVolumeRequest 
     }
 }
 
+pub fn stats_req(id: &str, path: &Path) -> pb::NodeGetVolumeStatsRequest {
+    pb::NodeGetVolumeStatsRequest {
+        volume_id: id.into(),
+        volume_path: path.to_string_lossy().into(),
+        staging_target_path: String::new(),
+    }
+}
+
 pub fn unstage_req(id: &str, staging: &Path) -> pb::NodeUnstageVolumeRequest {
     pb::NodeUnstageVolumeRequest {
         volume_id: id.into(),
