@@ -226,13 +226,18 @@ impl ViewFs {
 
     fn attr(&self, inode: &Arc<Inode>, st: &Stat) -> FsResult<Attr> {
         let rec = self.record_for(inode)?;
+        Ok(self.attr_with(inode, st, rec.as_ref()))
+    }
+
+    /// [`ViewFs::attr`] with the record already read.
+    fn attr_with(&self, inode: &Inode, st: &Stat, rec: Option<&Record>) -> Attr {
         let disk = Owner {
             uid: st.uid,
             gid: st.gid,
             perm: st.perm,
         };
-        let shown = view::present(&self.policy, st.kind, disk, rec.as_ref());
-        Ok(Attr {
+        let shown = view::present(&self.policy, st.kind, disk, rec);
+        Attr {
             ino: inode.id,
             kind: st.kind,
             size: st.size,
@@ -247,7 +252,7 @@ impl ViewFs {
             mtime: st.mtime,
             ctime: st.ctime,
             btime: st.btime.unwrap_or(st.ctime),
-        })
+        }
     }
 
     fn shown(&self, inode: &Arc<Inode>) -> FsResult<Owner> {
@@ -658,10 +663,19 @@ impl ViewFs {
         let wants_write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         if wants_write {
             self.writable()?;
-            if view::write_refused(&self.policy, inode.kind, self.record_for(&inode)?.as_ref()) {
+            // One read of the record serves both checks; root needs it only for CIFS.
+            let needs_record = caller.uid != 0 || matches!(self.policy, Policy::Cifs { .. });
+            let rec = if needs_record {
+                self.record_for(&inode)?
+            } else {
+                None
+            };
+            if view::write_refused(&self.policy, inode.kind, rec.as_ref()) {
                 return Err(FsError::ReadOnlyFile);
             }
-            self.drop_set_id_for_writer(&inode, caller)?;
+            if caller.uid != 0 {
+                self.drop_set_id_for_writer(&inode, rec)?;
+            }
         }
         let data = self.shared_data(&inode, wants_write)?;
         let fh = self.add_handle(Handle::File(OpenFile {
@@ -678,12 +692,9 @@ impl ViewFs {
     /// is set, when it opens the file for writing: what the kernel does on its first
     /// write. The backing file system itself still removes `security.capability` on
     /// every write, passthrough included.
-    fn drop_set_id_for_writer(&self, inode: &Arc<Inode>, caller: Caller) -> FsResult<()> {
-        if caller.uid == 0 {
-            return Ok(());
-        }
+    fn drop_set_id_for_writer(&self, inode: &Arc<Inode>, rec: Option<Record>) -> FsResult<()> {
         let st = file::stat(inode.fd()?.as_fd())?;
-        let shown = self.attr(inode, &st)?;
+        let shown = self.attr_with(inode, &st, rec.as_ref());
         let kill = (shown.perm & 0o4000)
             | if shown.perm & 0o010 != 0 {
                 shown.perm & 0o2000
@@ -697,12 +708,11 @@ impl ViewFs {
         if self.policy.changes_disk() {
             file::chmod(inode.fd()?.as_fd(), perm)?;
         } else {
-            let current = self.record_for(inode)?;
             let change = OwnerChange {
                 perm: Some(perm),
                 ..OwnerChange::default()
             };
-            if let Some(new) = view::changed_record(&self.policy, inode.kind, current, change) {
+            if let Some(new) = view::changed_record(&self.policy, inode.kind, rec, change) {
                 self.write_record(inode.fd()?.as_fd(), &new)?;
             }
         }
