@@ -191,8 +191,10 @@ impl Controller {
                 "capacity_range: required_bytes or limit_bytes must be set".into(),
             ));
         }
-        let new = pick_capacity(required, limit)?;
-        let new = if required > 0 { new } else { limit as u64 };
+        // The range is checked as for CreateVolume; the new size is required_bytes,
+        // or limit_bytes when only that is set.
+        pick_capacity(required, limit)?;
+        let new = (if required > 0 { required } else { limit }) as u64;
         authorize(&self.key, secret, SecretUse::ControllerExpand)?;
         let _guard = self.guards.acquire(id.as_str(), "ControllerExpandVolume")?;
         let rec = self.get(id)?;
