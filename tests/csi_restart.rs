@@ -243,3 +243,39 @@ fn wait_until(cond: impl Fn() -> bool) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_driver_on_one_state_directory_waits_for_the_first() {
+    // What makes a DaemonSet surge pod safe: it serves only once the old one is gone.
+    let f = Fixture::new();
+    let mut first = Driver::start(f.dir.path());
+    let socket = f.dir.path().join("csi2/csi.sock");
+    let log = f.dir.path().join("second.log");
+    let mut second = std::process::Command::new(BIN)
+        .arg("serve")
+        .arg("--endpoint")
+        .arg(format!("unix://{}", socket.display()))
+        .arg("--state-dir")
+        .arg(&first.state)
+        .arg("--share-root")
+        .arg(&first.share)
+        .arg("--runtime-dir")
+        .arg(f.dir.path().join("run"))
+        .args(["--share-key-file", "none"])
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until(|| {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("another driver holds the state directory")
+    });
+    assert!(
+        std::os::unix::net::UnixStream::connect(&socket).is_err(),
+        "the second driver must not serve yet"
+    );
+    assert_eq!(first.terminate(), Some(0));
+    wait_until(|| std::os::unix::net::UnixStream::connect(&socket).is_ok());
+    let _ = second.kill();
+    let _ = second.wait();
+}

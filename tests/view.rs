@@ -672,3 +672,31 @@ fn kernel_rules_apply_to_the_presented_attributes() {
         (disk.f_blocks, disk.f_bsize, disk.f_files)
     );
 }
+
+#[test]
+fn listings_show_files_created_behind_the_views_back() {
+    // The kernel may cache listings (FOPEN_CACHE_DIR); a change on the share, or
+    // through another view, must still show once the attribute timeout has passed.
+    let f = Fixture::new();
+    fs::write(f.src.join("first"), "x").unwrap();
+    let _m = f.mount(&format!("gid={G}"));
+    let names = || -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(&f.mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(), vec!["first"]);
+    fs::write(f.src.join("second"), "x").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while names() != vec!["first", "second"] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listing never showed the new file: {:?}",
+            names()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
