@@ -15,7 +15,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 
-use crate::sys::file::{self, FileHandle, Kind, Stat};
+use crate::sys::file::{self, Kind, Stat};
+use crate::sys::handle::{self, FileHandle};
 
 use super::error::{FsError, FsResult};
 
@@ -114,7 +115,7 @@ impl Inode {
             .mount_fd
             .as_ref()
             .ok_or(FsError::Os(crate::sys::Errno::EBADF))?;
-        let fd = Arc::new(file::open_handle(mount_fd.as_fd(), handle)?);
+        let fd = Arc::new(handle::open(mount_fd.as_fd(), handle)?);
         self.cache(Arc::clone(&fd));
         Ok(fd)
     }
@@ -249,7 +250,7 @@ impl InodeTable {
         // Outside the lock: the handle costs a system call. Without a mount descriptor
         // to open handles against, inodes keep their descriptors.
         let handle = match self.shared.mount_fd {
-            Some(_) => file::handle_of(fd.as_fd()),
+            Some(_) => handle::of(fd.as_fd()),
             None => Err(crate::sys::Errno::EBADF),
         };
         let (source, to_cache) = match handle {

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{Passthrough, ViewOptions};
 use crate::sys::Errno;
-use crate::sys::file;
 use crate::sys::signal::TerminationSignals;
+use crate::sys::{file, xattr};
 
 use self::view::Policy;
 
@@ -105,7 +105,7 @@ pub fn open_source(source: &Path, options: &ViewOptions) -> Result<OwnedFd, Moun
         if !crate::sys::process::is_root() {
             return Err(MountError::EmulateNeedsRoot);
         }
-        match file::get_xattr(root.as_fd(), record::RECORD_XATTR) {
+        match xattr::get(root.as_fd(), record::RECORD_XATTR) {
             Ok(_) => {}
             Err(errno @ (Errno::EOPNOTSUPP | Errno::ENOSYS)) => {
                 return Err(MountError::NoXattr {

@@ -8,15 +8,14 @@
 //! `/proc/self/fd/N` magic link, which names exactly that inode and nothing else.
 
 use std::ffi::{CStr, OsStr};
-use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::{
-    AtFlags, FileType, Mode, OFlags, RawDir, RenameFlags, ResolveFlags, SeekFrom, StatxFlags,
-    Timespec, Timestamps, XattrFlags,
+    AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags, SeekFrom, StatxFlags, Timespec,
+    Timestamps,
 };
 use rustix::fs::{Gid, Uid};
 
@@ -49,7 +48,7 @@ impl Kind {
         }
     }
 
-    fn from_file_type(t: FileType) -> Option<Kind> {
+    pub(super) fn from_file_type(t: FileType) -> Option<Kind> {
         match t {
             FileType::RegularFile => Some(Kind::Regular),
             FileType::Directory => Some(Kind::Directory),
@@ -97,12 +96,12 @@ pub struct Stat {
 pub const PERM_MASK: u32 = 0o7777;
 
 /// `/proc/self/fd/N` for a descriptor, without allocating.
-struct ProcPath {
+pub(super) struct ProcPath {
     buf: [u8; 40],
 }
 
 impl ProcPath {
-    fn new(fd: BorrowedFd<'_>) -> ProcPath {
+    pub(super) fn new(fd: BorrowedFd<'_>) -> ProcPath {
         use std::io::Write;
         let mut buf = [0u8; 40];
         let mut cursor = &mut buf[..];
@@ -111,7 +110,7 @@ impl ProcPath {
         ProcPath { buf }
     }
 
-    fn as_cstr(&self) -> &CStr {
+    pub(super) fn as_cstr(&self) -> &CStr {
         CStr::from_bytes_until_nul(&self.buf).expect("ProcPath always holds a NUL")
     }
 }
@@ -567,172 +566,6 @@ pub fn statvfs(fd: BorrowedFd<'_>) -> SysResult<FsStat> {
     })
 }
 
-static GETXATTRAT_MISSING: AtomicBool = AtomicBool::new(false);
-
-/// `getxattrat(2)` (Linux 6.13) on the descriptor itself (`AT_EMPTY_PATH`): no
-/// `/proc` path to resolve. `Err(ENOSYS)` on older kernels.
-fn getxattrat(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> SysResult<usize> {
-    /// `struct xattr_args` of the uapi.
-    #[repr(C)]
-    struct XattrArgs {
-        value: u64,
-        size: u32,
-        flags: u32,
-    }
-    // Syscall numbers from 424 on are the same on every architecture.
-    const SYS_GETXATTRAT: libc::c_long = 464;
-    let mut args = XattrArgs {
-        value: buf.as_mut_ptr() as u64,
-        size: u32::try_from(buf.len()).unwrap_or(u32::MAX),
-        flags: 0,
-    };
-    // SAFETY: getxattrat reads the NUL-terminated `name` and the empty path, and
-    // writes at most `args.size` bytes to `args.value`, which points into `buf`; all
-    // of them outlive the call. `args` is passed with its exact size.
-    #[allow(unsafe_code)]
-    let rc = unsafe {
-        libc::syscall(
-            SYS_GETXATTRAT,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH as libc::c_uint,
-            name.as_ptr(),
-            &mut args as *mut XattrArgs,
-            std::mem::size_of::<XattrArgs>(),
-        )
-    };
-    if rc < 0 {
-        return Err(Errno(
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO),
-        ));
-    }
-    Ok(rc as usize)
-}
-
-/// Reads an extended attribute of the inode (any kind, symlinks included).
-/// Returns `Ok(None)` when the attribute does not exist.
-///
-/// # Errors
-/// The error of `getxattr(2)` other than `ENODATA`.
-pub fn get_xattr(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<Option<Vec<u8>>> {
-    if !GETXATTRAT_MISSING.load(Ordering::Relaxed) {
-        // Records are small: one call with a buffer that fits them answers most lookups.
-        let mut buf = vec![0u8; 64];
-        match getxattrat(fd, name, &mut buf) {
-            Ok(n) => {
-                buf.truncate(n);
-                return Ok(Some(buf));
-            }
-            Err(Errno::ENODATA) => return Ok(None),
-            Err(Errno::ENOSYS) => GETXATTRAT_MISSING.store(true, Ordering::Relaxed),
-            // Larger values, and anything unexpected: the path-based call below.
-            Err(_) => {}
-        }
-    }
-    let path = ProcPath::new(fd);
-    loop {
-        let size = match rustix::fs::getxattr_query(path.as_cstr(), name) {
-            Ok(n) => n,
-            Err(rustix::io::Errno::NODATA) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let mut buf = vec![0u8; size];
-        match rustix::fs::getxattr(path.as_cstr(), name, &mut buf[..]) {
-            Ok(n) => {
-                buf.truncate(n);
-                return Ok(Some(buf));
-            }
-            Err(rustix::io::Errno::NODATA) => return Ok(None),
-            // The value grew between the two calls: ask again.
-            Err(rustix::io::Errno::RANGE) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// Lists the extended attribute names of the inode, NUL-separated as the kernel gives.
-///
-/// # Errors
-/// The error of `listxattr(2)`.
-pub fn list_xattr(fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
-    let path = ProcPath::new(fd);
-    loop {
-        let size = rustix::fs::listxattr_query(path.as_cstr())?;
-        let mut buf = vec![0u8; size];
-        match rustix::fs::listxattr(path.as_cstr(), &mut buf[..]) {
-            Ok(n) => {
-                buf.truncate(n);
-                return Ok(buf);
-            }
-            Err(rustix::io::Errno::RANGE) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// Sets an extended attribute; `flags` are `XATTR_CREATE`/`XATTR_REPLACE`.
-///
-/// # Errors
-/// The error of `setxattr(2)`.
-pub fn set_xattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: u32) -> SysResult<()> {
-    let path = ProcPath::new(fd);
-    let flags = XattrFlags::from_bits(flags).ok_or(Errno::EINVAL)?;
-    Ok(rustix::fs::setxattr(path.as_cstr(), name, value, flags)?)
-}
-
-/// Removes an extended attribute.
-///
-/// # Errors
-/// The error of `removexattr(2)` (`ENODATA` when absent).
-pub fn remove_xattr(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<()> {
-    let path = ProcPath::new(fd);
-    Ok(rustix::fs::removexattr(path.as_cstr(), name)?)
-}
-
-/// One entry of a directory stream.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DirEntry {
-    pub name: Vec<u8>,
-    pub ino: u64,
-    pub kind: Option<Kind>,
-    /// The position just after this entry, to resume a listing from.
-    pub next: u64,
-}
-
-/// Reads the next batch of entries of a directory stream (one `getdents64(2)`).
-/// An empty batch is the end of the directory.
-///
-/// # Errors
-/// The error of `getdents64`.
-pub fn read_dir_batch(fd: BorrowedFd<'_>, buf: &mut [MaybeUninit<u8>]) -> SysResult<Vec<DirEntry>> {
-    let mut out = Vec::new();
-    let mut dir = RawDir::new(fd, buf);
-    while let Some(entry) = dir.next() {
-        let entry = entry?;
-        out.push(DirEntry {
-            name: entry.file_name().to_bytes().to_vec(),
-            ino: entry.ino(),
-            kind: Kind::from_file_type(entry.file_type()),
-            next: entry.next_entry_cookie(),
-        });
-        if dir.is_buffer_empty() {
-            break;
-        }
-    }
-    Ok(out)
-}
-
-/// Moves a directory stream to a position a previous entry returned.
-///
-/// # Errors
-/// The error of `lseek(2)`.
-pub fn seek_dir(fd: BorrowedFd<'_>, pos: u64) -> SysResult<()> {
-    rustix::fs::seek(fd, SeekFrom::Start(pos))?;
-    Ok(())
-}
-
 /// Sets the process file-mode creation mask, returning the old one.
 ///
 /// The daemon runs with umask 0: the kernel already applied the caller's umask to
@@ -770,89 +603,4 @@ pub fn lock_exclusive(path: &Path, on_wait: impl FnOnce()) -> SysResult<OwnedFd>
     }
     rustix::fs::flock(&fd, FlockOperation::LockExclusive)?;
     Ok(fd)
-}
-
-/// A file handle (`struct file_handle`): names an inode of one file system without a
-/// path and without holding it open. Kept in memory only: a handle is never taken
-/// from a caller, so it can only name an inode the view reached beneath its root.
-#[derive(Clone, PartialEq, Eq)]
-pub struct FileHandle {
-    /// `struct file_handle`: `u32 handle_bytes`, `i32 handle_type`, then the bytes;
-    /// stored as u32 words for the struct's alignment.
-    words: Box<[u32]>,
-}
-
-impl std::fmt::Debug for FileHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "FileHandle({} bytes)", self.words.len() * 4)
-    }
-}
-
-/// The largest handle the kernel makes (`MAX_HANDLE_SZ`).
-const MAX_HANDLE_SZ: usize = 128;
-
-/// `name_to_handle_at(2)` of the inode a descriptor refers to (`AT_EMPTY_PATH`).
-///
-/// # Errors
-/// `EOPNOTSUPP` where the file system has no handles (most FUSE backends, some
-/// network file systems), otherwise the error of the call.
-pub fn handle_of(fd: BorrowedFd<'_>) -> SysResult<FileHandle> {
-    let mut words = vec![0u32; 2 + MAX_HANDLE_SZ / 4].into_boxed_slice();
-    words[0] = MAX_HANDLE_SZ as u32;
-    let mut mount_id: libc::c_int = 0;
-    // SAFETY: `words` is a u32-aligned `struct file_handle` whose `handle_bytes` says
-    // how many bytes follow the 8-byte header, and the buffer has exactly that many;
-    // the path is an empty C string and `mount_id` a valid out pointer.
-    #[allow(unsafe_code)]
-    let rc = unsafe {
-        libc::name_to_handle_at(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            words.as_mut_ptr().cast::<libc::file_handle>(),
-            &mut mount_id,
-            libc::AT_EMPTY_PATH,
-        )
-    };
-    if rc < 0 {
-        return Err(Errno(
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO),
-        ));
-    }
-    let used = 2 + (words[0] as usize).div_ceil(4);
-    Ok(FileHandle {
-        words: words[..used].into(),
-    })
-}
-
-/// `open_by_handle_at(2)` with `O_PATH`: the inode itself, whatever has been renamed
-/// since; `ESTALE` when it no longer exists. `mount_fd` is any descriptor on the same
-/// file system (the view's root). Needs `CAP_DAC_READ_SEARCH`.
-///
-/// # Errors
-/// The error of the call.
-pub fn open_handle(mount_fd: BorrowedFd<'_>, handle: &FileHandle) -> SysResult<OwnedFd> {
-    let mut words = handle.words.clone();
-    // SAFETY: `words` holds a complete `struct file_handle` made by name_to_handle_at
-    // (header and `handle_bytes` bytes); the kernel reads it and returns a new
-    // descriptor or -1.
-    #[allow(unsafe_code)]
-    let fd = unsafe {
-        libc::open_by_handle_at(
-            mount_fd.as_raw_fd(),
-            words.as_mut_ptr().cast::<libc::file_handle>(),
-            libc::O_PATH | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-        )
-    };
-    if fd < 0 {
-        return Err(Errno(
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO),
-        ));
-    }
-    // SAFETY: `fd` was just returned by the kernel and is owned by no one else.
-    #[allow(unsafe_code)]
-    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }

@@ -5,10 +5,13 @@
 //! `unsafe` code of the crate lives here (see `signal.rs`).
 
 pub mod btrfs;
+pub mod dir;
 pub mod file;
+pub mod handle;
 pub mod mount;
 pub mod process;
 pub mod signal;
+pub mod xattr;
 
 use std::fmt;
 

@@ -1,0 +1,108 @@
+//! Directory streams and listings.
+
+use super::*;
+
+impl ViewFs {
+    /// Opens a directory for listing.
+    ///
+    /// # Errors
+    /// `ENOTDIR`, or the error of the open.
+    pub fn opendir(&self, ino: u64) -> FsResult<u64> {
+        let inode = self.dir(ino)?;
+        let fd = file::reopen(inode.fd()?.as_fd(), Access::Directory)?;
+        let stream = DirStream {
+            fd,
+            pos: 0,
+            pending: VecDeque::new(),
+            buf: vec![MaybeUninit::uninit(); DIR_BUF].into_boxed_slice(),
+        };
+        Ok(self.add_handle(Handle::Dir(Arc::new(Mutex::new(stream)))))
+    }
+
+    /// Lists a directory from `offset`, handing entries to `add` until it reports the
+    /// reply full (returns `true`). With `plus`, each entry but `.`/`..` is looked up
+    /// (and counted) like [`ViewFs::lookup`]; an entry that is not handed over is
+    /// forgotten again.
+    ///
+    /// # Errors
+    /// `EBADF` for an unknown handle, or the error of `getdents64`.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        plus: bool,
+        mut add: impl FnMut(&DirItem, u64) -> bool,
+    ) -> FsResult<()> {
+        let stream = match self.handles.get(&fh).as_deref() {
+            Some(Handle::Dir(d)) => Arc::clone(d),
+            _ => return Err(FsError::UnknownHandle(fh)),
+        };
+        let mut s = lock(&stream);
+        if offset != s.pos {
+            dir::seek(s.fd.as_fd(), offset)?;
+            s.pending.clear();
+            s.pos = offset;
+        }
+        loop {
+            if s.pending.is_empty() {
+                let DirStream { fd, buf, .. } = &mut *s;
+                let batch = dir::read_batch(fd.as_fd(), buf)?;
+                if batch.is_empty() {
+                    return Ok(());
+                }
+                s.pending.extend(batch);
+            }
+            let Some(e) = s.pending.front().cloned() else {
+                return Ok(());
+            };
+            let dot = e.name == b"." || e.name == b"..";
+            let item = if plus && !dot {
+                match self.lookup(ino, OsStr::from_bytes(&e.name)) {
+                    Ok(attr) => DirItem {
+                        name: e.name.clone(),
+                        ino: attr.ino,
+                        kind: attr.kind,
+                        attr: Some(attr),
+                    },
+                    // Gone since the listing, or a mount point: not part of the view.
+                    Err(FsError::Os(Errno::ENOENT)) => {
+                        s.pending.pop_front();
+                        s.pos = e.next;
+                        continue;
+                    }
+                    Err(err) => return Err(err),
+                }
+            } else {
+                let kind = match e.kind {
+                    Some(k) => k,
+                    None => self.kind_of(ino, &e.name)?,
+                };
+                DirItem {
+                    name: e.name.clone(),
+                    ino: if e.name == b"." { ino } else { e.ino },
+                    kind,
+                    attr: None,
+                }
+            };
+            if add(&item, e.next) {
+                if let Some(a) = item.attr {
+                    self.forget(a.ino, 1);
+                }
+                return Ok(());
+            }
+            s.pending.pop_front();
+            s.pos = e.next;
+        }
+    }
+
+    /// The kind of a directory entry whose type the backing file system did not say.
+    pub(super) fn kind_of(&self, dir: u64, name: &[u8]) -> FsResult<Kind> {
+        if name == b"." || name == b".." {
+            return Ok(Kind::Directory);
+        }
+        let p = self.dir(dir)?;
+        let fd = file::open_child(p.fd()?.as_fd(), OsStr::from_bytes(name), self.root_mnt)?;
+        Ok(file::stat(fd.as_fd())?.kind)
+    }
+}

@@ -1,0 +1,680 @@
+//! The group view's operations on the backing tree, free of FUSE types so that they
+//! can be tested against a temp dir and driven by the thin adapter in `fuse.rs`.
+//!
+//! Permission checks are the kernel's (`default_permissions`, on the presented
+//! attributes); the daemon acts as root. What the daemon adds is what the kernel cannot
+//! know: the view's read-only state, the CIFS read-only attribute, the hidden record,
+//! and the refusal of anything that could reach outside the backing tree.
+
+use std::collections::VecDeque;
+use std::ffi::{CString, OsStr};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use dashmap::DashMap;
+
+use crate::config::ViewOptions;
+use crate::sys::Errno;
+use crate::sys::file::{self, Access, FsStat, Kind, SetTime, Stat, Time};
+
+use crate::sys::{dir, xattr};
+
+use super::error::{FsError, FsResult};
+use super::inode::{DataFile, Inode, InodeTable};
+use super::record::{self, RECORD_XATTR, Record};
+use super::view::{self, Caller, Owner, OwnerChange, Policy};
+
+mod dirs;
+mod handles;
+mod namespace;
+mod xattrs;
+
+/// Attributes as the view presents them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: Kind,
+    pub size: u64,
+    pub blocks: u64,
+    pub blksize: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub perm: u32,
+    pub rdev: u64,
+    pub atime: Time,
+    pub mtime: Time,
+    pub ctime: Time,
+    pub btime: Time,
+}
+
+/// A setattr request, after the kernel's own checks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+}
+
+/// An xattr answer: the size the caller must allocate, or the bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum XattrReply {
+    Size(u32),
+    Data(Vec<u8>),
+}
+
+/// One entry of a directory listing handed to the adapter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirItem {
+    pub name: Vec<u8>,
+    pub ino: u64,
+    pub kind: Kind,
+    /// Full attributes (readdirplus), counted as a kernel lookup; `None` for `.`/`..`
+    /// and for plain readdir.
+    pub attr: Option<Attr>,
+}
+
+struct OpenFile {
+    data: Arc<DataFile>,
+    /// O_SYNC/O_DSYNC: writes that go through the daemon are synced before the reply.
+    sync: bool,
+}
+
+struct DirStream {
+    fd: OwnedFd,
+    /// The position the kernel will ask for next (the cookie of the front entry).
+    pos: u64,
+    pending: VecDeque<dir::DirEntry>,
+    buf: Box<[MaybeUninit<u8>]>,
+}
+
+enum Handle {
+    File(OpenFile),
+    Dir(Arc<Mutex<DirStream>>),
+}
+
+/// One group view over one backing directory.
+pub struct ViewFs {
+    policy: Policy,
+    readonly: bool,
+    inodes: InodeTable,
+    root_mnt: Option<u64>,
+    handles: DashMap<u64, Handle>,
+    next_fh: AtomicU64,
+    warned_bad_record: AtomicBool,
+    /// The btrfs quota group of the volume, when the root is a btrfs subvolume:
+    /// statfs then reports the volume's limit and usage, not the whole file system.
+    qgroup: Option<std::path::PathBuf>,
+}
+
+const DIR_BUF: usize = 32 * 1024;
+
+fn cstring(name: &OsStr) -> FsResult<CString> {
+    CString::new(name.as_bytes()).map_err(|_| FsError::Os(Errno::EINVAL))
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ViewFs {
+    /// A view of the directory `root` (opened by [`file::open_root`]) with `options`.
+    ///
+    /// # Errors
+    /// The error of `statx` on the root; `ENOTDIR` when it is not a directory.
+    pub fn new(root: OwnedFd, options: &ViewOptions) -> FsResult<ViewFs> {
+        let st = file::stat(root.as_fd())?;
+        if st.kind != Kind::Directory {
+            return Err(FsError::Os(Errno::ENOTDIR));
+        }
+        let qgroup = match crate::sys::btrfs::qgroup_dir(root.as_fd()) {
+            Ok(q) => q,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot tell the btrfs quota group; statfs shows the whole file system");
+                None
+            }
+        };
+        if let Some(q) = &qgroup {
+            tracing::info!(qgroup = %q.display(), "statfs follows the volume's btrfs quota group");
+        }
+        Ok(ViewFs {
+            qgroup,
+            policy: Policy::from_options(options),
+            readonly: options.readonly,
+            root_mnt: st.mnt_id,
+            // Half the open-file limit for cached inode descriptors; the rest is for
+            // open files and directories.
+            inodes: InodeTable::new(
+                root,
+                &st,
+                (crate::sys::process::nofile_limit() / 2).clamp(64, 65_536) as usize,
+            ),
+            handles: DashMap::new(),
+            next_fh: AtomicU64::new(1),
+            warned_bad_record: AtomicBool::new(false),
+        })
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// How many inodes the kernel holds references to (the root included).
+    pub fn inode_count(&self) -> usize {
+        self.inodes.len()
+    }
+
+    /// How many file and directory handles are open.
+    pub fn handle_count(&self) -> usize {
+        self.handles.len()
+    }
+
+    pub(super) fn writable(&self) -> FsResult<()> {
+        if self.readonly {
+            Err(FsError::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub(super) fn dir(&self, ino: u64) -> FsResult<Arc<Inode>> {
+        let inode = self.inodes.get(ino)?;
+        if inode.kind != Kind::Directory {
+            return Err(FsError::Os(Errno::ENOTDIR));
+        }
+        Ok(inode)
+    }
+
+    pub(super) fn read_record(&self, fd: std::os::fd::BorrowedFd<'_>) -> FsResult<Option<Record>> {
+        match xattr::get(fd, RECORD_XATTR) {
+            Ok(None) => Ok(None),
+            Ok(Some(bytes)) => match Record::decode(&bytes) {
+                Ok(r) => Ok(Some(r)),
+                Err(why) => {
+                    if !self.warned_bad_record.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            why,
+                            "ignoring an ownership record this version cannot read"
+                        );
+                    }
+                    Ok(None)
+                }
+            },
+            // Some inode kinds on some file systems take no xattrs at all.
+            Err(Errno::EOPNOTSUPP) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub(super) fn write_record(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        rec: &Record,
+    ) -> FsResult<()> {
+        if rec.is_empty() {
+            match xattr::remove(fd, RECORD_XATTR) {
+                Ok(()) | Err(Errno::ENODATA) => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        } else {
+            Ok(xattr::set(fd, RECORD_XATTR, &rec.encode(), 0)?)
+        }
+    }
+
+    pub(super) fn record_for(&self, inode: &Arc<Inode>) -> FsResult<Option<Record>> {
+        if self.policy.reads_record(inode.kind) {
+            self.read_record(inode.fd()?.as_fd())
+        } else {
+            Ok(None)
+        }
+    }
+
+    pub(super) fn attr(&self, inode: &Arc<Inode>, st: &Stat) -> FsResult<Attr> {
+        let rec = self.record_for(inode)?;
+        Ok(self.attr_with(inode, st, rec.as_ref()))
+    }
+
+    /// [`ViewFs::attr`] with the record already read.
+    pub(super) fn attr_with(&self, inode: &Inode, st: &Stat, rec: Option<&Record>) -> Attr {
+        let disk = Owner {
+            uid: st.uid,
+            gid: st.gid,
+            perm: st.perm,
+        };
+        let shown = view::present(&self.policy, st.kind, disk, rec);
+        Attr {
+            ino: inode.id,
+            kind: st.kind,
+            size: st.size,
+            blocks: st.blocks,
+            blksize: st.blksize,
+            nlink: st.nlink,
+            uid: shown.uid,
+            gid: shown.gid,
+            perm: shown.perm,
+            rdev: st.rdev,
+            atime: st.atime,
+            mtime: st.mtime,
+            ctime: st.ctime,
+            btime: st.btime.unwrap_or(st.ctime),
+        }
+    }
+
+    pub(super) fn shown(&self, inode: &Arc<Inode>) -> FsResult<Owner> {
+        let st = file::stat(inode.fd()?.as_fd())?;
+        let a = self.attr(inode, &st)?;
+        Ok(Owner {
+            uid: a.uid,
+            gid: a.gid,
+            perm: a.perm,
+        })
+    }
+
+    /// Looks a name up in a directory; counts one kernel lookup of the result.
+    ///
+    /// A mount point inside the backing tree is not crossed: it is reported as absent.
+    ///
+    /// # Errors
+    /// `ENOENT` when absent, `ENOTDIR` when `parent` is not a directory.
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        let p = self.dir(parent)?;
+        let fd = match file::open_child(p.fd()?.as_fd(), name, self.root_mnt) {
+            Ok(fd) => fd,
+            Err(Errno::EXDEV) => return Err(FsError::Os(Errno::ENOENT)),
+            Err(e) => return Err(e.into()),
+        };
+        self.register(fd)
+    }
+
+    pub(super) fn register(&self, fd: OwnedFd) -> FsResult<Attr> {
+        let st = file::stat(fd.as_fd())?;
+        let inode = self.inodes.lookup(fd, &st);
+        match self.attr(&inode, &st) {
+            Ok(a) => Ok(a),
+            Err(e) => {
+                self.inodes.forget(inode.id, 1);
+                Err(e)
+            }
+        }
+    }
+
+    /// Drops `n` kernel lookups of `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        self.inodes.forget(ino, n);
+    }
+
+    /// The presented attributes of `ino`.
+    ///
+    /// # Errors
+    /// `ESTALE` for an unknown inode, or the error of `statx`.
+    pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
+        let inode = self.inodes.get(ino)?;
+        let st = file::stat(inode.fd()?.as_fd())?;
+        self.attr(&inode, &st)
+    }
+
+    /// Applies a setattr. Ownership and mode go to the disk in a plain view, to the
+    /// ownership record in an emulating view, and nowhere in CIFS-like views (but the
+    /// read-only attribute); sizes and times always go to the disk.
+    ///
+    /// # Errors
+    /// `EROFS` on a read-only view, `EACCES` truncating a CIFS read-only file, or the
+    /// error of the system call.
+    pub fn setattr(&self, ino: u64, fh: Option<u64>, set: SetAttr) -> FsResult<Attr> {
+        self.writable()?;
+        let inode = self.inodes.get(ino)?;
+        if let Some(size) = set.size {
+            if inode.kind != Kind::Regular {
+                return Err(FsError::Os(if inode.kind == Kind::Directory {
+                    Errno::EISDIR
+                } else {
+                    Errno::EINVAL
+                }));
+            }
+            if view::write_refused(&self.policy, inode.kind, self.record_for(&inode)?.as_ref()) {
+                return Err(FsError::ReadOnlyFile);
+            }
+            let via_handle = fh.and_then(|fh| match self.handles.get(&fh).as_deref() {
+                Some(Handle::File(f)) if f.data.writable => Some(Arc::clone(&f.data)),
+                _ => None,
+            });
+            match via_handle {
+                Some(data) => file::truncate(data.fd.as_fd(), size)?,
+                None => {
+                    let fd = file::reopen(inode.fd()?.as_fd(), Access::ReadWrite)?;
+                    file::truncate(fd.as_fd(), size)?;
+                }
+            }
+        }
+        if set.atime.is_some() || set.mtime.is_some() {
+            file::set_times(
+                inode.fd()?.as_fd(),
+                set.atime.unwrap_or(SetTime::Omit),
+                set.mtime.unwrap_or(SetTime::Omit),
+            )?;
+        }
+        let change = OwnerChange {
+            uid: set.uid,
+            gid: set.gid,
+            perm: set.mode.map(|m| m & file::PERM_MASK),
+        };
+        if !change.is_empty() {
+            if self.policy.changes_disk() {
+                if change.uid.is_some() || change.gid.is_some() {
+                    file::chown(inode.fd()?.as_fd(), change.uid, change.gid)?;
+                }
+                if let Some(perm) = change.perm {
+                    if inode.kind != Kind::Symlink {
+                        file::chmod(inode.fd()?.as_fd(), perm)?;
+                    }
+                }
+            } else {
+                let current = self.record_for(&inode)?;
+                if let Some(new) = view::changed_record(&self.policy, inode.kind, current, change) {
+                    self.write_record(inode.fd()?.as_fd(), &new)?;
+                }
+            }
+        }
+        self.getattr(ino)
+    }
+
+    /// The target of a symlink.
+    ///
+    /// # Errors
+    /// `EINVAL` for anything but a symlink.
+    pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
+        let inode = self.inodes.get(ino)?;
+        if inode.kind != Kind::Symlink {
+            return Err(FsError::Os(Errno::EINVAL));
+        }
+        Ok(file::readlink(inode.fd()?.as_fd())?)
+    }
+
+    /// File system statistics of the backing tree; on a btrfs subvolume with a quota
+    /// limit, the volume's capacity and usage (read on every call, so an expansion of
+    /// the live volume shows at once).
+    ///
+    /// # Errors
+    /// The error of `statvfs`.
+    pub fn statfs(&self) -> FsResult<FsStat> {
+        let mut st = file::statvfs(self.inodes.root().fd()?.as_fd())?;
+        if let Some(dir) = &self.qgroup {
+            match crate::sys::btrfs::qgroup_usage(dir) {
+                Ok(crate::sys::btrfs::QgroupUsage {
+                    limit: Some(limit),
+                    used,
+                }) => {
+                    let unit = u64::from(st.frsize.max(1));
+                    st.blocks = limit / unit;
+                    st.bfree = limit.saturating_sub(used) / unit;
+                    st.bavail = st.bfree;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "quota group unreadable; whole file system reported")
+                }
+            }
+        }
+        Ok(st)
+    }
+
+    /// `access(2)` when the kernel does not check permissions itself (CIFS `noperm`):
+    /// everything is allowed but writing to a read-only view.
+    ///
+    /// # Errors
+    /// `EROFS` for `W_OK` on a read-only view.
+    pub fn access(&self, ino: u64, mask: i32) -> FsResult<()> {
+        self.inodes.get(ino)?;
+        if mask & libc::W_OK != 0 {
+            self.writable()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ViewOptions;
+
+    fn view(dir: &std::path::Path, options: &str) -> ViewFs {
+        let root = file::open_root(dir).unwrap();
+        ViewFs::new(root, &ViewOptions::parse(options).unwrap()).unwrap()
+    }
+
+    const ROOT: u64 = 1;
+    const ME: Caller = Caller {
+        uid: 1000,
+        gid: 1000,
+    };
+
+    #[test]
+    fn names_that_leave_the_directory_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        for name in ["..", ".", "a/b", ""] {
+            assert_eq!(
+                v.lookup(ROOT, OsStr::new(name)),
+                Err(FsError::Os(Errno::EINVAL)),
+                "{name:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_symlink_is_looked_up_as_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/etc", dir.path().join("l")).unwrap();
+        let v = view(dir.path(), "gid=5");
+        let a = v.lookup(ROOT, OsStr::new("l")).unwrap();
+        assert_eq!(a.kind, Kind::Symlink);
+        assert_eq!(v.readlink(a.ino).unwrap(), b"/etc");
+        assert_eq!(v.opendir(a.ino), Err(FsError::Os(Errno::ENOTDIR)));
+        assert_eq!(
+            v.lookup(a.ino, OsStr::new("passwd")),
+            Err(FsError::Os(Errno::ENOTDIR))
+        );
+    }
+
+    #[test]
+    fn readdirplus_counts_only_what_it_hands_over() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..10 {
+            std::fs::write(dir.path().join(format!("f{i}")), "x").unwrap();
+        }
+        let v = view(dir.path(), "gid=5");
+        let fh = v.opendir(ROOT).unwrap();
+        let mut seen = Vec::new();
+        let mut next_offset = 0;
+        v.readdir(ROOT, fh, 0, true, |item, next| {
+            if item.attr.is_some()
+                && seen
+                    .iter()
+                    .filter(|n: &&Vec<u8>| n.starts_with(b"f"))
+                    .count()
+                    == 3
+            {
+                return true; // full
+            }
+            seen.push(item.name.clone());
+            next_offset = next;
+            false
+        })
+        .unwrap();
+        let files = seen.iter().filter(|n| n.starts_with(b"f")).count();
+        assert_eq!(files, 3);
+        assert_eq!(
+            v.inode_count(),
+            1 + 3,
+            "the refused entry was forgotten again"
+        );
+        // Resuming from the last offset lists the rest exactly once.
+        let mut rest = Vec::new();
+        v.readdir(ROOT, fh, next_offset, true, |item, _| {
+            rest.push(item.name.clone());
+            false
+        })
+        .unwrap();
+        assert_eq!(rest.iter().filter(|n| n.starts_with(b"f")).count(), 7);
+        assert!(rest.iter().all(|n| !seen.contains(n)));
+        v.release(fh);
+        assert_eq!(v.handle_count(), 0);
+    }
+
+    #[test]
+    fn create_honours_o_excl_and_records_the_creator() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        let (attr, fh, data) = v
+            .create(
+                ROOT,
+                OsStr::new("n"),
+                0o100640,
+                libc::O_EXCL | libc::O_RDWR,
+                ME,
+            )
+            .unwrap();
+        assert_eq!((attr.uid, attr.gid, attr.perm), (1000, 5, 0o640));
+        assert!(data.writable);
+        assert_eq!(v.write(fh, 0, b"abc").unwrap(), 3);
+        assert_eq!(v.read(fh, 1, 10).unwrap(), b"bc");
+        assert_eq!(
+            v.create(ROOT, OsStr::new("n"), 0o100600, libc::O_EXCL, ME)
+                .err(),
+            Some(FsError::Os(Errno::EEXIST))
+        );
+        // Without O_EXCL an existing file is opened, its record untouched.
+        let (again, fh2, shared) = v
+            .create(
+                ROOT,
+                OsStr::new("n"),
+                0o100600,
+                libc::O_RDWR,
+                Caller { uid: 7, gid: 7 },
+            )
+            .unwrap();
+        assert_eq!((again.uid, again.perm), (1000, 0o640));
+        assert!(Arc::ptr_eq(&data, &shared), "one descriptor per inode");
+        v.release(fh);
+        v.release(fh2);
+    }
+
+    #[test]
+    fn device_nodes_and_privileged_xattrs_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        let v = view(dir.path(), "gid=5");
+        assert_eq!(
+            v.mknod(ROOT, OsStr::new("null"), libc::S_IFCHR | 0o666, ME),
+            Err(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.mknod(ROOT, OsStr::new("sda"), libc::S_IFBLK | 0o666, ME),
+            Err(FsError::NotPermitted)
+        );
+        let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        assert_eq!(
+            v.setxattr(f, OsStr::new("trusted.x"), b"1", 0),
+            Err(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.setxattr(f, OsStr::new("security.capability"), b"1", 0),
+            Err(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.setxattr(f, OsStr::new("trusted.mountgroup.owner"), b"1", 0),
+            Err(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.setxattr(f, OsStr::new("system.posix_acl_access"), b"1", 0),
+            Err(FsError::Os(Errno::EOPNOTSUPP))
+        );
+        v.setattr(
+            f,
+            None,
+            SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            v.getxattr(f, OsStr::new("trusted.mountgroup.owner"), 0),
+            Err(FsError::NoAttribute)
+        );
+        assert_eq!(
+            v.removexattr(f, OsStr::new("trusted.mountgroup.owner")),
+            Err(FsError::NoAttribute)
+        );
+        v.setxattr(f, OsStr::new("user.a"), b"1", 0).unwrap();
+        assert_eq!(v.listxattr(f, 0).unwrap(), XattrReply::Size(7));
+        assert_eq!(
+            v.listxattr(f, 100).unwrap(),
+            XattrReply::Data(b"user.a\0".to_vec())
+        );
+        assert_eq!(v.listxattr(f, 3), Err(FsError::TooLarge));
+    }
+
+    #[test]
+    fn a_read_only_view_refuses_every_mutation() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        let v = view(dir.path(), "gid=5,ro");
+        let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        let n = OsStr::new("n");
+        assert_eq!(
+            v.create(ROOT, n, 0o644, 0, ME).err(),
+            Some(FsError::ReadOnly)
+        );
+        assert_eq!(v.mkdir(ROOT, n, 0o755, ME), Err(FsError::ReadOnly));
+        assert_eq!(
+            v.symlink(ROOT, n, OsStr::new("f"), ME),
+            Err(FsError::ReadOnly)
+        );
+        assert_eq!(v.link(f, ROOT, n), Err(FsError::ReadOnly));
+        assert_eq!(
+            v.unlink(ROOT, OsStr::new("f"), false),
+            Err(FsError::ReadOnly)
+        );
+        assert_eq!(
+            v.rename(ROOT, OsStr::new("f"), ROOT, n, 0),
+            Err(FsError::ReadOnly)
+        );
+        assert_eq!(
+            v.setattr(
+                f,
+                None,
+                SetAttr {
+                    size: Some(0),
+                    ..Default::default()
+                }
+            ),
+            Err(FsError::ReadOnly)
+        );
+        assert_eq!(v.open(f, libc::O_WRONLY, ME).err(), Some(FsError::ReadOnly));
+        let (fh, data) = v.open(f, libc::O_RDONLY, ME).unwrap();
+        assert!(!data.writable);
+        assert_eq!(v.write(fh, 0, b"y"), Err(FsError::ReadOnly));
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"x");
+    }
+
+    #[test]
+    fn fifos_are_never_opened_by_the_daemon() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        let p = v
+            .mknod(ROOT, OsStr::new("p"), libc::S_IFIFO | 0o644, ME)
+            .unwrap();
+        assert_eq!(p.kind, Kind::Fifo);
+        assert_eq!(
+            v.open(p.ino, libc::O_RDONLY, ME).err(),
+            Some(FsError::WrongKind)
+        );
+    }
+}

@@ -1,0 +1,94 @@
+//! Extended attributes through a view: the daemon's own hidden, privileged
+//! namespaces refused.
+
+use super::*;
+
+impl ViewFs {
+    /// Reads an xattr; the daemon's own are invisible.
+    ///
+    /// # Errors
+    /// `ENODATA` when absent or hidden, `ERANGE` when `size` is too small.
+    pub fn getxattr(&self, ino: u64, name: &OsStr, size: u32) -> FsResult<XattrReply> {
+        if record::is_reserved(name.as_bytes()) {
+            return Err(FsError::NoAttribute);
+        }
+        let inode = self.inodes.get(ino)?;
+        let value =
+            xattr::get(inode.fd()?.as_fd(), &cstring(name)?)?.ok_or(FsError::NoAttribute)?;
+        sized(value, size)
+    }
+
+    /// Lists xattr names, without the daemon's own.
+    ///
+    /// # Errors
+    /// `ERANGE` when `size` is too small, or the error of `listxattr`.
+    pub fn listxattr(&self, ino: u64, size: u32) -> FsResult<XattrReply> {
+        let inode = self.inodes.get(ino)?;
+        let all = xattr::list(inode.fd()?.as_fd())?;
+        let mut shown = Vec::with_capacity(all.len());
+        for name in all.split_inclusive(|b| *b == 0) {
+            if !record::is_reserved(name) {
+                shown.extend_from_slice(name);
+            }
+        }
+        sized(shown, size)
+    }
+
+    /// Sets an xattr. Only the `user.` namespace is writable through a view: the
+    /// daemon is root, and `trusted.`/`security.` attributes written for a pod would
+    /// carry privileges onto the share (file capabilities, the daemon's own records).
+    ///
+    /// # Errors
+    /// `EROFS`, `EPERM` outside `user.`, or the error of `setxattr`.
+    pub fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
+        self.writable()?;
+        refuse_unless_user(name)?;
+        let inode = self.inodes.get(ino)?;
+        let flags = u32::try_from(flags).map_err(|_| FsError::Os(Errno::EINVAL))?;
+        Ok(xattr::set(
+            inode.fd()?.as_fd(),
+            &cstring(name)?,
+            value,
+            flags,
+        )?)
+    }
+
+    /// Removes an xattr (`user.` namespace only; the daemon's own do not exist here).
+    ///
+    /// # Errors
+    /// `EROFS`, `ENODATA`, `EPERM` outside `user.`.
+    pub fn removexattr(&self, ino: u64, name: &OsStr) -> FsResult<()> {
+        self.writable()?;
+        if record::is_reserved(name.as_bytes()) {
+            return Err(FsError::NoAttribute);
+        }
+        refuse_unless_user(name)?;
+        let inode = self.inodes.get(ino)?;
+        Ok(xattr::remove(inode.fd()?.as_fd(), &cstring(name)?)?)
+    }
+}
+
+/// Only `user.` xattrs are written through a view. POSIX ACLs (`system.posix_acl_*`)
+/// are not offered at all (`EOPNOTSUPP`, what `setfacl` expects of a file system
+/// without ACLs); `trusted.` and `security.` are refused (`EPERM`).
+fn refuse_unless_user(name: &OsStr) -> FsResult<()> {
+    let name = name.as_bytes();
+    if name.starts_with(b"user.") {
+        Ok(())
+    } else if name.starts_with(b"system.") {
+        Err(FsError::Os(Errno::EOPNOTSUPP))
+    } else {
+        Err(FsError::NotPermitted)
+    }
+}
+
+fn sized(value: Vec<u8>, size: u32) -> FsResult<XattrReply> {
+    let len = u32::try_from(value.len()).map_err(|_| FsError::TooLarge)?;
+    if size == 0 {
+        Ok(XattrReply::Size(len))
+    } else if len > size {
+        Err(FsError::TooLarge)
+    } else {
+        Ok(XattrReply::Data(value))
+    }
+}

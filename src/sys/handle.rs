@@ -1,0 +1,91 @@
+//! File handles: an inode named without a path and without holding it open
+//! (`name_to_handle_at(2)`, `open_by_handle_at(2)`).
+
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+
+use super::{Errno, SysResult};
+
+/// A file handle (`struct file_handle`): names an inode of one file system without a
+/// path and without holding it open. Kept in memory only: a handle is never taken
+/// from a caller, so it can only name an inode the view reached beneath its root.
+#[derive(Clone, PartialEq, Eq)]
+pub struct FileHandle {
+    /// `struct file_handle`: `u32 handle_bytes`, `i32 handle_type`, then the bytes;
+    /// stored as u32 words for the struct's alignment.
+    words: Box<[u32]>,
+}
+
+impl std::fmt::Debug for FileHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FileHandle({} bytes)", self.words.len() * 4)
+    }
+}
+
+/// The largest handle the kernel makes (`MAX_HANDLE_SZ`).
+const MAX_HANDLE_SZ: usize = 128;
+
+/// `name_to_handle_at(2)` of the inode a descriptor refers to (`AT_EMPTY_PATH`).
+///
+/// # Errors
+/// `EOPNOTSUPP` where the file system has no handles (most FUSE backends, some
+/// network file systems), otherwise the error of the call.
+pub fn of(fd: BorrowedFd<'_>) -> SysResult<FileHandle> {
+    let mut words = vec![0u32; 2 + MAX_HANDLE_SZ / 4].into_boxed_slice();
+    words[0] = MAX_HANDLE_SZ as u32;
+    let mut mount_id: libc::c_int = 0;
+    // SAFETY: `words` is a u32-aligned `struct file_handle` whose `handle_bytes` says
+    // how many bytes follow the 8-byte header, and the buffer has exactly that many;
+    // the path is an empty C string and `mount_id` a valid out pointer.
+    #[allow(unsafe_code)]
+    let rc = unsafe {
+        libc::name_to_handle_at(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            words.as_mut_ptr().cast::<libc::file_handle>(),
+            &mut mount_id,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        return Err(Errno(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ));
+    }
+    let used = 2 + (words[0] as usize).div_ceil(4);
+    Ok(FileHandle {
+        words: words[..used].into(),
+    })
+}
+
+/// `open_by_handle_at(2)` with `O_PATH`: the inode itself, whatever has been renamed
+/// since; `ESTALE` when it no longer exists. `mount_fd` is any descriptor on the same
+/// file system (the view's root). Needs `CAP_DAC_READ_SEARCH`.
+///
+/// # Errors
+/// The error of the call.
+pub fn open(mount_fd: BorrowedFd<'_>, handle: &FileHandle) -> SysResult<OwnedFd> {
+    let mut words = handle.words.clone();
+    // SAFETY: `words` holds a complete `struct file_handle` made by name_to_handle_at
+    // (header and `handle_bytes` bytes); the kernel reads it and returns a new
+    // descriptor or -1.
+    #[allow(unsafe_code)]
+    let fd = unsafe {
+        libc::open_by_handle_at(
+            mount_fd.as_raw_fd(),
+            words.as_mut_ptr().cast::<libc::file_handle>(),
+            libc::O_PATH | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+        )
+    };
+    if fd < 0 {
+        return Err(Errno(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ));
+    }
+    // SAFETY: `fd` was just returned by the kernel and is owned by no one else.
+    #[allow(unsafe_code)]
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
