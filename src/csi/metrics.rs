@@ -154,6 +154,18 @@ impl Collector for NodeCollector {
                 .encode_counter::<NoLabelSet, _, u64>(&o.errors, None)?;
         }
         let mut m = encoder.encode_descriptor(
+            "mountgroup_view_operation_errnos",
+            "FUSE operations the node's views answered with an error, by errno",
+            None,
+            MetricType::Counter,
+        )?;
+        for (op, o) in &total.ops {
+            for (errno, n) in &o.errnos {
+                m.encode_family(&[("op", op.as_str()), ("errno", errno.as_str())])?
+                    .encode_counter::<NoLabelSet, _, u64>(n, None)?;
+            }
+        }
+        let mut m = encoder.encode_descriptor(
             "mountgroup_view_operation_duration_seconds",
             "How long the node's views took to serve FUSE operations",
             None,

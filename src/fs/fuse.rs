@@ -1,6 +1,12 @@
 //! The thin fuser adapter: decode a request, call [`ViewFs`], encode the reply.
 //! No policy lives here; the one thing only this layer can do is register a backing
 //! descriptor for kernel passthrough, because that needs the reply object.
+//!
+//! Every operation goes through one choke point, [`FuseView::answer`]: it is timed
+//! and counted per operation and errno, a failure is logged at its errno's level
+//! (rate limited where a pod could flood the log), and the error is answered there.
+//! No handler answers an error by itself. Operations the view does not serve answer
+//! quietly with what the kernel expects (`ENOTTY` for an ioctl, `ENOSYS` otherwise).
 
 use std::ffi::OsStr;
 use std::io;
@@ -13,9 +19,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem,
-    FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags,
+    PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek,
+    ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::config::Passthrough;
@@ -23,8 +30,9 @@ use crate::sys::file::{Kind, SetTime, Time};
 
 use super::error::FsError;
 use super::inode::DataFile;
-use super::ops::{Attr, SetAttr, ViewFs, XattrReply};
-use super::stats::{Op, ViewStats};
+use super::ops::{Attr, Created, Opened, SetAttr, ViewFs, XattrReply};
+use super::ratelimit::{RateLimit, Verdict};
+use super::stats::{Op, ViewStats, errno_name};
 use super::view::Caller;
 
 /// Largest write the kernel sends in one request.
@@ -39,6 +47,81 @@ pub struct FuseView {
     attr_ttl: Duration,
     entry_ttl: Duration,
     stats: Arc<ViewStats>,
+    /// Warnings a pod can cause (failures other than the expected ones).
+    warnings: RateLimit,
+}
+
+/// How many unexpected failures a view logs per [`WARN_WINDOW`] before it only counts
+/// them (the metrics still have every one).
+const WARN_BURST: u32 = 20;
+const WARN_WINDOW: Duration = Duration::from_secs(60);
+
+/// A fuser reply that can carry an error: the one place errors are answered.
+trait Fail {
+    fn fail(self, errno: Errno);
+}
+
+macro_rules! fail_replies {
+    ($($reply:ty),* $(,)?) => {
+        $(impl Fail for $reply {
+            fn fail(self, errno: Errno) {
+                self.error(errno);
+            }
+        })*
+    };
+}
+
+fail_replies!(
+    ReplyAttr,
+    ReplyBmap,
+    ReplyCreate,
+    ReplyData,
+    ReplyDirectory,
+    ReplyDirectoryPlus,
+    ReplyEmpty,
+    ReplyEntry,
+    ReplyIoctl,
+    ReplyLock,
+    ReplyLseek,
+    ReplyOpen,
+    ReplyPoll,
+    ReplyStatfs,
+    ReplyWrite,
+    ReplyXattr,
+);
+
+/// Whether a failure is an answer a caller asked for (a missing name, a refused
+/// permission, a full disk) rather than a sign that something is wrong with the view
+/// or its backend. The former are logged at debug, the latter at warn.
+fn expected(errno: i32) -> bool {
+    matches!(
+        errno,
+        libc::ENOENT
+            | libc::EEXIST
+            | libc::ENOTEMPTY
+            | libc::ENODATA
+            | libc::EACCES
+            | libc::EPERM
+            | libc::EROFS
+            | libc::ENOTDIR
+            | libc::EISDIR
+            | libc::EINVAL
+            | libc::ERANGE
+            | libc::ENOTTY
+            | libc::ENOSYS
+            | libc::EOPNOTSUPP
+            | libc::EXDEV
+            | libc::ENAMETOOLONG
+            | libc::ELOOP
+            | libc::EBUSY
+            | libc::ETXTBSY
+            | libc::ENOSPC
+            | libc::EDQUOT
+            | libc::EFBIG
+            | libc::EMLINK
+            | libc::ENXIO
+            | libc::EOVERFLOW
+    )
 }
 
 impl FuseView {
@@ -56,6 +139,7 @@ impl FuseView {
             attr_ttl,
             entry_ttl,
             stats: Arc::new(ViewStats::default()),
+            warnings: RateLimit::new(WARN_BURST, WARN_WINDOW),
         }
     }
 
@@ -64,11 +148,59 @@ impl FuseView {
         Arc::clone(&self.stats)
     }
 
-    fn timed<T>(&self, op: Op, f: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
+    /// The choke point. Runs `run` for operation `op` on inode `ino`, times and counts
+    /// it, logs a failure at its level, and answers: `ok` with the value, or the error.
+    fn answer<R: Fail, T>(
+        &self,
+        op: Op,
+        ino: u64,
+        mut reply: R,
+        run: impl FnOnce(&mut R) -> Result<T, FsError>,
+        ok: impl FnOnce(R, T),
+    ) {
         let start = Instant::now();
-        let r = f();
-        self.stats.record(op, start, r.is_err());
-        r
+        let r = run(&mut reply);
+        self.stats
+            .record(op, start, r.as_ref().err().map(FsError::errno));
+        match r {
+            Ok(v) => ok(reply, v),
+            Err(e) => {
+                self.log_failure(op, ino, &e);
+                reply.fail(errno(&e));
+            }
+        }
+    }
+
+    /// An operation the view does not serve: counted, answered with `errno`, and not
+    /// logged above debug (a pod can send as many as it likes).
+    fn refuse<R: Fail>(&self, op: Op, ino: u64, reply: R, errno: i32) {
+        self.answer(
+            op,
+            ino,
+            reply,
+            |_| Err::<(), _>(FsError::Os(crate::sys::Errno(errno))),
+            |_, ()| {},
+        );
+    }
+
+    fn log_failure(&self, op: Op, ino: u64, e: &FsError) {
+        let errno = e.errno();
+        if expected(errno) {
+            tracing::debug!(op = op.name(), ino, errno = %errno_name(errno), error = %e, "operation failed");
+            return;
+        }
+        match self.warnings.check(Instant::now()) {
+            Verdict::Log { held_before } => {
+                if held_before > 0 {
+                    tracing::warn!(
+                        held_before,
+                        "unexpected failures were not logged (rate limit); the metrics count them"
+                    );
+                }
+                tracing::warn!(op = op.name(), ino, errno = %errno_name(errno), error = %e, "operation failed");
+            }
+            Verdict::Hold => {}
+        }
     }
 
     fn fattr(&self, a: &Attr) -> FileAttr {
@@ -85,22 +217,33 @@ impl FuseView {
             nlink: a.nlink,
             uid: a.uid,
             gid: a.gid,
-            rdev: a.rdev as u32,
+            rdev: encode_dev(a.rdev),
             blksize: a.blksize,
             flags: 0,
         }
     }
 
-    fn entry(&self, reply: ReplyEntry, r: Result<Attr, FsError>) {
-        match r {
-            Ok(a) => reply.entry_with_ttls(
-                &self.attr_ttl,
-                &self.entry_ttl,
-                &self.fattr(&a),
-                Generation(0),
-            ),
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn entry(
+        &self,
+        op: Op,
+        parent: u64,
+        reply: ReplyEntry,
+        run: impl FnOnce() -> Result<Attr, FsError>,
+    ) {
+        self.answer(
+            op,
+            parent,
+            reply,
+            |_| run(),
+            |reply, a| {
+                reply.entry_with_ttls(
+                    &self.attr_ttl,
+                    &self.entry_ttl,
+                    &self.fattr(&a),
+                    Generation(0),
+                );
+            },
+        );
     }
 
     /// The passthrough registration of a shared descriptor, made on its first open.
@@ -123,6 +266,14 @@ impl FuseView {
         });
         slot.as_ref().and_then(|b| b.downcast_ref::<BackingId>())
     }
+}
+
+/// A device number as FUSE carries it (the kernel's `new_encode_dev`): 12 bits of
+/// major, 20 of minor, so that `/dev/null` (1,3) stays 1,3.
+fn encode_dev(rdev: u64) -> u32 {
+    let major = (rdev >> 32) as u32;
+    let minor = rdev as u32;
+    (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
 }
 
 fn errno(e: &FsError) -> Errno {
@@ -174,6 +325,7 @@ fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
         gid: req.gid(),
+        pid: req.pid(),
     }
 }
 
@@ -216,21 +368,27 @@ impl Filesystem for FuseView {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(
-            reply,
-            self.timed(Op::Lookup, || self.fs.lookup(parent.0, name)),
-        );
+        self.entry(Op::Lookup, parent.0, reply, || {
+            self.fs.lookup(parent.0, name)
+        });
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let start = Instant::now();
         self.fs.forget(ino.0, nlookup);
+        self.stats.record(Op::Forget, start, None);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.timed(Op::Getattr, || self.fs.getattr(ino.0)) {
-            Ok(a) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Getattr,
+            ino.0,
+            reply,
+            |_| self.fs.getattr(ino.0),
+            |reply, a| {
+                reply.attr(&self.attr_ttl, &self.fattr(&a));
+            },
+        );
     }
 
     fn setattr(
@@ -259,17 +417,25 @@ impl Filesystem for FuseView {
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
         };
-        match self.timed(Op::Setattr, || self.fs.setattr(ino.0, fh.map(|f| f.0), set)) {
-            Ok(a) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Setattr,
+            ino.0,
+            reply,
+            |_| self.fs.setattr(ino.0, fh.map(|f| f.0), set),
+            |reply, a| reply.attr(&self.attr_ttl, &self.fattr(&a)),
+        );
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.timed(Op::Readlink, || self.fs.readlink(ino.0)) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Readlink,
+            ino.0,
+            reply,
+            |_| self.fs.readlink(ino.0),
+            |reply, t| {
+                reply.data(&t);
+            },
+        );
     }
 
     fn mknod(
@@ -282,12 +448,9 @@ impl Filesystem for FuseView {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(
-            reply,
-            self.timed(Op::Mknod, || {
-                self.fs.mknod(parent.0, name, mode, caller(req))
-            }),
-        );
+        self.entry(Op::Mknod, parent.0, reply, || {
+            self.fs.mknod(parent.0, name, mode, caller(req))
+        });
     }
 
     fn mkdir(
@@ -299,26 +462,29 @@ impl Filesystem for FuseView {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(
-            reply,
-            self.timed(Op::Mkdir, || {
-                self.fs.mkdir(parent.0, name, mode, caller(req))
-            }),
-        );
+        self.entry(Op::Mkdir, parent.0, reply, || {
+            self.fs.mkdir(parent.0, name, mode, caller(req))
+        });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.timed(Op::Unlink, || self.fs.unlink(parent.0, name, false)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Unlink,
+            parent.0,
+            reply,
+            |_| self.fs.unlink(parent.0, name, false),
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.timed(Op::Rmdir, || self.fs.unlink(parent.0, name, true)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Rmdir,
+            parent.0,
+            reply,
+            |_| self.fs.unlink(parent.0, name, true),
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn symlink(
@@ -329,11 +495,10 @@ impl Filesystem for FuseView {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        self.entry(
-            reply,
+        self.entry(Op::Symlink, parent.0, reply, || {
             self.fs
-                .symlink(parent.0, link_name, target.as_os_str(), caller(req)),
-        );
+                .symlink(parent.0, link_name, target.as_os_str(), caller(req))
+        });
     }
 
     fn rename(
@@ -346,13 +511,16 @@ impl Filesystem for FuseView {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        match self
-            .fs
-            .rename(parent.0, name, newparent.0, newname, flags.bits())
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Rename,
+            parent.0,
+            reply,
+            |_| {
+                self.fs
+                    .rename(parent.0, name, newparent.0, newname, flags.bits())
+            },
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn link(
@@ -363,20 +531,24 @@ impl Filesystem for FuseView {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.entry(
-            reply,
-            self.timed(Op::Link, || self.fs.link(ino.0, newparent.0, newname)),
-        );
+        self.entry(Op::Link, ino.0, reply, || {
+            self.fs.link(ino.0, newparent.0, newname)
+        });
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.timed(Op::Open, || self.fs.open(ino.0, flags.0, caller(req))) {
-            Ok((fh, data)) => match self.backing(&data, || reply.open_backing(data.fd.as_fd())) {
+        self.answer(
+            Op::Open,
+            ino.0,
+            reply,
+            |_| self.fs.open(ino.0, flags.0, caller(req)),
+            |reply, Opened { fh, data }| match self
+                .backing(&data, || reply.open_backing(data.fd.as_fd()))
+            {
                 Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), id),
                 None => reply.opened(FileHandle(fh), FopenFlags::empty()),
             },
-            Err(e) => reply.error(errno(&e)),
-        }
+        );
     }
 
     fn create(
@@ -389,10 +561,12 @@ impl Filesystem for FuseView {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        match self.timed(Op::Create, || {
-            self.fs.create(parent.0, name, mode, flags, caller(req))
-        }) {
-            Ok((attr, fh, data)) => {
+        self.answer(
+            Op::Create,
+            parent.0,
+            reply,
+            |_| self.fs.create(parent.0, name, mode, flags, caller(req)),
+            |reply, Created { attr, fh, data }| {
                 let fa = self.fattr(&attr);
                 match self.backing(&data, || reply.open_backing(data.fd.as_fd())) {
                     Some(id) => reply.created_passthrough(
@@ -411,15 +585,14 @@ impl Filesystem for FuseView {
                         FopenFlags::empty(),
                     ),
                 }
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+            },
+        );
     }
 
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -427,16 +600,19 @@ impl Filesystem for FuseView {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.timed(Op::Read, || self.fs.read(fh.0, offset, size)) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Read,
+            ino.0,
+            reply,
+            |_| self.fs.read(fh.0, offset, size),
+            |reply, d| reply.data(&d),
+        );
     }
 
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -445,64 +621,83 @@ impl Filesystem for FuseView {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.timed(Op::Write, || self.fs.write(fh.0, offset, data)) {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Write,
+            ino.0,
+            reply,
+            |_| self.fs.write(fh.0, offset, data),
+            |reply, n| reply.written(n as u32),
+        );
     }
 
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         // Nothing is buffered here and locks are the kernel's: ENOSYS tells the kernel
         // to stop sending FLUSH on every close, a round trip saved per close.
-        reply.error(Errno::ENOSYS);
+        self.refuse(Op::Flush, ino.0, reply, libc::ENOSYS);
     }
 
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.release(fh.0);
-        reply.ok();
+        self.answer(
+            Op::Release,
+            ino.0,
+            reply,
+            |_| {
+                self.fs.release(fh.0);
+                Ok(())
+            },
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.timed(Op::Fsync, || self.fs.fsync(fh.0, datasync)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Fsync,
+            ino.0,
+            reply,
+            |_| self.fs.fsync(fh.0, datasync),
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.timed(Op::Opendir, || self.fs.opendir(ino.0)) {
-            // The kernel may keep listings: it drops them when this view changes the
-            // directory, and (FUSE_AUTO_INVAL_DATA) when a refresh of its attributes
-            // shows another writer changed it.
-            Ok(fh) => reply.opened(
-                FileHandle(fh),
-                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
-            ),
-            Err(e) => reply.error(errno(&e)),
-        }
+        // The kernel may keep listings: it drops them when this view changes the
+        // directory, and (FUSE_AUTO_INVAL_DATA) when a refresh of its attributes shows
+        // another writer changed it.
+        self.answer(
+            Op::Opendir,
+            ino.0,
+            reply,
+            |_| self.fs.opendir(ino.0),
+            |reply, fh| {
+                reply.opened(
+                    FileHandle(fh),
+                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+                );
+            },
+        );
     }
 
     fn readdir(
@@ -511,22 +706,24 @@ impl Filesystem for FuseView {
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
-        let r = self.timed(Op::Readdir, || {
-            self.fs.readdir(ino.0, fh.0, offset, false, |item, next| {
-                reply.add(
-                    INodeNo(item.ino),
-                    next,
-                    file_type(item.kind),
-                    OsStr::from_bytes(&item.name),
-                )
-            })
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Readdir,
+            ino.0,
+            reply,
+            |reply| {
+                self.fs.readdir(ino.0, fh.0, offset, false, |item, next| {
+                    reply.add(
+                        INodeNo(item.ino),
+                        next,
+                        file_type(item.kind),
+                        OsStr::from_bytes(&item.name),
+                    )
+                })
+            },
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn readdirplus(
@@ -535,80 +732,98 @@ impl Filesystem for FuseView {
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        reply: ReplyDirectoryPlus,
     ) {
-        let r = self.timed(Op::Readdir, || {
-            self.fs.readdir(ino.0, fh.0, offset, true, |item, next| {
-                let fa = match &item.attr {
-                    Some(a) => self.fattr(a),
-                    // `.` and `..`: the kernel takes only the name, number and type.
-                    None => FileAttr {
-                        ino: INodeNo(item.ino),
-                        size: 0,
-                        blocks: 0,
-                        atime: UNIX_EPOCH,
-                        mtime: UNIX_EPOCH,
-                        ctime: UNIX_EPOCH,
-                        crtime: UNIX_EPOCH,
-                        kind: file_type(item.kind),
-                        perm: 0,
-                        nlink: 0,
-                        uid: 0,
-                        gid: 0,
-                        rdev: 0,
-                        blksize: 0,
-                        flags: 0,
-                    },
-                };
-                reply.add(
-                    INodeNo(item.ino),
-                    next,
-                    OsStr::from_bytes(&item.name),
-                    &self.entry_ttl,
-                    &fa,
-                    Generation(0),
-                )
-            })
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Readdir,
+            ino.0,
+            reply,
+            |reply| {
+                self.fs.readdir(ino.0, fh.0, offset, true, |item, next| {
+                    let fa = match &item.attr {
+                        Some(a) => self.fattr(a),
+                        // `.` and `..`: the kernel takes only the name, number and type.
+                        None => FileAttr {
+                            ino: INodeNo(item.ino),
+                            size: 0,
+                            blocks: 0,
+                            atime: UNIX_EPOCH,
+                            mtime: UNIX_EPOCH,
+                            ctime: UNIX_EPOCH,
+                            crtime: UNIX_EPOCH,
+                            kind: file_type(item.kind),
+                            perm: 0,
+                            nlink: 0,
+                            uid: 0,
+                            gid: 0,
+                            rdev: 0,
+                            blksize: 0,
+                            flags: 0,
+                        },
+                    };
+                    reply.add(
+                        INodeNo(item.ino),
+                        next,
+                        OsStr::from_bytes(&item.name),
+                        &self.entry_ttl,
+                        &fa,
+                        Generation(0),
+                    )
+                })
+            },
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn releasedir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.fs.release(fh.0);
-        reply.ok();
+        self.answer(
+            Op::Release,
+            ino.0,
+            reply,
+            |_| {
+                self.fs.release(fh.0);
+                Ok(())
+            },
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.timed(Op::Fsync, || self.fs.fsync(fh.0, datasync)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Fsync,
+            ino.0,
+            reply,
+            |_| self.fs.fsync(fh.0, datasync),
+            |reply, ()| reply.ok(),
+        );
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.timed(Op::Statfs, || self.fs.statfs()) {
-            Ok(s) => reply.statfs(
-                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
-            ),
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        self.answer(
+            Op::Statfs,
+            ino.0,
+            reply,
+            |_| self.fs.statfs(),
+            |reply, s| {
+                reply.statfs(
+                    s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+                );
+            },
+        );
     }
 
     fn setxattr(
@@ -621,79 +836,96 @@ impl Filesystem for FuseView {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        match self.timed(Op::Setxattr, || self.fs.setxattr(ino.0, name, value, flags)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Setxattr,
+            ino.0,
+            reply,
+            |_| self.fs.setxattr(ino.0, name, value, flags),
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.timed(Op::Getxattr, || self.fs.getxattr(ino.0, name, size)) {
-            Ok(XattrReply::Size(n)) => reply.size(n),
-            Ok(XattrReply::Data(d)) => reply.data(&d),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Getxattr,
+            ino.0,
+            reply,
+            |_| self.fs.getxattr(ino.0, name, size),
+            xattr_reply,
+        );
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.timed(Op::Listxattr, || self.fs.listxattr(ino.0, size)) {
-            Ok(XattrReply::Size(n)) => reply.size(n),
-            Ok(XattrReply::Data(d)) => reply.data(&d),
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.answer(
+            Op::Listxattr,
+            ino.0,
+            reply,
+            |_| self.fs.listxattr(ino.0, size, caller(req)),
+            xattr_reply,
+        );
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.timed(Op::Removexattr, || self.fs.removexattr(ino.0, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Removexattr,
+            ino.0,
+            reply,
+            |_| self.fs.removexattr(ino.0, name),
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        match self.timed(Op::Access, || self.fs.access(ino.0, mask.bits())) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Access,
+            ino.0,
+            reply,
+            |_| self.fs.access(ino.0, mask.bits()),
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn fallocate(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        match self.timed(Op::Fallocate, || {
-            self.fs.fallocate(fh.0, offset, length, mode)
-        }) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Fallocate,
+            ino.0,
+            reply,
+            |_| self.fs.fallocate(fh.0, offset, length, mode),
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn lseek(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: i64,
         whence: i32,
         reply: ReplyLseek,
     ) {
-        match self.timed(Op::Lseek, || self.fs.lseek(fh.0, offset, whence)) {
-            Ok(pos) => reply.offset(pos as i64),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::Lseek,
+            ino.0,
+            reply,
+            |_| self.fs.lseek(fh.0, offset, whence),
+            |reply, pos| reply.offset(pos as i64),
+        );
     }
 
     fn copy_file_range(
         &self,
         _req: &Request,
-        _ino_in: INodeNo,
+        ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
         _ino_out: INodeNo,
@@ -703,12 +935,104 @@ impl Filesystem for FuseView {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        match self
-            .fs
-            .copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
-        {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.answer(
+            Op::CopyFileRange,
+            ino_in.0,
+            reply,
+            |_| {
+                self.fs
+                    .copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
+            },
+            |reply, n| reply.written(n as u32),
+        );
+    }
+
+    // What the view does not serve, answered quietly: fuser's defaults log a warning
+    // per call, which let any pod fill the node's disk with `ioctl(TCGETS)`.
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // What the kernel answers for an ioctl a file does not know.
+        self.refuse(Op::Ioctl, ino.0, reply, libc::ENOTTY);
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _ph: PollNotifier,
+        _events: PollEvents,
+        _flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        // ENOSYS: the kernel stops asking and treats files as always ready.
+        self.refuse(Op::Poll, ino.0, reply, libc::ENOSYS);
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        _start: u64,
+        _end: u64,
+        _typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        // Locks are the kernel's (FUSE_POSIX_LOCKS is not negotiated).
+        self.refuse(Op::Lock, ino.0, reply, libc::ENOSYS);
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        _start: u64,
+        _end: u64,
+        _typ: i32,
+        _pid: u32,
+        _sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.refuse(Op::Lock, ino.0, reply, libc::ENOSYS);
+    }
+
+    fn bmap(&self, _req: &Request, ino: INodeNo, _blocksize: u32, _idx: u64, reply: ReplyBmap) {
+        self.refuse(Op::Bmap, ino.0, reply, libc::ENOSYS);
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, x: XattrReply) {
+    match x {
+        XattrReply::Size(n) => reply.size(n),
+        XattrReply::Data(d) => reply.data(&d),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_numbers_keep_major_and_minor() {
+        // /dev/null is 1,3; a large minor (e.g. a 4096-minor loop device) keeps its bits.
+        let enc = |major: u64, minor: u64| encode_dev((major << 32) | minor);
+        assert_eq!(enc(1, 3), 0x103);
+        assert_eq!(enc(7, 0x1234), 0x0120_0734);
+        assert_eq!(enc(259, 0), 259 << 8);
     }
 }

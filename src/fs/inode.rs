@@ -15,7 +15,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 
-use crate::sys::file::{self, Kind, Stat};
+use crate::sys::Errno;
+use crate::sys::file::{self, Access, Kind, Stat};
 use crate::sys::handle::{self, FileHandle};
 
 use super::error::{FsError, FsResult};
@@ -23,19 +24,29 @@ use super::error::{FsError, FsResult};
 /// The kernel's id of the root inode.
 pub const ROOT_ID: u64 = 1;
 
-/// Ids handed out when the backing inode number cannot serve (it is 1, or a second
-/// file system under one mount, e.g. btrfs subvolumes, reuses a number).
+/// Ids handed out when the backing inode number cannot serve (it is 1, it is taken
+/// by an older inode with the same number, or a second file system under one mount,
+/// e.g. btrfs subvolumes, reuses a number).
 const SPARE_BASE: u64 = 1 << 63;
 
-/// A backing inode's identity.
-pub type InodeKey = (u64, u64);
+/// A backing inode's identity. An inode number alone is not one: a file system reuses
+/// the number of a deleted file for the next file it makes, so where the file system
+/// has handles, the handle (which carries a generation) names the inode, as in
+/// virtiofsd's inode store. Only where there are none does the number have to do.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum InodeKey {
+    /// A file handle on the device `dev`.
+    Handle { dev: u64, handle: FileHandle },
+    /// Device and inode number, for file systems without handles.
+    Number { dev: u64, ino: u64 },
+}
 
 /// An open descriptor for reads and writes, shared by every handle of one inode, and
 /// the kernel passthrough registration made for it (type-erased: the FUSE adapter owns
 /// it, so this core never sees a fuser type). Dropped, with its registration, when the
 /// last handle is released.
 pub struct DataFile {
-    pub fd: OwnedFd,
+    pub fd: Arc<OwnedFd>,
     pub writable: bool,
     pub passthrough: OnceLock<Option<Box<dyn Any + Send + Sync>>>,
 }
@@ -43,7 +54,7 @@ pub struct DataFile {
 impl DataFile {
     pub fn new(fd: OwnedFd, writable: bool) -> DataFile {
         DataFile {
-            fd,
+            fd: Arc::new(fd),
             writable,
             passthrough: OnceLock::new(),
         }
@@ -60,11 +71,14 @@ enum Source {
     /// Its own descriptor for as long as the kernel holds the inode (the root, and
     /// file systems without handles).
     Pinned(Arc<OwnedFd>),
-    /// A handle, and a descriptor opened from it while the cache keeps it.
-    Handle {
-        handle: FileHandle,
-        cached: Mutex<Option<Arc<OwnedFd>>>,
-    },
+    /// Its handle (in the key), and a descriptor opened from it while the cache keeps
+    /// it.
+    Handle(Mutex<Option<Arc<OwnedFd>>>),
+}
+
+/// Whether an error says the process (or the system) ran out of descriptors.
+pub fn out_of_descriptors(e: Errno) -> bool {
+    e.raw() == libc::EMFILE || e.raw() == libc::ENFILE
 }
 
 /// What the inodes of one view share: the root descriptor handles are opened
@@ -76,6 +90,22 @@ struct Shared {
     cached: AtomicUsize,
     /// Inodes in the order their descriptors were cached (oldest first).
     queue: Mutex<VecDeque<Weak<Inode>>>,
+}
+
+impl Shared {
+    /// Closes the older half of the cached descriptors. Called when a call ran out of
+    /// descriptors: files that a pod holds open then squeeze the cache instead of
+    /// failing every lookup of the view for everyone.
+    fn relieve(&self) {
+        let mut queue = lock(&self.queue);
+        let target = self.cached.load(Ordering::Relaxed) / 2;
+        while self.cached.load(Ordering::Relaxed) > target {
+            let Some(old) = queue.pop_front() else { break };
+            if let Some(old) = old.upgrade() {
+                old.uncache();
+            }
+        }
+    }
 }
 
 /// One inode the kernel holds a reference to.
@@ -96,33 +126,48 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Inode {
-    /// An `O_PATH` descriptor of the inode: the pinned one, a cached one, or one
-    /// opened now from the handle (evicting the oldest cached descriptor if the cache
-    /// is full).
+    /// An `O_PATH` descriptor of the inode: the pinned one, a cached one, the open
+    /// file's own, or one opened now from the handle (evicting the oldest cached
+    /// descriptor if the cache is full).
     ///
     /// # Errors
     /// `ESTALE` when the inode no longer exists, or the error of opening it.
     pub fn fd(self: &Arc<Self>) -> FsResult<Arc<OwnedFd>> {
-        let (handle, cached) = match &self.source {
+        let cached = match &self.source {
             Source::Pinned(fd) => return Ok(Arc::clone(fd)),
-            Source::Handle { handle, cached } => (handle, cached),
+            Source::Handle(cached) => cached,
         };
         if let Some(fd) = lock(cached).as_ref() {
             return Ok(Arc::clone(fd));
         }
+        // An open file is reached through its open descriptor: a handle does not open
+        // a file that was deleted while open, and an open file is never stale.
+        if let Some(data) = lock(&self.data).upgrade() {
+            return Ok(Arc::clone(&data.fd));
+        }
+        let InodeKey::Handle { handle, .. } = &self.key else {
+            return Err(FsError::Os(Errno::EBADF));
+        };
         let mount_fd = self
             .shared
             .mount_fd
             .as_ref()
-            .ok_or(FsError::Os(crate::sys::Errno::EBADF))?;
-        let fd = Arc::new(handle::open(mount_fd.as_fd(), handle)?);
+            .ok_or(FsError::Os(Errno::EBADF))?;
+        let fd = match handle::open(mount_fd.as_fd(), handle) {
+            Err(e) if out_of_descriptors(e) => {
+                self.shared.relieve();
+                handle::open(mount_fd.as_fd(), handle)?
+            }
+            r => r?,
+        };
+        let fd = Arc::new(fd);
         self.cache(Arc::clone(&fd));
         Ok(fd)
     }
 
     /// Keeps `fd` as this inode's descriptor, within the cache's bound.
     fn cache(self: &Arc<Self>, fd: Arc<OwnedFd>) {
-        let Source::Handle { cached, .. } = &self.source else {
+        let Source::Handle(cached) = &self.source else {
             return;
         };
         {
@@ -148,7 +193,7 @@ impl Inode {
     }
 
     fn uncache(&self) {
-        if let Source::Handle { cached, .. } = &self.source {
+        if let Source::Handle(cached) = &self.source {
             if lock(cached).take().is_some() {
                 self.shared.cached.fetch_sub(1, Ordering::Relaxed);
             }
@@ -179,8 +224,17 @@ impl InodeTable {
     /// A table holding only the root, which is never forgotten. At most
     /// `max_cached` descriptors are kept open for inodes reached by handle.
     pub fn new(root_fd: OwnedFd, root: &Stat, max_cached: usize) -> InodeTable {
-        let key = (root.dev, root.ino);
-        let mount_fd = file::reopen(root_fd.as_fd(), file::Access::Directory).ok();
+        let mount_fd = file::reopen(root_fd.as_fd(), Kind::Directory, Access::Directory).ok();
+        let key = match handle::of(root_fd.as_fd()) {
+            Ok(handle) if mount_fd.is_some() => InodeKey::Handle {
+                dev: root.dev,
+                handle,
+            },
+            _ => InodeKey::Number {
+                dev: root.dev,
+                ino: root.ino,
+            },
+        };
         let root_fd = Arc::new(root_fd);
         let shared = Arc::new(Shared {
             mount_fd,
@@ -191,7 +245,7 @@ impl InodeTable {
         let root = Arc::new(Inode {
             id: ROOT_ID,
             kind: root.kind,
-            key,
+            key: key.clone(),
             source: Source::Pinned(root_fd),
             shared: Arc::clone(&shared),
             lookups: AtomicU64::new(1),
@@ -231,10 +285,34 @@ impl InodeTable {
             .ok_or(FsError::UnknownInode(id))
     }
 
+    /// Closes the older half of the cached descriptors (see [`out_of_descriptors`]).
+    pub fn relieve(&self) {
+        self.shared.relieve();
+    }
+
     /// Counts one kernel lookup of the inode `fd` refers to, registering it if new.
     /// The descriptor becomes the inode's (cached) descriptor.
+    ///
+    /// The inode is identified by its handle, so a new file that got the number of a
+    /// deleted one is a new inode (with a spare id while the kernel still holds the
+    /// old one), never the old entry with the old file's handle and kind.
     pub fn lookup(&self, fd: OwnedFd, st: &Stat) -> Arc<Inode> {
-        let key = (st.dev, st.ino);
+        // Outside the lock: the handle costs a system call. Without a mount descriptor
+        // to open handles against, inodes keep their descriptors.
+        let handle = match self.shared.mount_fd {
+            Some(_) => handle::of(fd.as_fd()).ok(),
+            None => None,
+        };
+        let key = match &handle {
+            Some(h) => InodeKey::Handle {
+                dev: st.dev,
+                handle: h.clone(),
+            },
+            None => InodeKey::Number {
+                dev: st.dev,
+                ino: st.ino,
+            },
+        };
         {
             // Under the read lock no FORGET can remove an entry, so an inode found
             // here has at least one lookup and may safely gain another.
@@ -247,22 +325,10 @@ impl InodeTable {
                 return inode;
             }
         }
-        // Outside the lock: the handle costs a system call. Without a mount descriptor
-        // to open handles against, inodes keep their descriptors.
-        let handle = match self.shared.mount_fd {
-            Some(_) => handle::of(fd.as_fd()),
-            None => Err(crate::sys::Errno::EBADF),
-        };
         let (source, to_cache) = match handle {
-            Ok(handle) => (
-                Source::Handle {
-                    handle,
-                    cached: Mutex::new(None),
-                },
-                Some(fd),
-            ),
+            Some(_) => (Source::Handle(Mutex::new(None)), Some(fd)),
             // No handles here: the inode keeps its descriptor.
-            Err(_) => (Source::Pinned(Arc::new(fd)), None),
+            None => (Source::Pinned(Arc::new(fd)), None),
         };
         let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
         if let Some(inode) = maps.by_key.get(&key).and_then(|id| maps.by_id.get(id)) {
@@ -278,7 +344,7 @@ impl InodeTable {
         let inode = Arc::new(Inode {
             id,
             kind: st.kind,
-            key,
+            key: key.clone(),
             source,
             shared: Arc::clone(&self.shared),
             lookups: AtomicU64::new(1),
@@ -307,9 +373,11 @@ impl InodeTable {
         let left = inode.lookups.load(Ordering::Relaxed).saturating_sub(n);
         inode.lookups.store(left, Ordering::Relaxed);
         if left == 0 {
-            let key = inode.key;
+            let key = inode.key.clone();
             maps.by_id.remove(&id);
-            maps.by_key.remove(&key);
+            if maps.by_key.get(&key) == Some(&id) {
+                maps.by_key.remove(&key);
+            }
             // After a walk of millions of files the maps would keep their peak size.
             if maps.by_id.capacity() > 1024 && maps.by_id.len() * 4 < maps.by_id.capacity() {
                 maps.by_id.shrink_to_fit();
@@ -399,13 +467,61 @@ mod tests {
         // Evicted inodes reopen from their handle, as themselves, after a rename too.
         std::fs::rename(dir.path().join("f0"), dir.path().join("moved")).unwrap();
         let fd = inodes[0].fd().unwrap();
-        assert_eq!(file::stat(fd.as_fd()).unwrap().ino, inodes[0].key.1);
+        assert_eq!(file::stat(fd.as_fd()).unwrap().ino, inodes[0].id);
         assert!(table.cached_fds() <= 8);
         // A deleted, unreferenced inode is stale, not something else.
         drop(fd);
         std::fs::remove_file(dir.path().join("f1")).unwrap();
         inodes[1].uncache();
         assert!(inodes[1].fd().is_err());
+    }
+
+    #[test]
+    fn a_reused_inode_number_is_a_new_inode() {
+        // The file system reuses a deleted file's number for a new file; this table must
+        // not attach the new file to the old entry (its handle, its kind).
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("old"), "old").unwrap();
+        std::fs::create_dir(dir.path().join("new")).unwrap();
+        let (rfd, rst) = open(dir.path());
+        let table = InodeTable::new(rfd, &rst, 16);
+        let (fd, st) = open(&dir.path().join("old"));
+        let old = table.lookup(fd, &st);
+        // The new directory, as if it had the old file's number.
+        let (fd, mut st_new) = open(&dir.path().join("new"));
+        let real_new_ino = st_new.ino;
+        st_new.ino = st.ino;
+        let new = table.lookup(fd, &st_new);
+        assert!(!Arc::ptr_eq(&old, &new), "a different inode");
+        assert_eq!(new.kind, Kind::Directory);
+        assert_ne!(new.id, old.id, "the old id is still the kernel's");
+        new.uncache();
+        let fd = new.fd().unwrap();
+        assert_eq!(file::stat(fd.as_fd()).unwrap().ino, real_new_ino);
+        assert_eq!(table.len(), 3);
+    }
+
+    #[test]
+    fn an_open_file_is_never_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        let (rfd, rst) = open(dir.path());
+        let table = InodeTable::new(rfd, &rst, 16);
+        let (fd, st) = open(&dir.path().join("f"));
+        let f = table.lookup(fd, &st);
+        let data = Arc::new(DataFile::new(
+            std::fs::File::open(dir.path().join("f")).unwrap().into(),
+            false,
+        ));
+        *lock(&f.data) = Arc::downgrade(&data);
+        std::fs::remove_file(dir.path().join("f")).unwrap();
+        f.uncache();
+        let fd = f
+            .fd()
+            .expect("the open descriptor serves a deleted, open file");
+        assert_eq!(file::stat(fd.as_fd()).unwrap().nlink, 0);
+        drop((fd, data));
+        assert!(f.fd().is_err(), "deleted and closed: stale");
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod error;
 pub mod fuse;
 pub mod inode;
 pub mod ops;
+pub mod ratelimit;
 pub mod record;
 pub mod stats;
 pub mod view;

@@ -47,6 +47,19 @@ pub struct Record {
 }
 
 impl Record {
+    /// What an entry whose record cannot be read is shown with: mode 0 (CIFS: read-only),
+    /// owner and group derived. Failing closed matters because a record may narrow
+    /// access (a chmod 600 of a file the mount group could otherwise read); root can
+    /// still chmod the entry, which writes a record this version reads.
+    pub fn unreadable() -> Record {
+        Record {
+            uid: None,
+            gid: None,
+            perm: Some(0),
+            readonly: true,
+        }
+    }
+
     /// Whether the record says nothing (and can be removed rather than stored).
     pub fn is_empty(&self) -> bool {
         *self == Record::default()
@@ -87,7 +100,7 @@ impl Record {
     }
 
     /// Parses a stored record. Anything this version does not understand is refused
-    /// (the caller then treats the entry as having no record).
+    /// (the caller then shows the entry as [`Record::unreadable`]).
     ///
     /// # Errors
     /// A description of what is wrong with the bytes.

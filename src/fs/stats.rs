@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -36,7 +37,8 @@ ops! {
     Fsync => "fsync", Opendir => "opendir", Readdir => "readdir", Statfs => "statfs",
     Getxattr => "getxattr", Setxattr => "setxattr", Listxattr => "listxattr",
     Removexattr => "removexattr", Access => "access", Fallocate => "fallocate",
-    Lseek => "lseek", CopyFileRange => "copy_file_range",
+    Lseek => "lseek", CopyFileRange => "copy_file_range", Forget => "forget",
+    Flush => "flush", Ioctl => "ioctl", Poll => "poll", Lock => "lock", Bmap => "bmap",
 }
 
 #[derive(Default)]
@@ -51,6 +53,8 @@ struct OpStats {
 /// The counters of one view.
 pub struct ViewStats {
     ops: Vec<OpStats>,
+    /// Failures per operation and errno (only failures take this lock).
+    errnos: Mutex<BTreeMap<(usize, i32), u64>>,
     passthrough: AtomicBool,
 }
 
@@ -58,6 +62,7 @@ impl Default for ViewStats {
     fn default() -> Self {
         ViewStats {
             ops: Op::ALL.iter().map(|_| OpStats::default()).collect(),
+            errnos: Mutex::new(BTreeMap::new()),
             passthrough: AtomicBool::new(false),
         }
     }
@@ -71,6 +76,9 @@ pub struct OpSnapshot {
     pub sum_seconds: f64,
     /// Cumulative counts per bucket of [`BUCKETS`].
     pub buckets: Vec<u64>,
+    /// Failures by errno name (`ENOENT`, ...).
+    #[serde(default)]
+    pub errnos: BTreeMap<String, u64>,
 }
 
 /// What a view's metrics file holds.
@@ -81,13 +89,19 @@ pub struct Snapshot {
 }
 
 impl ViewStats {
-    /// Counts one operation that started at `start`.
-    pub fn record(&self, op: Op, start: Instant, failed: bool) {
+    /// Counts one operation that started at `start` and failed with `errno`, if it did.
+    pub fn record(&self, op: Op, start: Instant, errno: Option<i32>) {
         let s = &self.ops[op as usize];
         let elapsed = start.elapsed();
         s.count.fetch_add(1, Ordering::Relaxed);
-        if failed {
+        if let Some(errno) = errno {
             s.errors.fetch_add(1, Ordering::Relaxed);
+            *self
+                .errnos
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry((op as usize, errno))
+                .or_default() += 1;
         }
         s.sum_ns.fetch_add(
             u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
@@ -107,6 +121,11 @@ impl ViewStats {
 
     /// The numbers now.
     pub fn snapshot(&self) -> Snapshot {
+        let errnos = self
+            .errnos
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let ops = Op::ALL
             .iter()
             .zip(&self.ops)
@@ -123,6 +142,10 @@ impl ViewStats {
                             .buckets
                             .iter()
                             .map(|b| b.load(Ordering::Relaxed))
+                            .collect(),
+                        errnos: errnos
+                            .range((*op as usize, i32::MIN)..=(*op as usize, i32::MAX))
+                            .map(|((_, e), n)| (errno_name(*e), *n))
                             .collect(),
                     },
                 )
@@ -160,8 +183,56 @@ impl Snapshot {
             for (a, b) in e.buckets.iter_mut().zip(&o.buckets) {
                 *a += b;
             }
+            for (errno, n) in &o.errnos {
+                *e.errnos.entry(errno.clone()).or_default() += n;
+            }
         }
     }
+}
+
+/// The symbolic name of an errno (`ENOENT`), or `E<number>` for one not listed.
+pub fn errno_name(errno: i32) -> String {
+    let name = match errno {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::ESRCH => "ESRCH",
+        libc::EINTR => "EINTR",
+        libc::EIO => "EIO",
+        libc::ENXIO => "ENXIO",
+        libc::E2BIG => "E2BIG",
+        libc::EBADF => "EBADF",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EBUSY => "EBUSY",
+        libc::EEXIST => "EEXIST",
+        libc::EXDEV => "EXDEV",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::EINVAL => "EINVAL",
+        libc::ENFILE => "ENFILE",
+        libc::EMFILE => "EMFILE",
+        libc::ENOTTY => "ENOTTY",
+        libc::ETXTBSY => "ETXTBSY",
+        libc::EFBIG => "EFBIG",
+        libc::ENOSPC => "ENOSPC",
+        libc::ESPIPE => "ESPIPE",
+        libc::EROFS => "EROFS",
+        libc::EMLINK => "EMLINK",
+        libc::ERANGE => "ERANGE",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENOTEMPTY => "ENOTEMPTY",
+        libc::ELOOP => "ELOOP",
+        libc::ENODATA => "ENODATA",
+        libc::EOVERFLOW => "EOVERFLOW",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::ESTALE => "ESTALE",
+        libc::EDQUOT => "EDQUOT",
+        libc::ENOTCONN => "ENOTCONN",
+        _ => return format!("E{errno}"),
+    };
+    name.to_string()
 }
 
 #[cfg(test)]
@@ -172,14 +243,16 @@ mod tests {
     fn counts_buckets_and_sums() {
         let s = ViewStats::default();
         let t = Instant::now();
-        s.record(Op::Lookup, t, false);
-        s.record(Op::Lookup, t, true);
-        s.record(Op::Write, t, false);
+        s.record(Op::Lookup, t, None);
+        s.record(Op::Lookup, t, Some(libc::ENOENT));
+        s.record(Op::Write, t, None);
         s.set_passthrough(true);
         let snap = s.snapshot();
         assert!(snap.passthrough);
         assert_eq!(snap.ops["lookup"].count, 2);
         assert_eq!(snap.ops["lookup"].errors, 1);
+        assert_eq!(snap.ops["lookup"].errnos["ENOENT"], 1);
+        assert!(snap.ops["write"].errnos.is_empty());
         assert_eq!(
             *snap.ops["lookup"].buckets.last().unwrap(),
             2,

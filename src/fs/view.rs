@@ -152,6 +152,65 @@ pub fn present(policy: &Policy, kind: Kind, disk: Owner, record: Option<&Record>
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// The calling thread, in the daemon's pid namespace (0 when it is not visible
+    /// there): where its supplementary groups are read, which FUSE does not send.
+    pub pid: u32,
+}
+
+/// The access an open asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Want {
+    pub read: bool,
+    pub write: bool,
+}
+
+impl Want {
+    /// What `open(2)` flags ask for: `O_TRUNC` writes, whatever the access mode.
+    pub fn of_open_flags(flags: i32) -> Want {
+        let mode = flags & libc::O_ACCMODE;
+        Want {
+            read: mode == libc::O_RDONLY || mode == libc::O_RDWR,
+            write: mode == libc::O_WRONLY || mode == libc::O_RDWR || flags & libc::O_TRUNC != 0,
+        }
+    }
+}
+
+/// Whether `caller` may open an entry shown as `shown` for `want`: the kernel's
+/// `generic_permission` on the presented attributes, without ACLs (views offer none).
+/// The owner class decides for the owner, the group class for a member of the group
+/// (`in_group` asks about supplementary groups, only when needed), "other" for the
+/// rest; uid 0 may do anything, as with `CAP_DAC_OVERRIDE`.
+pub fn may_open(
+    shown: Owner,
+    caller: Caller,
+    want: Want,
+    in_group: impl FnOnce(u32) -> bool,
+) -> bool {
+    if caller.uid == 0 {
+        return true;
+    }
+    let bits = if shown.uid == caller.uid {
+        shown.perm >> 6
+    } else if shown.gid == caller.gid || in_group(shown.gid) {
+        shown.perm >> 3
+    } else {
+        shown.perm
+    } & 0o7;
+    (!want.read || bits & 0o4 != 0) && (!want.write || bits & 0o2 != 0)
+}
+
+/// The mode a chown or chgrp leaves: on anything but a directory it clears setuid, and
+/// setgid where group execute is set (setgid without it marks mandatory locking), for
+/// root too, as Linux does (`ATTR_KILL_SUID`/`ATTR_KILL_SGID`).
+pub fn perm_after_chown(kind: Kind, perm: u32) -> u32 {
+    if kind == Kind::Directory {
+        return perm;
+    }
+    let mut kept = perm & !0o4000;
+    if perm & 0o010 != 0 {
+        kept &= !S_ISGID;
+    }
+    kept
 }
 
 /// The record a new entry gets in a view that records ownership, or `None`.
@@ -466,6 +525,7 @@ mod tests {
         let p = fsgroup(false);
         let parent = own(0, G, 0o2775);
         let caller = Caller {
+            pid: 0,
             uid: 1000,
             gid: 1000,
         };
@@ -513,6 +573,7 @@ mod tests {
     #[test]
     fn new_entries_in_cifs() {
         let caller = Caller {
+            pid: 0,
             uid: 1000,
             gid: 1000,
         };
@@ -652,5 +713,62 @@ mod tests {
         assert_eq!(cifs().disk_create_perm(0o2775), 0o775);
         assert_eq!(fsgroup(false).disk_create_perm(0o1777), 0o1777);
         assert_eq!(Policy::Plain.disk_create_perm(0o4755), 0o4755);
+    }
+
+    #[test]
+    fn may_open_follows_the_presented_classes() {
+        let caller = Caller {
+            uid: 1000,
+            gid: 1000,
+            pid: 0,
+        };
+        let rw = Want {
+            read: true,
+            write: true,
+        };
+        let ro = Want {
+            read: true,
+            write: false,
+        };
+        let never = |_| panic!("supplementary groups asked for without need");
+        let no = |_| false;
+        let yes = |g| g == G;
+        // Another user's 0600 file: nobody but its owner and root.
+        assert!(!may_open(own(3000, G, 0o600), caller, ro, yes));
+        assert!(may_open(own(1000, G, 0o600), caller, rw, never));
+        assert!(may_open(
+            own(3000, G, 0o600),
+            Caller { uid: 0, ..caller },
+            rw,
+            never
+        ));
+        // The owner class decides for the owner, even where the group would grant.
+        assert!(!may_open(own(1000, 1000, 0o460), caller, rw, never));
+        // Supplementary groups count; without them the check fails closed.
+        assert!(may_open(own(3000, G, 0o660), caller, rw, yes));
+        assert!(!may_open(own(3000, G, 0o660), caller, rw, no));
+        assert!(may_open(own(3000, 1000, 0o640), caller, ro, never));
+        assert!(!may_open(own(3000, 1000, 0o640), caller, rw, never));
+        assert!(may_open(own(3000, 7, 0o604), caller, ro, no));
+        assert_eq!(Want::of_open_flags(libc::O_RDONLY | libc::O_TRUNC), rw);
+        assert_eq!(
+            Want::of_open_flags(libc::O_WRONLY),
+            Want {
+                read: false,
+                write: true
+            }
+        );
+    }
+
+    #[test]
+    fn chown_clears_set_id_bits_of_non_directories() {
+        assert_eq!(perm_after_chown(Kind::Regular, 0o6555), 0o0555);
+        assert_eq!(
+            perm_after_chown(Kind::Regular, 0o6545),
+            0o2545,
+            "setgid without group x stays"
+        );
+        assert_eq!(perm_after_chown(Kind::Regular, 0o1755), 0o1755);
+        assert_eq!(perm_after_chown(Kind::Directory, 0o6775), 0o6775);
     }
 }

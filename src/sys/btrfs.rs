@@ -33,7 +33,11 @@ pub fn qgroup_dir(dir: BorrowedFd<'_>) -> SysResult<Option<PathBuf>> {
     if sx.stx_mask & STATX_SUBVOL == 0 {
         return Ok(None);
     }
-    let open = super::file::reopen(dir, super::file::Access::Directory)?;
+    let open = super::file::reopen(
+        dir,
+        super::file::Kind::Directory,
+        super::file::Access::Directory,
+    )?;
     let mut args = [0u8; 1024];
     // SAFETY: BTRFS_IOC_FS_INFO writes a `struct btrfs_ioctl_fs_info_args` (1024 bytes)
     // into the buffer it is given; `args` is that size and lives across the call, and

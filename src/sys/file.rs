@@ -233,13 +233,24 @@ pub enum Access {
 
 /// Reopens the inode behind an `O_PATH` descriptor for I/O.
 ///
-/// Callers must only reopen regular files and directories: the kernel would happily
-/// open a FIFO (and block) or a device node through the magic link. The result is
-/// checked to be the same inode.
+/// Only regular files and directories are reopened for I/O: through the magic link
+/// the kernel would happily open a FIFO (and block) or a device node. `kind` is the
+/// kind the inode was found to have when it was looked up (an inode keeps its kind);
+/// any other kind is refused here, where the rule is stated. The magic link
+/// `/proc/self/fd/N` names the very inode the descriptor holds, whatever was renamed
+/// since, so no path is resolved again.
 ///
 /// # Errors
-/// The error of `open(2)`; `ESTALE`-like `EIO` if the magic link led elsewhere.
-pub fn reopen(fd: BorrowedFd<'_>, access: Access) -> SysResult<OwnedFd> {
+/// `EINVAL` for another kind, otherwise the error of `open(2)`.
+pub fn reopen(fd: BorrowedFd<'_>, kind: Kind, access: Access) -> SysResult<OwnedFd> {
+    let allowed = match access {
+        Access::Path => true,
+        Access::Directory => kind == Kind::Directory,
+        Access::ReadOnly | Access::ReadWrite => kind == Kind::Regular,
+    };
+    if !allowed {
+        return Err(Errno::EINVAL);
+    }
     let flags = OFlags::CLOEXEC
         | OFlags::NOCTTY
         | match access {

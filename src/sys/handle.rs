@@ -8,7 +8,7 @@ use super::{Errno, SysResult};
 /// A file handle (`struct file_handle`): names an inode of one file system without a
 /// path and without holding it open. Kept in memory only: a handle is never taken
 /// from a caller, so it can only name an inode the view reached beneath its root.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct FileHandle {
     /// `struct file_handle`: `u32 handle_bytes`, `i32 handle_type`, then the bytes;
     /// stored as u32 words for the struct's alignment.

@@ -59,3 +59,40 @@ pub fn trim_heap() {
         }
     }
 }
+
+/// 128 random bits from the kernel (`getrandom(2)`), for names nobody can guess.
+pub fn random_u128() -> u128 {
+    let mut buf = [0u8; 16];
+    let mut filled = 0;
+    while filled < buf.len() {
+        match rustix::rand::getrandom(&mut buf[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            // getrandom does not fail once the pool is initialised (it blocks until
+            // then); a failure here is a broken kernel.
+            Err(e) => panic!("getrandom failed: {e}"),
+        }
+    }
+    u128::from_ne_bytes(buf)
+}
+
+/// The supplementary groups of thread `pid` (in this process's pid namespace), read
+/// from `/proc/PID/status`.
+///
+/// # Errors
+/// `ESRCH` for pid 0 (a caller this namespace cannot see), the error of reading the
+/// file, or `EIO` when it has no readable `Groups:` line.
+pub fn supplementary_groups(pid: u32) -> super::SysResult<Vec<u32>> {
+    if pid == 0 {
+        return Err(super::Errno(libc::ESRCH));
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| super::Errno::from_io(&e))?;
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .ok_or(super::Errno::EIO)?;
+    line.split_whitespace()
+        .map(|g| g.parse::<u32>().map_err(|_| super::Errno::EIO))
+        .collect()
+}

@@ -9,7 +9,7 @@ impl ViewFs {
     /// `ENOTDIR`, or the error of the open.
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
         let inode = self.dir(ino)?;
-        let fd = file::reopen(inode.fd()?.as_fd(), Access::Directory)?;
+        let fd = file::reopen(inode.fd()?.as_fd(), inode.kind, Access::Directory)?;
         let stream = DirStream {
             fd,
             pos: 0,
@@ -56,6 +56,12 @@ impl ViewFs {
             let Some(e) = s.pending.front().cloned() else {
                 return Ok(());
             };
+            if namespace::is_reserved_name(&e.name) {
+                // The daemon's own (an entry under construction): not part of the view.
+                s.pending.pop_front();
+                s.pos = e.next;
+                continue;
+            }
             let dot = e.name == b"." || e.name == b"..";
             let item = if plus && !dot {
                 match self.lookup(ino, OsStr::from_bytes(&e.name)) {

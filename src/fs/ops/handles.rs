@@ -15,8 +15,7 @@ impl ViewFs {
         inode: &Arc<Inode>,
         wants_write: bool,
     ) -> FsResult<Arc<DataFile>> {
-        let mut slot = lock(&inode.data);
-        if let Some(d) = slot.upgrade() {
+        if let Some(d) = lock(&inode.data).upgrade() {
             if d.writable || !wants_write {
                 return Ok(d);
             }
@@ -31,15 +30,25 @@ impl ViewFs {
         } else {
             Access::ReadWrite
         };
-        let (fd, writable) = match file::reopen(inode.fd()?.as_fd(), access) {
+        // Not under the slot's lock: reaching the inode may take it too.
+        let path_fd = inode.fd()?;
+        let reopen = |access| self.with_fds(|| file::reopen(path_fd.as_fd(), inode.kind, access));
+        let (fd, writable) = match reopen(access) {
             Ok(fd) => (fd, access == Access::ReadWrite),
             // A running executable (ETXTBSY), an immutable file, a read-only backend:
             // readers still get in.
             Err(Errno::EACCES | Errno::EPERM | Errno::EROFS | Errno::ETXTBSY) if !wants_write => {
-                (file::reopen(inode.fd()?.as_fd(), Access::ReadOnly)?, false)
+                (reopen(Access::ReadOnly)?, false)
             }
             Err(e) => return Err(e.into()),
         };
+        let mut slot = lock(&inode.data);
+        // Another open may have got there first; one descriptor per inode.
+        if let Some(d) = slot.upgrade() {
+            if d.writable || !wants_write {
+                return Ok(d);
+            }
+        }
         let data = Arc::new(DataFile::new(fd, writable));
         *slot = Arc::downgrade(&data);
         Ok(data)
@@ -51,7 +60,7 @@ impl ViewFs {
     /// # Errors
     /// `EROFS` writing on a read-only view, `EACCES` writing a CIFS read-only file,
     /// `EINVAL` for anything but a regular file.
-    pub fn open(&self, ino: u64, flags: i32, caller: Caller) -> FsResult<(u64, Arc<DataFile>)> {
+    pub fn open(&self, ino: u64, flags: i32, caller: Caller) -> FsResult<Opened> {
         let inode = self.inodes.get(ino)?;
         if inode.kind != Kind::Regular {
             // FIFOs and device nodes are opened by the kernel, never by the daemon.
@@ -79,7 +88,7 @@ impl ViewFs {
             data: Arc::clone(&data),
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
         }));
-        Ok((fh, data))
+        Ok(Opened { fh, data })
     }
 
     /// The kernel leaves dropping set-id bits on write to the view

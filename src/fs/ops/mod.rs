@@ -29,7 +29,7 @@ use super::view::{self, Caller, Owner, OwnerChange, Policy};
 
 mod dirs;
 mod handles;
-mod namespace;
+pub mod namespace;
 mod xattrs;
 
 /// Attributes as the view presents them.
@@ -80,6 +80,19 @@ pub struct DirItem {
     pub attr: Option<Attr>,
 }
 
+/// An open file handle and the descriptor behind it (for a passthrough registration).
+pub struct Opened {
+    pub fh: u64,
+    pub data: Arc<DataFile>,
+}
+
+/// A created (or, without `O_EXCL`, opened) file: its attributes and its open handle.
+pub struct Created {
+    pub attr: Attr,
+    pub fh: u64,
+    pub data: Arc<DataFile>,
+}
+
 struct OpenFile {
     data: Arc<DataFile>,
     /// O_SYNC/O_DSYNC: writes that go through the daemon are synced before the reply.
@@ -108,6 +121,9 @@ pub struct ViewFs {
     handles: DashMap<u64, Handle>,
     next_fh: AtomicU64,
     warned_bad_record: AtomicBool,
+    /// Whether the kernel checks permissions (`default_permissions`); not under CIFS
+    /// `noperm`, where everything is allowed.
+    checks_access: bool,
     /// The btrfs quota group of the volume, when the root is a btrfs subvolume:
     /// statfs then reports the volume's limit and usage, not the whole file system.
     qgroup: Option<std::path::PathBuf>,
@@ -158,6 +174,7 @@ impl ViewFs {
             handles: DashMap::new(),
             next_fh: AtomicU64::new(1),
             warned_bad_record: AtomicBool::new(false),
+            checks_access: options.kernel_permission_checks(),
         })
     }
 
@@ -200,10 +217,12 @@ impl ViewFs {
                     if !self.warned_bad_record.swap(true, Ordering::Relaxed) {
                         tracing::warn!(
                             why,
-                            "ignoring an ownership record this version cannot read"
+                            "an ownership record this version cannot read: the entry is shown with mode 0 until root sets its mode again"
                         );
                     }
-                    Ok(None)
+                    // Fail closed: the record may have narrowed access (a chmod 600),
+                    // and the derived attributes would widen it again.
+                    Ok(Some(Record::unreadable()))
                 }
             },
             // Some inode kinds on some file systems take no xattrs at all.
@@ -283,13 +302,32 @@ impl ViewFs {
     /// # Errors
     /// `ENOENT` when absent, `ENOTDIR` when `parent` is not a directory.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        if namespace::is_reserved_name(name.as_bytes()) {
+            return Err(FsError::Os(Errno::ENOENT));
+        }
         let p = self.dir(parent)?;
-        let fd = match file::open_child(p.fd()?.as_fd(), name, self.root_mnt) {
+        let pfd = p.fd()?;
+        let fd = match self.with_fds(|| file::open_child(pfd.as_fd(), name, self.root_mnt)) {
             Ok(fd) => fd,
             Err(Errno::EXDEV) => return Err(FsError::Os(Errno::ENOENT)),
             Err(e) => return Err(e.into()),
         };
         self.register(fd)
+    }
+
+    /// Runs a call that opens a descriptor; when the process is out of descriptors,
+    /// closes half of the inode cache and tries once more.
+    pub(super) fn with_fds<T>(
+        &self,
+        call: impl Fn() -> crate::sys::SysResult<T>,
+    ) -> crate::sys::SysResult<T> {
+        match call() {
+            Err(e) if super::inode::out_of_descriptors(e) => {
+                self.inodes.relieve();
+                call()
+            }
+            r => r,
+        }
     }
 
     pub(super) fn register(&self, fd: OwnedFd) -> FsResult<Attr> {
@@ -347,7 +385,7 @@ impl ViewFs {
             match via_handle {
                 Some(data) => file::truncate(data.fd.as_fd(), size)?,
                 None => {
-                    let fd = file::reopen(inode.fd()?.as_fd(), Access::ReadWrite)?;
+                    let fd = file::reopen(inode.fd()?.as_fd(), inode.kind, Access::ReadWrite)?;
                     file::truncate(fd.as_fd(), size)?;
                 }
             }
@@ -376,6 +414,17 @@ impl ViewFs {
                 }
             } else {
                 let current = self.record_for(&inode)?;
+                let mut change = change;
+                if (change.uid.is_some() || change.gid.is_some()) && change.perm.is_none() {
+                    // A chown or chgrp of a non-directory clears set-id bits, for root
+                    // too; the kernel leaves that to the server under
+                    // FUSE_HANDLE_KILLPRIV_V2 (the disk does it in a plain view).
+                    let shown = self.shown(&inode)?;
+                    let kept = view::perm_after_chown(inode.kind, shown.perm);
+                    if kept != shown.perm {
+                        change.perm = Some(kept);
+                    }
+                }
                 if let Some(new) = view::changed_record(&self.policy, inode.kind, current, change) {
                     self.write_record(inode.fd()?.as_fd(), &new)?;
                 }
@@ -452,6 +501,7 @@ mod tests {
     const ME: Caller = Caller {
         uid: 1000,
         gid: 1000,
+        pid: 0,
     };
 
     #[test]
@@ -531,7 +581,7 @@ mod tests {
     fn create_honours_o_excl_and_records_the_creator() {
         let dir = tempfile::tempdir().unwrap();
         let v = view(dir.path(), "gid=5");
-        let (attr, fh, data) = v
+        let Created { attr, fh, data } = v
             .create(
                 ROOT,
                 OsStr::new("n"),
@@ -549,20 +599,181 @@ mod tests {
                 .err(),
             Some(FsError::Os(Errno::EEXIST))
         );
-        // Without O_EXCL an existing file is opened, its record untouched.
-        let (again, fh2, shared) = v
-            .create(
-                ROOT,
-                OsStr::new("n"),
-                0o100600,
-                libc::O_RDWR,
-                Caller { uid: 7, gid: 7 },
+        // Without O_EXCL an existing file is opened, its record untouched, but only for
+        // a caller the presented attributes let in (0640 1000:5).
+        let stranger = Caller {
+            uid: 7,
+            gid: 7,
+            pid: 0,
+        };
+        for flags in [libc::O_RDWR, libc::O_RDONLY, libc::O_WRONLY | libc::O_TRUNC] {
+            assert_eq!(
+                v.create(ROOT, OsStr::new("n"), 0o100600, flags, stranger)
+                    .err(),
+                Some(FsError::Os(Errno::EACCES)),
+                "flags {flags:#o}"
+            );
+        }
+        let member = Caller { gid: 5, ..stranger };
+        assert_eq!(
+            v.create(ROOT, OsStr::new("n"), 0o100600, libc::O_RDWR, member)
+                .err(),
+            Some(FsError::Os(Errno::EACCES)),
+            "the group may read, not write"
+        );
+        let read = v
+            .create(ROOT, OsStr::new("n"), 0o100600, libc::O_RDONLY, member)
+            .unwrap();
+        let again = v
+            .create(ROOT, OsStr::new("n"), 0o100600, libc::O_RDWR, ME)
+            .unwrap();
+        assert_eq!((again.attr.uid, again.attr.perm), (1000, 0o640));
+        assert!(Arc::ptr_eq(&data, &again.data), "one descriptor per inode");
+        assert_eq!(v.inode_count(), 2, "refused opens were forgotten again");
+        v.release(fh);
+        v.release(read.fh);
+        v.release(again.fh);
+    }
+
+    #[test]
+    fn entries_are_made_under_reserved_names_that_no_view_can_reach() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        v.mkdir(ROOT, OsStr::new("d"), 0o750, ME).unwrap();
+        v.symlink(ROOT, OsStr::new("l"), OsStr::new("d"), ME)
+            .unwrap();
+        v.mknod(ROOT, OsStr::new("p"), libc::S_IFIFO | 0o640, ME)
+            .unwrap();
+        let c = v
+            .create(ROOT, OsStr::new("f"), 0o100640, libc::O_RDWR, ME)
+            .unwrap();
+        v.release(c.fh);
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["d", "f", "l", "p"], "nothing staged is left behind");
+        // A reserved name (a leftover of a crashed daemon, say) is not part of a view.
+        std::fs::write(dir.path().join(".mountgroup.new.0"), "x").unwrap();
+        let n = OsStr::new(".mountgroup.new.0");
+        assert_eq!(v.lookup(ROOT, n), Err(FsError::Os(Errno::ENOENT)));
+        assert_eq!(v.unlink(ROOT, n, false), Err(FsError::Os(Errno::ENOENT)));
+        assert_eq!(
+            v.rename(ROOT, n, ROOT, OsStr::new("x"), 0),
+            Err(FsError::Os(Errno::ENOENT))
+        );
+        let x = OsStr::new(".mountgroup.x");
+        assert_eq!(v.mkdir(ROOT, x, 0o755, ME), Err(FsError::NotPermitted));
+        assert_eq!(
+            v.create(ROOT, x, 0o100644, 0, ME).err(),
+            Some(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.rename(ROOT, OsStr::new("f"), ROOT, x, 0),
+            Err(FsError::NotPermitted)
+        );
+        let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        assert_eq!(v.link(f, ROOT, x), Err(FsError::NotPermitted));
+        let fh = v.opendir(ROOT).unwrap();
+        let mut listed = Vec::new();
+        v.readdir(ROOT, fh, 0, false, |item, _| {
+            listed.push(item.name.clone());
+            false
+        })
+        .unwrap();
+        v.release(fh);
+        assert!(!listed.iter().any(|n| n.starts_with(b".mountgroup.")));
+        // An existing name is refused without a trace.
+        assert_eq!(
+            v.mkdir(ROOT, OsStr::new("d"), 0o750, ME),
+            Err(FsError::Os(Errno::EEXIST))
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 5);
+    }
+
+    #[test]
+    fn a_chown_clears_recorded_set_id_bits() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        let v = view(dir.path(), "gid=5");
+        let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        let set = |s: SetAttr| v.setattr(f, None, s).unwrap();
+        set(SetAttr {
+            mode: Some(0o6555),
+            ..Default::default()
+        });
+        let a = set(SetAttr {
+            uid: Some(65534),
+            gid: Some(65533),
+            ..Default::default()
+        });
+        assert_eq!((a.uid, a.gid, a.perm), (65534, 65533, 0o555));
+        // Setgid without group execute is not a set-id bit to clear.
+        set(SetAttr {
+            mode: Some(0o2745),
+            ..Default::default()
+        });
+        let a = set(SetAttr {
+            gid: Some(5),
+            ..Default::default()
+        });
+        assert_eq!(a.perm, 0o2745);
+    }
+
+    #[test]
+    fn an_unreadable_record_fails_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        let v = view(dir.path(), "gid=5");
+        let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        assert_eq!(v.getattr(f).unwrap().perm, 0o664, "derived");
+        let fd = std::fs::File::open(dir.path().join("f")).unwrap();
+        xattr::set(fd.as_fd(), RECORD_XATTR, b"\x09garbage", 0).unwrap();
+        assert_eq!(
+            v.getattr(f).unwrap().perm,
+            0,
+            "a record from the future narrows"
+        );
+        // Root sets the mode again: a record this version reads.
+        let a = v
+            .setattr(
+                f,
+                None,
+                SetAttr {
+                    mode: Some(0o640),
+                    ..Default::default()
+                },
             )
             .unwrap();
-        assert_eq!((again.uid, again.perm), (1000, 0o640));
-        assert!(Arc::ptr_eq(&data, &shared), "one descriptor per inode");
-        v.release(fh);
-        v.release(fh2);
+        assert_eq!(a.perm, 0o640);
+    }
+
+    #[test]
+    fn trusted_names_are_listed_for_root_only() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        let fd = std::fs::File::open(dir.path().join("f")).unwrap();
+        xattr::set(fd.as_fd(), c"trusted.other", b"1", 0).unwrap();
+        xattr::set(fd.as_fd(), c"user.a", b"1", 0).unwrap();
+        let v = view(dir.path(), "gid=5");
+        let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        let root = Caller {
+            uid: 0,
+            gid: 0,
+            pid: 0,
+        };
+        let names = |c| match v.listxattr(f, 1000, c).unwrap() {
+            XattrReply::Data(d) => d,
+            XattrReply::Size(_) => unreachable!(),
+        };
+        assert_eq!(names(ME), b"user.a\0");
+        let mut all: Vec<_> = names(root).split(|b| *b == 0).map(<[u8]>::to_vec).collect();
+        all.sort();
+        assert_eq!(
+            all,
+            [b"".to_vec(), b"trusted.other".to_vec(), b"user.a".to_vec()]
+        );
     }
 
     #[test]
@@ -613,12 +824,12 @@ mod tests {
             Err(FsError::NoAttribute)
         );
         v.setxattr(f, OsStr::new("user.a"), b"1", 0).unwrap();
-        assert_eq!(v.listxattr(f, 0).unwrap(), XattrReply::Size(7));
+        assert_eq!(v.listxattr(f, 0, ME).unwrap(), XattrReply::Size(7));
         assert_eq!(
-            v.listxattr(f, 100).unwrap(),
+            v.listxattr(f, 100, ME).unwrap(),
             XattrReply::Data(b"user.a\0".to_vec())
         );
-        assert_eq!(v.listxattr(f, 3), Err(FsError::TooLarge));
+        assert_eq!(v.listxattr(f, 3, ME), Err(FsError::TooLarge));
     }
 
     #[test]
@@ -658,7 +869,7 @@ mod tests {
             Err(FsError::ReadOnly)
         );
         assert_eq!(v.open(f, libc::O_WRONLY, ME).err(), Some(FsError::ReadOnly));
-        let (fh, data) = v.open(f, libc::O_RDONLY, ME).unwrap();
+        let Opened { fh, data } = v.open(f, libc::O_RDONLY, ME).unwrap();
         assert!(!data.writable);
         assert_eq!(v.write(fh, 0, b"y"), Err(FsError::ReadOnly));
         assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"x");

@@ -1,22 +1,130 @@
 //! Namespace operations: creating, linking, removing and renaming entries.
+//!
+//! A new entry that the daemon must act on after creating it (write its ownership
+//! record, or chown it to the caller) is made under a reserved, unguessable name in
+//! its own parent directory, given its ownership through the descriptor the daemon
+//! holds, and only then renamed to its name with `RENAME_NOREPLACE`. No other view can
+//! name the reserved entry (every view hides and refuses the reserved prefix), so the
+//! record and the chown land on the inode this create made, never on one that another
+//! view swapped under the name (`renameat2(RENAME_EXCHANGE)`). Made in the parent
+//! itself, the entry inherits what the file system gives a new entry there: a setgid
+//! parent's group, default ACLs, project quota ids.
+
+use std::os::unix::ffi::OsStringExt;
 
 use super::*;
 
+/// The prefix of names a view reserves for the daemon: hidden from lookups and
+/// listings, refused as the name of anything a pod makes, renames or removes.
+pub const RESERVED_NAME_PREFIX: &[u8] = b".mountgroup.";
+
+/// Whether `name` is one of the daemon's reserved names.
+pub fn is_reserved_name(name: &[u8]) -> bool {
+    name.starts_with(RESERVED_NAME_PREFIX)
+}
+
+/// Refuses a reserved name as the target of a mutation.
+fn refuse_reserved(name: &OsStr) -> FsResult<()> {
+    if is_reserved_name(name.as_bytes()) {
+        Err(FsError::NotPermitted)
+    } else {
+        Ok(())
+    }
+}
+
+/// A fresh reserved name for an entry under construction.
+fn staging_name() -> std::ffi::OsString {
+    let n = crate::sys::process::random_u128();
+    let mut name = RESERVED_NAME_PREFIX.to_vec();
+    name.extend_from_slice(format!("new.{n:032x}").as_bytes());
+    std::ffi::OsString::from_vec(name)
+}
+
+/// How a new entry gets its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    /// Made under its name: the daemon does nothing to it afterwards.
+    Direct,
+    /// Made under a reserved name, adopted, then renamed into place.
+    Staged,
+}
+
+/// A new entry made under its final name, with the descriptor that reaches it.
+struct Made {
+    fd: OwnedFd,
+}
+
 impl ViewFs {
-    /// Gives a new entry its ownership: in a plain view, the disk's (created by root,
-    /// handed to the caller as far as the backend allows); in a recording view, its
-    /// record. On failure the entry is removed again, so a create never half succeeds.
-    pub(super) fn adopt(
+    /// Whether the daemon acts on an entry after making it, and so must make it where
+    /// no other view can swap it: when it records ownership, or chowns it to a caller
+    /// other than itself.
+    fn placement(&self, caller: Caller) -> Placement {
+        match self.policy {
+            Policy::Plain => {
+                let (euid, egid) = crate::sys::process::effective_ids();
+                if caller.uid == euid && caller.gid == egid {
+                    Placement::Direct
+                } else {
+                    Placement::Staged
+                }
+            }
+            _ if self.policy.keeps_records() => Placement::Staged,
+            _ => Placement::Direct,
+        }
+    }
+
+    /// Makes an entry of `kind` named `name` in `parent` with `make`, adopts it for
+    /// `caller`, and returns a descriptor of the very inode that `make` created.
+    ///
+    /// `make` is called with the directory and the name to create; `open` opens what
+    /// it made (the descriptor of a created file need not be reopened by name).
+    fn make_entry<T>(
         &self,
         parent: &Arc<Inode>,
         name: &OsStr,
+        new: NewEntry,
+        caller: Caller,
+        make: impl FnOnce(std::os::fd::BorrowedFd<'_>, &OsStr) -> crate::sys::SysResult<T>,
+        open: impl FnOnce(std::os::fd::BorrowedFd<'_>, &OsStr, T) -> FsResult<(OwnedFd, T)>,
+    ) -> FsResult<(Made, T)> {
+        let pfd = parent.fd()?;
+        let dir = pfd.as_fd();
+        match self.placement(caller) {
+            Placement::Direct => {
+                let made = make(dir, name)?;
+                let (fd, extra) = open(dir, name, made)?;
+                Ok((Made { fd }, extra))
+            }
+            Placement::Staged => {
+                let temp = staging_name();
+                let made = make(dir, &temp)?;
+                let result = open(dir, &temp, made).and_then(|(fd, extra)| {
+                    self.adopt(parent, &fd, new, caller)?;
+                    file::rename(dir, &temp, dir, name, libc::RENAME_NOREPLACE)?;
+                    Ok((Made { fd }, extra))
+                });
+                if result.is_err() {
+                    // Only the daemon can name the reserved entry: this removes what
+                    // this call made, nothing else.
+                    let _ = file::unlink(dir, &temp, new.kind == Kind::Directory);
+                }
+                result
+            }
+        }
+    }
+
+    /// Gives a new entry its ownership through the descriptor that reaches it: in a
+    /// plain view, the disk's (created by root, handed to the caller as far as the
+    /// backend allows); in a recording view, its record.
+    fn adopt(
+        &self,
+        parent: &Arc<Inode>,
         fd: &OwnedFd,
-        kind: Kind,
-        perm: u32,
+        new: NewEntry,
         caller: Caller,
     ) -> FsResult<()> {
-        let result = match self.policy {
-            Policy::Plain => self.give_to_caller(parent, fd, kind, perm, caller),
+        match self.policy {
+            Policy::Plain => self.give_to_caller(fd, new, caller),
             _ => {
                 // Only fsgroup inherits from the parent; spare the stat otherwise.
                 let parent_shown = match self.policy {
@@ -27,32 +135,21 @@ impl ViewFs {
                         perm: 0,
                     },
                 };
-                match view::new_entry_record(&self.policy, caller, parent_shown, kind, perm) {
+                match view::new_entry_record(&self.policy, caller, parent_shown, new.kind, new.perm)
+                {
                     Some(rec) => self.write_record(fd.as_fd(), &rec),
                     None => Ok(()),
                 }
             }
-        };
-        if let Err(e) = result {
-            let _ = file::unlink(parent.fd()?.as_fd(), name, kind == Kind::Directory);
-            return Err(e);
         }
-        Ok(())
     }
 
-    pub(super) fn give_to_caller(
-        &self,
-        parent: &Arc<Inode>,
-        fd: &OwnedFd,
-        kind: Kind,
-        perm: u32,
-        caller: Caller,
-    ) -> FsResult<()> {
-        let pst = file::stat(parent.fd()?.as_fd())?;
-        // A setgid parent gave the entry its group already (the file system did that).
-        let gid = (pst.perm & 0o2000 == 0).then_some(caller.gid);
-        let (euid, egid) = crate::sys::process::effective_ids();
-        if caller.uid == euid && gid.is_none_or(|g| g == egid) {
+    fn give_to_caller(&self, fd: &OwnedFd, new: NewEntry, caller: Caller) -> FsResult<()> {
+        let st = file::stat(fd.as_fd())?;
+        // Made in its parent, the entry already has the group a setgid parent gives.
+        let parent_gave_group = st.gid != crate::sys::process::effective_ids().1;
+        let gid = (!parent_gave_group).then_some(caller.gid);
+        if st.uid == caller.uid && gid.is_none_or(|g| g == st.gid) {
             return Ok(());
         }
         match file::chown(fd.as_fd(), Some(caller.uid), gid) {
@@ -63,17 +160,18 @@ impl ViewFs {
             Err(e) => return Err(e.into()),
         }
         // chown clears set-id bits; put back what the caller asked for.
-        if perm & 0o6000 != 0 && kind != Kind::Symlink {
-            file::chmod(fd.as_fd(), perm)?;
+        if new.perm & 0o6000 != 0 && new.kind != Kind::Symlink {
+            file::chmod(fd.as_fd(), new.perm)?;
         }
         Ok(())
     }
 
     /// Creates and opens a regular file. An existing name is opened instead unless
-    /// `O_EXCL` was asked for.
+    /// `O_EXCL` was asked for, and then only if the presented attributes let the
+    /// caller open it so (see [`ViewFs::open_existing`]).
     ///
     /// # Errors
-    /// `EROFS`, `EEXIST`, or the error of the system call.
+    /// `EROFS`, `EEXIST`, `EACCES`, or the error of the system call.
     pub fn create(
         &self,
         parent: u64,
@@ -81,37 +179,89 @@ impl ViewFs {
         mode: u32,
         flags: i32,
         caller: Caller,
-    ) -> FsResult<(Attr, u64, Arc<DataFile>)> {
+    ) -> FsResult<Created> {
         self.writable()?;
+        refuse_reserved(name)?;
         let p = self.dir(parent)?;
         let perm = mode & file::PERM_MASK;
-        let fd = match file::create_file(p.fd()?.as_fd(), name, self.policy.disk_create_perm(perm))
-        {
-            Ok(fd) => fd,
-            Err(Errno::EEXIST) if flags & libc::O_EXCL == 0 => {
-                let attr = self.lookup(parent, name)?;
-                return match self.open(attr.ino, flags, caller) {
-                    Ok((fh, data)) => Ok((attr, fh, data)),
-                    Err(e) => {
-                        self.forget(attr.ino, 1);
-                        Err(e)
-                    }
-                };
-            }
-            Err(e) => return Err(e.into()),
+        let disk_perm = self.policy.disk_create_perm(perm);
+        let new = NewEntry {
+            kind: Kind::Regular,
+            perm,
         };
-        let path_fd = file::reopen(fd.as_fd(), Access::Path)?;
-        self.adopt(&p, name, &path_fd, Kind::Regular, perm, caller)?;
+        let made = self.make_entry(
+            &p,
+            name,
+            new,
+            caller,
+            |dir, n| file::create_file(dir, n, disk_perm),
+            |_, _, data_fd| {
+                let path_fd = file::reopen(data_fd.as_fd(), Kind::Regular, Access::Path)?;
+                Ok((path_fd, data_fd))
+            },
+        );
+        let (Made { fd: path_fd }, data_fd) = match made {
+            Ok(m) => m,
+            Err(FsError::Os(Errno::EEXIST)) if flags & libc::O_EXCL == 0 => {
+                return self.open_existing(parent, name, flags, caller);
+            }
+            Err(e) => return Err(e),
+        };
         let st = file::stat(path_fd.as_fd())?;
         let inode = self.inodes.lookup(path_fd, &st);
-        let data = Arc::new(DataFile::new(fd, true));
+        let data = Arc::new(DataFile::new(data_fd, true));
         *lock(&inode.data) = Arc::downgrade(&data);
         let attr = self.attr(&inode, &st)?;
         let fh = self.add_handle(Handle::File(OpenFile {
             data: Arc::clone(&data),
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
         }));
-        Ok((attr, fh, data))
+        Ok(Created { attr, fh, data })
+    }
+
+    /// The `O_CREAT` open of a name that exists. The kernel sent CREATE because it
+    /// believed the name absent, and it checks no permission on a file it thinks it
+    /// just created: so the daemon checks, on the attributes the view presents, that
+    /// the caller may open the file as asked. Supplementary groups (which FUSE does not
+    /// send) are read from the caller's `/proc/PID/status`; the caller is blocked in
+    /// this very call, so its pid cannot have been reused. Where they cannot be read
+    /// (a caller in another pid namespace), only the owner, the primary group and
+    /// "other" grant access: the check fails closed.
+    fn open_existing(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        flags: i32,
+        caller: Caller,
+    ) -> FsResult<Created> {
+        let attr = self.lookup(parent, name)?;
+        let checked = if attr.kind == Kind::Directory {
+            Err(FsError::Os(Errno::EISDIR))
+        } else if self.checks_access && !self.may_open(&attr, flags, caller) {
+            Err(FsError::Os(Errno::EACCES))
+        } else {
+            self.open(attr.ino, flags, caller)
+        };
+        match checked {
+            Ok(Opened { fh, data }) => Ok(Created { attr, fh, data }),
+            Err(e) => {
+                self.forget(attr.ino, 1);
+                Err(e)
+            }
+        }
+    }
+
+    fn may_open(&self, attr: &Attr, flags: i32, caller: Caller) -> bool {
+        let want = view::Want::of_open_flags(flags);
+        let shown = Owner {
+            uid: attr.uid,
+            gid: attr.gid,
+            perm: attr.perm,
+        };
+        view::may_open(shown, caller, want, |gid| {
+            crate::sys::process::supplementary_groups(caller.pid)
+                .is_ok_and(|groups| groups.contains(&gid))
+        })
     }
 
     /// Creates a directory.
@@ -119,11 +269,18 @@ impl ViewFs {
     /// # Errors
     /// `EROFS`, `EEXIST`, or the error of the system call.
     pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> FsResult<Attr> {
-        self.writable()?;
-        let p = self.dir(parent)?;
         let perm = mode & file::PERM_MASK;
-        file::mkdir(p.fd()?.as_fd(), name, self.policy.disk_create_perm(perm))?;
-        self.finish_new(&p, name, Kind::Directory, perm, caller)
+        let disk_perm = self.policy.disk_create_perm(perm);
+        self.make_node(
+            parent,
+            name,
+            NewEntry {
+                kind: Kind::Directory,
+                perm,
+            },
+            caller,
+            |dir, n| file::mkdir(dir, n, disk_perm),
+        )
     }
 
     /// Creates a FIFO, socket or empty regular file. Device nodes are refused.
@@ -131,20 +288,15 @@ impl ViewFs {
     /// # Errors
     /// `EPERM` for a device node, `EROFS`, or the error of the system call.
     pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> FsResult<Attr> {
-        self.writable()?;
         let kind = Kind::from_mode(mode).unwrap_or(Kind::Regular);
         if matches!(kind, Kind::CharDevice | Kind::BlockDevice) {
             return Err(FsError::NotPermitted);
         }
-        let p = self.dir(parent)?;
         let perm = mode & file::PERM_MASK;
-        file::mknod(
-            p.fd()?.as_fd(),
-            name,
-            kind,
-            self.policy.disk_create_perm(perm),
-        )?;
-        self.finish_new(&p, name, kind, perm, caller)
+        let disk_perm = self.policy.disk_create_perm(perm);
+        self.make_node(parent, name, NewEntry { kind, perm }, caller, |dir, n| {
+            file::mknod(dir, n, kind, disk_perm)
+        })
     }
 
     /// Creates a symlink. Its target is stored, never followed by the daemon.
@@ -158,27 +310,39 @@ impl ViewFs {
         target: &OsStr,
         caller: Caller,
     ) -> FsResult<Attr> {
-        self.writable()?;
-        let p = self.dir(parent)?;
-        file::symlink(target, p.fd()?.as_fd(), name)?;
-        self.finish_new(&p, name, Kind::Symlink, 0o777, caller)
+        let new = NewEntry {
+            kind: Kind::Symlink,
+            perm: 0o777,
+        };
+        self.make_node(parent, name, new, caller, |dir, n| {
+            file::symlink(target, dir, n)
+        })
     }
 
-    pub(super) fn finish_new(
+    /// A directory, FIFO, socket, symlink or empty file: made by name, reached by
+    /// opening that name in a directory no other view can change it in (staged) or
+    /// right after making it (direct, where nothing is done to it).
+    fn make_node(
         &self,
-        p: &Arc<Inode>,
+        parent: u64,
         name: &OsStr,
-        kind: Kind,
-        perm: u32,
+        new: NewEntry,
         caller: Caller,
+        make: impl FnOnce(std::os::fd::BorrowedFd<'_>, &OsStr) -> crate::sys::SysResult<()>,
     ) -> FsResult<Attr> {
-        let fd = file::open_child(p.fd()?.as_fd(), name, self.root_mnt)?;
-        let st = file::stat(fd.as_fd())?;
-        if st.kind != kind {
-            // Replaced between creation and open: leave the stranger alone.
-            return Err(FsError::Os(Errno::EEXIST));
-        }
-        self.adopt(p, name, &fd, kind, perm, caller)?;
+        self.writable()?;
+        refuse_reserved(name)?;
+        let p = self.dir(parent)?;
+        let root_mnt = self.root_mnt;
+        let (Made { fd }, ()) = self.make_entry(&p, name, new, caller, make, |dir, n, ()| {
+            let fd = file::open_child(dir, n, root_mnt)?;
+            if file::stat(fd.as_fd())?.kind != new.kind {
+                // Replaced between creation and open (direct placement only: a staged
+                // name cannot be reached by anyone else): leave the stranger alone.
+                return Err(FsError::Os(Errno::EEXIST));
+            }
+            Ok((fd, ()))
+        })?;
         self.register(fd)
     }
 
@@ -188,10 +352,12 @@ impl ViewFs {
     /// `EROFS`, `EEXIST`, or the error of the system call.
     pub fn link(&self, ino: u64, new_parent: u64, name: &OsStr) -> FsResult<Attr> {
         self.writable()?;
+        refuse_reserved(name)?;
         let inode = self.inodes.get(ino)?;
         let p = self.dir(new_parent)?;
         file::link(inode.fd()?.as_fd(), p.fd()?.as_fd(), name)?;
-        self.lookup(new_parent, name)
+        // The linked inode itself, not whatever the new name holds by now.
+        self.register(file::reopen(inode.fd()?.as_fd(), inode.kind, Access::Path)?)
     }
 
     /// Removes a name (`dir` for rmdir).
@@ -200,6 +366,9 @@ impl ViewFs {
     /// `EROFS`, `ENOENT`, `ENOTEMPTY`, or the error of the system call.
     pub fn unlink(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<()> {
         self.writable()?;
+        if is_reserved_name(name.as_bytes()) {
+            return Err(FsError::Os(Errno::ENOENT));
+        }
         let p = self.dir(parent)?;
         Ok(file::unlink(p.fd()?.as_fd(), name, dir)?)
     }
@@ -207,7 +376,8 @@ impl ViewFs {
     /// Renames, with `RENAME_NOREPLACE`/`RENAME_EXCHANGE`.
     ///
     /// # Errors
-    /// `EROFS`, `EINVAL` for other flags, or the error of the system call.
+    /// `EROFS`, `EINVAL` for other flags, `ENOENT`/`EPERM` for reserved names, or the
+    /// error of the system call.
     pub fn rename(
         &self,
         parent: u64,
@@ -217,6 +387,10 @@ impl ViewFs {
         flags: u32,
     ) -> FsResult<()> {
         self.writable()?;
+        if is_reserved_name(name.as_bytes()) {
+            return Err(FsError::Os(Errno::ENOENT));
+        }
+        refuse_reserved(new_name)?;
         let p = self.dir(parent)?;
         let np = self.dir(new_parent)?;
         Ok(file::rename(
@@ -227,4 +401,12 @@ impl ViewFs {
             flags,
         )?)
     }
+}
+
+/// What a create is asked to make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct NewEntry {
+    pub kind: Kind,
+    /// Permission, set-id and sticky bits the caller asked for (after its umask).
+    pub perm: u32,
 }

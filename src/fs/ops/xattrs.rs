@@ -18,16 +18,19 @@ impl ViewFs {
         sized(value, size)
     }
 
-    /// Lists xattr names, without the daemon's own.
+    /// Lists xattr names, without the daemon's own, and without any `trusted.` name for
+    /// a caller other than root: the kernel shows those only to `CAP_SYS_ADMIN`.
     ///
     /// # Errors
     /// `ERANGE` when `size` is too small, or the error of `listxattr`.
-    pub fn listxattr(&self, ino: u64, size: u32) -> FsResult<XattrReply> {
+    pub fn listxattr(&self, ino: u64, size: u32, caller: Caller) -> FsResult<XattrReply> {
         let inode = self.inodes.get(ino)?;
         let all = xattr::list(inode.fd()?.as_fd())?;
         let mut shown = Vec::with_capacity(all.len());
         for name in all.split_inclusive(|b| *b == 0) {
-            if !record::is_reserved(name) {
+            let hidden =
+                record::is_reserved(name) || (caller.uid != 0 && name.starts_with(b"trusted."));
+            if !hidden {
                 shown.extend_from_slice(name);
             }
         }
