@@ -14,6 +14,7 @@
 pub mod config;
 pub mod csi;
 pub mod fs;
+pub mod logfile;
 pub mod share;
 pub mod sys;
 pub mod volume;

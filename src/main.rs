@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use mountgroup::config::ViewOptions;
+use mountgroup::logfile::BoundedLog;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 #[derive(Parser)]
 #[command(
@@ -146,6 +148,13 @@ struct MountArgs {
     /// Write operation counters to this file every second (read by `serve`'s metrics).
     #[arg(long, value_name = "PATH")]
     metrics_file: Option<PathBuf>,
+    /// Log to this file (and point standard error at it), rotated to PATH.1 when it
+    /// reaches --log-max-bytes: a view's log never takes more than twice that.
+    #[arg(long, value_name = "PATH")]
+    log_file: Option<PathBuf>,
+    /// The size at which --log-file is rotated.
+    #[arg(long, value_name = "BYTES", default_value_t = mountgroup::logfile::DEFAULT_MAX_BYTES)]
+    log_max_bytes: u64,
 }
 
 impl MountArgs {
@@ -169,23 +178,40 @@ impl MountArgs {
     }
 }
 
-fn init_logging(default: &str, json: bool) {
+fn init_logging(default: &str, json: bool, file: Option<BoundedLog>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let ansi = file.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(BoxMakeWriter::new(std::io::stderr));
+    let builder = match file {
+        Some(f) => builder.with_writer(BoxMakeWriter::new(f)),
+        None => builder,
+    };
     if json {
         builder.json().with_current_span(true).init();
     } else {
-        builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init();
+        builder.with_ansi(ansi).init();
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log, cli.log_format == "json");
+    let log_file = match &cli.command {
+        Command::Mount(MountArgs {
+            log_file: Some(path),
+            log_max_bytes,
+            ..
+        }) => match BoundedLog::open(path, *log_max_bytes, true) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("mountgroup: --log-file {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
+    init_logging(&cli.log, cli.log_format == "json", log_file);
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Mount(args) => {

@@ -171,16 +171,12 @@ impl FuseView {
         }
     }
 
-    /// An operation the view does not serve: counted, answered with `errno`, and not
-    /// logged above debug (a pod can send as many as it likes).
+    /// An operation the view does not serve: counted, answered with `errno`, logged
+    /// at trace only (a pod can send as many as it likes; the metrics count them).
     fn refuse<R: Fail>(&self, op: Op, ino: u64, reply: R, errno: i32) {
-        self.answer(
-            op,
-            ino,
-            reply,
-            |_| Err::<(), _>(FsError::Os(crate::sys::Errno(errno))),
-            |_, ()| {},
-        );
+        self.stats.record(op, Instant::now(), Some(errno));
+        tracing::trace!(op = op.name(), ino, errno = %errno_name(errno), "not served");
+        reply.fail(Errno::from_i32(errno));
     }
 
     fn log_failure(&self, op: Op, ino: u64, e: &FsError) {

@@ -96,3 +96,20 @@ pub fn supplementary_groups(pid: u32) -> super::SysResult<Vec<u32>> {
         .map(|g| g.parse::<u32>().map_err(|_| super::Errno::EIO))
         .collect()
 }
+
+/// Points standard error (descriptor 2) at `file` (`dup2(2)`), so that what the
+/// process or a panic writes there lands in the same, bounded log.
+///
+/// # Errors
+/// The error of `dup2`.
+pub fn redirect_stderr(file: &impl std::os::fd::AsFd) -> std::io::Result<()> {
+    // SAFETY: descriptor 2 is standard error, which this process always has open (or
+    // which dup2 opens); replacing it is exactly what is asked, and no Rust object
+    // owns descriptor 2.
+    #[allow(unsafe_code)]
+    let mut stderr = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(2) };
+    let r = rustix::io::dup2(file.as_fd(), &mut stderr);
+    // Descriptor 2 stays open: it is the process's, not this function's.
+    std::mem::forget(stderr);
+    r.map_err(std::io::Error::from)
+}

@@ -8,10 +8,7 @@ use crate::share::{Created, Share, VolumeId, VolumeRecord, VolumeSpec};
 
 use super::guard::OpGuards;
 use super::node::Node;
-use super::{SecretUse, VolumeError, authorize};
-
-/// The capacity a volume gets when the request names none.
-pub const DEFAULT_CAPACITY: u64 = 1 << 30;
+use super::{DEFAULT_CAPACITY, SecretUse, VolumeError, authorize};
 
 /// StorageClass parameters under this prefix are the CO's own (the provisioner's
 /// `--extra-create-metadata`); they are recorded and otherwise ignored.

@@ -6,10 +6,14 @@
 
 pub mod controller;
 pub mod guard;
+pub mod names;
 pub mod node;
 pub mod secrets;
 pub mod state;
 pub mod view;
+
+/// The capacity a volume gets when the request names none.
+pub const DEFAULT_CAPACITY: u64 = 1 << 30;
 
 use crate::config::ViewOptions;
 use crate::share::ShareError;

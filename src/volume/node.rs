@@ -381,14 +381,12 @@ impl Node {
         Ok(options)
     }
 
-    /// Where the tmpfs of the secret view at `target` lives.
+    /// Where the tmpfs of the secret view at `target` lives (named by
+    /// [`super::names::target_key`]).
     fn secrets_dir(&self, target: &Path) -> PathBuf {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::hash::DefaultHasher::new();
-        target.hash(&mut h);
         self.runtime_dir
             .join("secrets")
-            .join(format!("{:016x}", h.finish()))
+            .join(super::names::target_key(target))
     }
 
     /// Mounts a group view at the target, with the group of this request
@@ -422,7 +420,18 @@ impl Node {
                 (ViewKind::InlineShare, self.share.data_path(id))
             }
             Lifecycle::Ephemeral(Inline::Secrets(_)) => {
-                (ViewKind::InlineSecrets, self.secrets_dir(target))
+                // A secret view published by an earlier version keeps the tmpfs its
+                // state names (whatever name that version gave it).
+                let recorded = self
+                    .state()
+                    .published
+                    .get(target)
+                    .filter(|p| p.kind == ViewKind::InlineSecrets)
+                    .map(|p| p.source.clone());
+                (
+                    ViewKind::InlineSecrets,
+                    recorded.unwrap_or_else(|| self.secrets_dir(target)),
+                )
             }
         };
         let _guard = self.guards.acquire(id.as_str(), "NodePublishVolume")?;
@@ -559,7 +568,7 @@ impl Node {
                 let spec = VolumeSpec {
                     id: id.clone(),
                     name: id.to_string(),
-                    capacity_bytes: size.unwrap_or(super::controller::DEFAULT_CAPACITY),
+                    capacity_bytes: size.unwrap_or(super::DEFAULT_CAPACITY),
                     parameters: BTreeMap::from([(INLINE_MARKER.to_string(), "true".to_string())]),
                 };
                 self.share.create(&spec)?;

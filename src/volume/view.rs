@@ -4,7 +4,6 @@
 //! SIGKILL) while every view goes on serving.
 
 use std::fs;
-use std::hash::{Hash, Hasher};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -52,9 +51,7 @@ impl Views {
     }
 
     fn key(target: &Path) -> String {
-        let mut h = std::hash::DefaultHasher::new();
-        target.hash(&mut h);
-        format!("{:016x}", h.finish())
+        super::names::target_key(target)
     }
 
     /// Mounts a view of `source` at `target` and returns the serving process's pid
@@ -69,6 +66,9 @@ impl Views {
         options: &ViewOptions,
     ) -> Result<u32, VolumeError> {
         let log = self.log_path(target);
+        // The view rotates its log itself (--log-file); a full one is rotated here
+        // first, so that this start's messages are in `log` for the error below.
+        let _ = crate::logfile::rotate_if_full(&log, crate::logfile::DEFAULT_MAX_BYTES);
         let log_file = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -83,6 +83,8 @@ impl Views {
             .arg(options.to_option_string())
             .arg("--metrics-file")
             .arg(self.metrics_path(target))
+            .arg("--log-file")
+            .arg(&log)
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),

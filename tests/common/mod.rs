@@ -62,9 +62,28 @@ impl Mounted {
     /// Starts the daemon and waits until the mount shows in the mount table. Returns
     /// the daemon's stderr if it exits first.
     pub fn start(source: &Path, mountpoint: &Path, args: &[&str]) -> Result<Mounted, String> {
+        Self::start_with(&[], source, mountpoint, args)
+    }
+
+    /// [`Mounted::start`] with the daemon run under `wrapper` (a command and its
+    /// arguments, e.g. `prlimit --nofile=256:256`), which must exec the rest.
+    pub fn start_with(
+        wrapper: &[&str],
+        source: &Path,
+        mountpoint: &Path,
+        args: &[&str],
+    ) -> Result<Mounted, String> {
         let log = mountpoint.with_extension(format!("log{}", std::process::id()));
         let err = fs::File::create(&log).unwrap();
-        let child = Command::new(BIN)
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let child = cmd
             .arg("mount")
             .arg(source)
             .arg(mountpoint)
