@@ -30,7 +30,10 @@ fn race(args: &[&str]) -> String {
         .arg(format!("--groups={GROUP}"))
         .args(["--", "/usr/bin/python3", &race_script()])
         .args(args)
-        .env("RACE_SECONDS", "3")
+        .env(
+            "RACE_SECONDS",
+            std::env::var("MOUNTGROUP_RACE_SECONDS").unwrap_or_else(|_| "3".into()),
+        )
         .output()
         .expect("python3 runs");
     assert!(

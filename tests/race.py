@@ -69,14 +69,17 @@ def takeover(a_dir, b_dir, victim_dir, victim_file):
         return made
 
     def swapper():
+        swapped = 0
         for _ in until():
             for name, victim in (("x", victim_dir), ("y", victim_file)):
                 p = os.path.join(b_dir, name)
                 v = os.path.join(b_dir, victim)
                 if exchange(p, v):
+                    swapped += 1
                     exchange(p, v)
+        print("swapped", swapped, flush=True)
 
-    print("made", run_pair(maker, swapper))
+    print("made", run_pair(maker, swapper), flush=True)
 
 
 def open_existing(a_dir, b_dir, victim_file, secret):

@@ -159,6 +159,7 @@ impl FuseView {
         ok: impl FnOnce(R, T),
     ) {
         let start = Instant::now();
+        crate::sys::take_failed_call();
         let r = run(&mut reply);
         self.stats
             .record(op, start, r.as_ref().err().map(FsError::errno));
@@ -181,8 +182,10 @@ impl FuseView {
 
     fn log_failure(&self, op: Op, ino: u64, e: &FsError) {
         let errno = e.errno();
+        // The system call that failed, where one did (the view's own refusals have none).
+        let syscall = crate::sys::take_failed_call().unwrap_or("-");
         if expected(errno) {
-            tracing::debug!(op = op.name(), ino, errno = %errno_name(errno), error = %e, "operation failed");
+            tracing::debug!(op = op.name(), ino, syscall, errno = %errno_name(errno), error = %e, "operation failed");
             return;
         }
         match self.warnings.check(Instant::now()) {
@@ -193,7 +196,7 @@ impl FuseView {
                         "unexpected failures were not logged (rate limit); the metrics count them"
                     );
                 }
-                tracing::warn!(op = op.name(), ino, errno = %errno_name(errno), error = %e, "operation failed");
+                tracing::warn!(op = op.name(), ino, syscall, errno = %errno_name(errno), error = %e, "operation failed");
             }
             Verdict::Hold => {}
         }

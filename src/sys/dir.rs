@@ -5,8 +5,8 @@ use std::os::fd::BorrowedFd;
 
 use rustix::fs::{RawDir, SeekFrom};
 
-use super::SysResult;
 use super::file::Kind;
+use super::{SysResult, failed};
 
 /// One entry of a directory stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +46,6 @@ pub fn read_batch(fd: BorrowedFd<'_>, buf: &mut [MaybeUninit<u8>]) -> SysResult<
 /// # Errors
 /// The error of `lseek(2)`.
 pub fn seek(fd: BorrowedFd<'_>, pos: u64) -> SysResult<()> {
-    rustix::fs::seek(fd, SeekFrom::Start(pos))?;
+    rustix::fs::seek(fd, SeekFrom::Start(pos)).map_err(failed("seek"))?;
     Ok(())
 }

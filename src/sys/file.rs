@@ -19,7 +19,7 @@ use rustix::fs::{
 };
 use rustix::fs::{Gid, Uid};
 
-use super::{Errno, SysResult};
+use super::{Errno, SysResult, failed};
 
 /// The type of a file system object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -121,11 +121,12 @@ impl ProcPath {
 /// # Errors
 /// The error of `open(2)`; `ENOTDIR` when the path is not a directory.
 pub fn open_root(path: &Path) -> SysResult<OwnedFd> {
-    Ok(rustix::fs::open(
+    rustix::fs::open(
         path,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
-    )?)
+    )
+    .map_err(failed("open"))
 }
 
 static OPENAT2_MISSING: AtomicBool = AtomicBool::new(false);
@@ -161,18 +162,13 @@ pub fn open_child(
             Err(rustix::io::Errno::NOSYS) => OPENAT2_MISSING.store(true, Ordering::Relaxed),
             Err(rustix::io::Errno::AGAIN) => {
                 // openat2 asks to retry when a rename raced the resolution.
-                return Ok(rustix::fs::openat2(
-                    dir,
-                    name,
-                    flags,
-                    Mode::empty(),
-                    resolve,
-                )?);
+                return rustix::fs::openat2(dir, name, flags, Mode::empty(), resolve)
+                    .map_err(failed("openat2"));
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(failed("openat2")(e)),
         }
     }
-    let fd = rustix::fs::openat(dir, name, flags, Mode::empty())?;
+    let fd = rustix::fs::openat(dir, name, flags, Mode::empty()).map_err(failed("openat"))?;
     if let Some(parent_mnt) = dir_mnt_id {
         let st = stat(fd.as_fd())?;
         if st.mnt_id.is_some_and(|m| m != parent_mnt) {
@@ -193,7 +189,8 @@ pub fn stat(fd: BorrowedFd<'_>) -> SysResult<Stat> {
         c"",
         AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
         want,
-    )?;
+    )
+    .map_err(failed("statx"))?;
     let mask = StatxFlags::from_bits_retain(sx.stx_mask);
     let kind = Kind::from_mode(u32::from(sx.stx_mode)).ok_or(Errno::EIO)?;
     let t = |ts: rustix::fs::StatxTimestamp| Time {
@@ -260,7 +257,7 @@ pub fn reopen(fd: BorrowedFd<'_>, kind: Kind, access: Access) -> SysResult<Owned
             Access::Path => OFlags::PATH,
         };
     let path = ProcPath::new(fd);
-    let new = rustix::fs::open(path.as_cstr(), flags, Mode::empty())?;
+    let new = rustix::fs::open(path.as_cstr(), flags, Mode::empty()).map_err(failed("open"))?;
     Ok(new)
 }
 
@@ -269,7 +266,7 @@ pub fn reopen(fd: BorrowedFd<'_>, kind: Kind, access: Access) -> SysResult<Owned
 /// # Errors
 /// The error of `openat(2)`, `EEXIST` when the name exists.
 pub fn create_file(dir: BorrowedFd<'_>, name: &OsStr, perm: u32) -> SysResult<OwnedFd> {
-    Ok(rustix::fs::openat(
+    rustix::fs::openat(
         dir,
         name,
         OFlags::CREATE
@@ -279,7 +276,8 @@ pub fn create_file(dir: BorrowedFd<'_>, name: &OsStr, perm: u32) -> SysResult<Ow
             | OFlags::CLOEXEC
             | OFlags::NOCTTY,
         Mode::from_raw_mode(perm & PERM_MASK),
-    )?)
+    )
+    .map_err(failed("openat"))
 }
 
 /// `mkdirat(2)`.
@@ -287,11 +285,7 @@ pub fn create_file(dir: BorrowedFd<'_>, name: &OsStr, perm: u32) -> SysResult<Ow
 /// # Errors
 /// The error of the call.
 pub fn mkdir(dir: BorrowedFd<'_>, name: &OsStr, perm: u32) -> SysResult<()> {
-    Ok(rustix::fs::mkdirat(
-        dir,
-        name,
-        Mode::from_raw_mode(perm & PERM_MASK),
-    )?)
+    rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(perm & PERM_MASK)).map_err(failed("mkdirat"))
 }
 
 /// `mknodat(2)` for a FIFO, socket or empty regular file. Device nodes are refused
@@ -307,13 +301,8 @@ pub fn mknod(dir: BorrowedFd<'_>, name: &OsStr, kind: Kind, perm: u32) -> SysRes
         Kind::CharDevice | Kind::BlockDevice => return Err(Errno::EPERM),
         Kind::Directory | Kind::Symlink => return Err(Errno::EINVAL),
     };
-    Ok(rustix::fs::mknodat(
-        dir,
-        name,
-        ft,
-        Mode::from_raw_mode(perm & PERM_MASK),
-        0,
-    )?)
+    rustix::fs::mknodat(dir, name, ft, Mode::from_raw_mode(perm & PERM_MASK), 0)
+        .map_err(failed("mknodat"))
 }
 
 /// `symlinkat(2)`: the target is stored as given and never resolved.
@@ -321,7 +310,7 @@ pub fn mknod(dir: BorrowedFd<'_>, name: &OsStr, kind: Kind, perm: u32) -> SysRes
 /// # Errors
 /// The error of the call.
 pub fn symlink(target: &OsStr, dir: BorrowedFd<'_>, name: &OsStr) -> SysResult<()> {
-    Ok(rustix::fs::symlinkat(target, dir, name)?)
+    rustix::fs::symlinkat(target, dir, name).map_err(failed("symlinkat"))
 }
 
 /// `linkat(2)` of the inode itself (`AT_EMPTY_PATH`), so no name is resolved.
@@ -329,7 +318,7 @@ pub fn symlink(target: &OsStr, dir: BorrowedFd<'_>, name: &OsStr) -> SysResult<(
 /// # Errors
 /// The error of the call.
 pub fn link(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &OsStr) -> SysResult<()> {
-    Ok(rustix::fs::linkat(fd, c"", dir, name, AtFlags::EMPTY_PATH)?)
+    rustix::fs::linkat(fd, c"", dir, name, AtFlags::EMPTY_PATH).map_err(failed("linkat"))
 }
 
 /// `unlinkat(2)`; `dir_entry` selects `AT_REMOVEDIR`.
@@ -342,7 +331,7 @@ pub fn unlink(dir: BorrowedFd<'_>, name: &OsStr, dir_entry: bool) -> SysResult<(
     } else {
         AtFlags::empty()
     };
-    Ok(rustix::fs::unlinkat(dir, name, flags)?)
+    rustix::fs::unlinkat(dir, name, flags).map_err(failed("unlinkat"))
 }
 
 /// `renameat2(2)` with the `RENAME_NOREPLACE`/`RENAME_EXCHANGE` bits of `flags`.
@@ -362,9 +351,8 @@ pub fn rename(
     if !allowed.contains(flags) {
         return Err(Errno::EINVAL);
     }
-    Ok(rustix::fs::renameat_with(
-        old_dir, old_name, new_dir, new_name, flags,
-    )?)
+    rustix::fs::renameat_with(old_dir, old_name, new_dir, new_name, flags)
+        .map_err(failed("renameat_with"))
 }
 
 /// `readlinkat(2)` of the symlink a descriptor refers to.
@@ -372,7 +360,9 @@ pub fn rename(
 /// # Errors
 /// The error of the call.
 pub fn readlink(fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
-    Ok(rustix::fs::readlinkat(fd, c"", Vec::new())?.into_bytes())
+    Ok(rustix::fs::readlinkat(fd, c"", Vec::new())
+        .map_err(failed("readlinkat"))?
+        .into_bytes())
 }
 
 /// `fchownat(2)` with `AT_EMPTY_PATH|AT_SYMLINK_NOFOLLOW`; `None` leaves an id as is.
@@ -380,13 +370,14 @@ pub fn readlink(fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
 /// # Errors
 /// The error of the call.
 pub fn chown(fd: BorrowedFd<'_>, uid: Option<u32>, gid: Option<u32>) -> SysResult<()> {
-    Ok(rustix::fs::chownat(
+    rustix::fs::chownat(
         fd,
         c"",
         uid.map(Uid::from_raw),
         gid.map(Gid::from_raw),
         AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
-    )?)
+    )
+    .map_err(failed("chownat"))
 }
 
 /// `chmod(2)` of the inode a descriptor refers to (not for symlinks).
@@ -395,10 +386,8 @@ pub fn chown(fd: BorrowedFd<'_>, uid: Option<u32>, gid: Option<u32>) -> SysResul
 /// The error of the call.
 pub fn chmod(fd: BorrowedFd<'_>, perm: u32) -> SysResult<()> {
     let path = ProcPath::new(fd);
-    Ok(rustix::fs::chmod(
-        path.as_cstr(),
-        Mode::from_raw_mode(perm & PERM_MASK),
-    )?)
+    rustix::fs::chmod(path.as_cstr(), Mode::from_raw_mode(perm & PERM_MASK))
+        .map_err(failed("chmod"))
 }
 
 /// A time to set: a value, the current time, or leave it.
@@ -437,12 +426,13 @@ pub fn set_times(fd: BorrowedFd<'_>, atime: SetTime, mtime: SetTime) -> SysResul
         last_access: atime.timespec(),
         last_modification: mtime.timespec(),
     };
-    Ok(rustix::fs::utimensat(
+    rustix::fs::utimensat(
         fd,
         c"",
         &ts,
         AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
-    )?)
+    )
+    .map_err(failed("utimensat"))
 }
 
 /// `ftruncate(2)` on a descriptor open for writing.
@@ -450,7 +440,7 @@ pub fn set_times(fd: BorrowedFd<'_>, atime: SetTime, mtime: SetTime) -> SysResul
 /// # Errors
 /// The error of the call.
 pub fn truncate(fd: BorrowedFd<'_>, size: u64) -> SysResult<()> {
-    Ok(rustix::fs::ftruncate(fd, size)?)
+    rustix::fs::ftruncate(fd, size).map_err(failed("ftruncate"))
 }
 
 /// `pread(2)` until `len` bytes or end of file.
@@ -461,7 +451,8 @@ pub fn read_at(fd: BorrowedFd<'_>, offset: u64, len: usize) -> SysResult<Vec<u8>
     let mut buf = vec![0u8; len];
     let mut done = 0usize;
     while done < len {
-        let n = rustix::io::pread(fd, &mut buf[done..], offset + done as u64)?;
+        let n = rustix::io::pread(fd, &mut buf[done..], offset + done as u64)
+            .map_err(failed("pread"))?;
         if n == 0 {
             break;
         }
@@ -478,7 +469,8 @@ pub fn read_at(fd: BorrowedFd<'_>, offset: u64, len: usize) -> SysResult<Vec<u8>
 pub fn write_at(fd: BorrowedFd<'_>, offset: u64, data: &[u8]) -> SysResult<usize> {
     let mut done = 0usize;
     while done < data.len() {
-        let n = rustix::io::pwrite(fd, &data[done..], offset + done as u64)?;
+        let n = rustix::io::pwrite(fd, &data[done..], offset + done as u64)
+            .map_err(failed("pwrite"))?;
         if n == 0 {
             return Err(Errno::EIO);
         }
@@ -493,9 +485,9 @@ pub fn write_at(fd: BorrowedFd<'_>, offset: u64, data: &[u8]) -> SysResult<usize
 /// The error of the call.
 pub fn sync(fd: BorrowedFd<'_>, data_only: bool) -> SysResult<()> {
     if data_only {
-        Ok(rustix::fs::fdatasync(fd)?)
+        Ok(rustix::fs::fdatasync(fd).map_err(failed("fdatasync"))?)
     } else {
-        Ok(rustix::fs::fsync(fd)?)
+        Ok(rustix::fs::fsync(fd).map_err(failed("fsync"))?)
     }
 }
 
@@ -505,7 +497,7 @@ pub fn sync(fd: BorrowedFd<'_>, data_only: bool) -> SysResult<()> {
 /// The error of the call.
 pub fn allocate(fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> SysResult<()> {
     let flags = rustix::fs::FallocateFlags::from_bits_retain(mode as u32);
-    Ok(rustix::fs::fallocate(fd, flags, offset, len)?)
+    rustix::fs::fallocate(fd, flags, offset, len).map_err(failed("fallocate"))
 }
 
 /// `lseek(2)` for `SEEK_DATA`/`SEEK_HOLE` (and the plain whences).
@@ -521,7 +513,7 @@ pub fn seek(fd: BorrowedFd<'_>, offset: i64, whence: i32) -> SysResult<u64> {
         libc::SEEK_HOLE => SeekFrom::Hole(u64::try_from(offset).map_err(|_| Errno::EINVAL)?),
         _ => return Err(Errno::EINVAL),
     };
-    Ok(rustix::fs::seek(fd, pos)?)
+    rustix::fs::seek(fd, pos).map_err(failed("seek"))
 }
 
 /// `copy_file_range(2)` between two descriptors at explicit offsets.
@@ -537,13 +529,8 @@ pub fn copy_range(
 ) -> SysResult<usize> {
     let mut off_in = from_off;
     let mut off_out = to_off;
-    Ok(rustix::fs::copy_file_range(
-        from,
-        Some(&mut off_in),
-        to,
-        Some(&mut off_out),
-        len,
-    )?)
+    rustix::fs::copy_file_range(from, Some(&mut off_in), to, Some(&mut off_out), len)
+        .map_err(failed("copy_file_range"))
 }
 
 /// What `statvfs(2)` says of the file system behind a descriptor.
@@ -564,7 +551,7 @@ pub struct FsStat {
 /// # Errors
 /// The error of the call.
 pub fn statvfs(fd: BorrowedFd<'_>) -> SysResult<FsStat> {
-    let s = rustix::fs::fstatvfs(fd)?;
+    let s = rustix::fs::fstatvfs(fd).map_err(failed("fstatvfs"))?;
     Ok(FsStat {
         blocks: s.f_blocks,
         bfree: s.f_bfree,
@@ -590,7 +577,8 @@ pub fn set_umask(mask: u32) -> u32 {
 /// # Errors
 /// The error of the call (`ENOTCONN` for a dead FUSE mount).
 pub fn statvfs_path(path: &Path) -> SysResult<FsStat> {
-    let fd = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+    let fd = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
+        .map_err(failed("open"))?;
     statvfs(fd.as_fd())
 }
 
@@ -606,12 +594,13 @@ pub fn lock_exclusive(path: &Path, on_wait: impl FnOnce()) -> SysResult<OwnedFd>
         path,
         OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o600),
-    )?;
+    )
+    .map_err(failed("open"))?;
     match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => return Ok(fd),
         Err(rustix::io::Errno::WOULDBLOCK) => on_wait(),
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(failed("flock")(e)),
     }
-    rustix::fs::flock(&fd, FlockOperation::LockExclusive)?;
+    rustix::fs::flock(&fd, FlockOperation::LockExclusive).map_err(failed("flock"))?;
     Ok(fd)
 }

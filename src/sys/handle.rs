@@ -3,7 +3,7 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
-use super::{Errno, SysResult};
+use super::{SysResult, failed};
 
 /// A file handle (`struct file_handle`): names an inode of one file system without a
 /// path and without holding it open. Kept in memory only: a handle is never taken
@@ -47,11 +47,7 @@ pub fn of(fd: BorrowedFd<'_>) -> SysResult<FileHandle> {
         )
     };
     if rc < 0 {
-        return Err(Errno(
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO),
-        ));
+        return Err(failed("name_to_handle_at")(std::io::Error::last_os_error()));
     }
     let used = 2 + (words[0] as usize).div_ceil(4);
     Ok(FileHandle {
@@ -79,11 +75,7 @@ pub fn open(mount_fd: BorrowedFd<'_>, handle: &FileHandle) -> SysResult<OwnedFd>
         )
     };
     if fd < 0 {
-        return Err(Errno(
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO),
-        ));
+        return Err(failed("open_by_handle_at")(std::io::Error::last_os_error()));
     }
     // SAFETY: `fd` was just returned by the kernel and is owned by no one else.
     #[allow(unsafe_code)]

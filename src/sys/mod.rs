@@ -13,7 +13,28 @@ pub mod process;
 pub mod signal;
 pub mod xattr;
 
+use std::cell::Cell;
 use std::fmt;
+
+thread_local! {
+    /// The system call that failed last on this thread (see [`failed`]).
+    static FAILED_CALL: Cell<Option<&'static str>> = const { Cell::new(None) };
+}
+
+/// The conversion for a failed call to `call`: notes the call's name for this thread
+/// (the FUSE choke point names it in its log line) and keeps the error number.
+pub fn failed<E: Into<Errno>>(call: &'static str) -> impl FnOnce(E) -> Errno {
+    move |e| {
+        FAILED_CALL.with(|c| c.set(Some(call)));
+        e.into()
+    }
+}
+
+/// Takes the name of the system call that failed last on this thread, if any; the
+/// choke point takes it before an operation (to clear it) and after a failure.
+pub fn take_failed_call() -> Option<&'static str> {
+    FAILED_CALL.with(Cell::take)
+}
 
 /// A raw OS error number, as returned by a failed system call.
 ///
@@ -53,6 +74,12 @@ impl Errno {
     /// Only for errors from std APIs that wrap a single system call.
     pub fn from_io(err: &std::io::Error) -> Errno {
         Errno(err.raw_os_error().unwrap_or(libc::EIO))
+    }
+}
+
+impl From<std::io::Error> for Errno {
+    fn from(e: std::io::Error) -> Self {
+        Errno::from_io(&e)
     }
 }
 

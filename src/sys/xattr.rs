@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::fs::XattrFlags;
 
 use super::file::ProcPath;
-use super::{Errno, SysResult};
+use super::{Errno, SysResult, failed};
 
 static GETXATTRAT_MISSING: AtomicBool = AtomicBool::new(false);
 
@@ -48,11 +48,7 @@ fn getxattrat(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> SysResult<usiz
         )
     };
     if rc < 0 {
-        return Err(Errno(
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO),
-        ));
+        return Err(failed("getxattrat")(std::io::Error::last_os_error()));
     }
     Ok(rc as usize)
 }
@@ -82,7 +78,7 @@ pub fn get(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<Option<Vec<u8>>> {
         let size = match rustix::fs::getxattr_query(path.as_cstr(), name) {
             Ok(n) => n,
             Err(rustix::io::Errno::NODATA) => return Ok(None),
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(failed("getxattr")(e)),
         };
         let mut buf = vec![0u8; size];
         match rustix::fs::getxattr(path.as_cstr(), name, &mut buf[..]) {
@@ -93,7 +89,7 @@ pub fn get(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<Option<Vec<u8>>> {
             Err(rustix::io::Errno::NODATA) => return Ok(None),
             // The value grew between the two calls: ask again.
             Err(rustix::io::Errno::RANGE) => continue,
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(failed("getxattr")(e)),
         }
     }
 }
@@ -105,7 +101,8 @@ pub fn get(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<Option<Vec<u8>>> {
 pub fn list(fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
     let path = ProcPath::new(fd);
     loop {
-        let size = rustix::fs::listxattr_query(path.as_cstr())?;
+        let size =
+            rustix::fs::listxattr_query(path.as_cstr()).map_err(failed("listxattr_query"))?;
         let mut buf = vec![0u8; size];
         match rustix::fs::listxattr(path.as_cstr(), &mut buf[..]) {
             Ok(n) => {
@@ -113,7 +110,7 @@ pub fn list(fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
                 return Ok(buf);
             }
             Err(rustix::io::Errno::RANGE) => continue,
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(failed("listxattr")(e)),
         }
     }
 }
@@ -125,7 +122,7 @@ pub fn list(fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
 pub fn set(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: u32) -> SysResult<()> {
     let path = ProcPath::new(fd);
     let flags = XattrFlags::from_bits(flags).ok_or(Errno::EINVAL)?;
-    Ok(rustix::fs::setxattr(path.as_cstr(), name, value, flags)?)
+    rustix::fs::setxattr(path.as_cstr(), name, value, flags).map_err(failed("setxattr"))
 }
 
 /// Removes an extended attribute.
@@ -134,5 +131,5 @@ pub fn set(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: u32) -> SysResu
 /// The error of `removexattr(2)` (`ENODATA` when absent).
 pub fn remove(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<()> {
     let path = ProcPath::new(fd);
-    Ok(rustix::fs::removexattr(path.as_cstr(), name)?)
+    rustix::fs::removexattr(path.as_cstr(), name).map_err(failed("removexattr"))
 }

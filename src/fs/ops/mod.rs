@@ -692,6 +692,46 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 5);
     }
 
+    /// Another view moves a victim's entry onto the name a create is making, in the
+    /// window after the entry was made: the creator's record must not land on it.
+    #[test]
+    fn a_name_swapped_during_a_create_never_takes_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        let victim = Caller {
+            uid: 3000,
+            gid: 5,
+            pid: 0,
+        };
+        for (i, kind) in ["dir", "fifo", "symlink", "file"].into_iter().enumerate() {
+            let vname = format!("victim-{i}");
+            let vattr = v.mkdir(ROOT, OsStr::new(&vname), 0o700, victim).unwrap();
+            let target = format!("new-{i}");
+            let (from, to) = (vname.clone(), target.clone());
+            namespace::race_hook::set(move |dir, _| {
+                rustix::fs::renameat(dir, from.as_str(), dir, to.as_str()).unwrap();
+            });
+            let n = OsStr::new(&target);
+            let r = match kind {
+                "dir" => v.mkdir(ROOT, n, 0o755, ME).map(|_| ()),
+                "fifo" => v.mknod(ROOT, n, libc::S_IFIFO | 0o644, ME).map(|_| ()),
+                "symlink" => v.symlink(ROOT, n, OsStr::new("x"), ME).map(|_| ()),
+                _ => v
+                    .create(ROOT, n, 0o100644, libc::O_RDWR, ME)
+                    .map(|c| v.release(c.fh)),
+            };
+            // Whatever the create answers, the victim keeps its owner and mode.
+            let _ = r;
+            let moved = v.lookup(ROOT, n).unwrap();
+            assert_eq!(moved.ino, vattr.ino, "{kind}: the victim holds the name");
+            assert_eq!(
+                (moved.uid, moved.perm),
+                (3000, vattr.perm),
+                "{kind}: the victim's record changed"
+            );
+        }
+    }
+
     #[test]
     fn a_chown_clears_recorded_set_id_bits() {
         let dir = tempfile::tempdir().unwrap();

@@ -92,12 +92,17 @@ impl ViewFs {
         match self.placement(caller) {
             Placement::Direct => {
                 let made = make(dir, name)?;
+                #[cfg(test)]
+                race_hook::run(dir, name);
                 let (fd, extra) = open(dir, name, made)?;
                 Ok((Made { fd }, extra))
             }
             Placement::Staged => {
                 let temp = staging_name();
                 let made = make(dir, &temp)?;
+                // What another view can do now: only the final name is within reach.
+                #[cfg(test)]
+                race_hook::run(dir, name);
                 let result = open(dir, &temp, made).and_then(|(fd, extra)| {
                     self.adopt(parent, &fd, new, caller)?;
                     file::rename(dir, &temp, dir, name, libc::RENAME_NOREPLACE)?;
@@ -409,4 +414,31 @@ pub(super) struct NewEntry {
     pub kind: Kind,
     /// Permission, set-id and sticky bits the caller asked for (after its umask).
     pub perm: u32,
+}
+
+/// A test's stand-in for another view acting between a create's system calls (the
+/// window a race loop aims at), so that the race is tested deterministically.
+#[cfg(test)]
+pub(super) mod race_hook {
+    use std::cell::RefCell;
+    use std::ffi::OsStr;
+    use std::os::fd::BorrowedFd;
+
+    type Hook = Box<dyn FnMut(BorrowedFd<'_>, &OsStr)>;
+
+    thread_local! {
+        static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    /// Runs `hook` (with the parent directory and the final name) in the next create
+    /// on this thread, right after the entry was made.
+    pub fn set(hook: impl FnMut(BorrowedFd<'_>, &OsStr) + 'static) {
+        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+    }
+
+    pub(super) fn run(dir: BorrowedFd<'_>, name: &OsStr) {
+        if let Some(mut hook) = HOOK.with(|h| h.borrow_mut().take()) {
+            hook(dir, name);
+        }
+    }
 }
