@@ -124,6 +124,8 @@ pub struct ViewFs {
     /// Whether the kernel checks permissions (`default_permissions`); not under CIFS
     /// `noperm`, where everything is allowed.
     checks_access: bool,
+    /// Set once the backing file system answered `RENAME_NOREPLACE` with `EINVAL`.
+    noreplace_missing: AtomicBool,
     /// The btrfs quota group of the volume, when the root is a btrfs subvolume:
     /// statfs then reports the volume's limit and usage, not the whole file system.
     qgroup: Option<std::path::PathBuf>,
@@ -175,6 +177,7 @@ impl ViewFs {
             next_fh: AtomicU64::new(1),
             warned_bad_record: AtomicBool::new(false),
             checks_access: options.kernel_permission_checks(),
+            noreplace_missing: AtomicBool::new(false),
         })
     }
 

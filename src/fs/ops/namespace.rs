@@ -105,7 +105,7 @@ impl ViewFs {
                 race_hook::run(dir, name);
                 let result = open(dir, &temp, made).and_then(|(fd, extra)| {
                     self.adopt(parent, &fd, new, caller)?;
-                    file::rename(dir, &temp, dir, name, libc::RENAME_NOREPLACE)?;
+                    self.put_in_place(dir, &temp, name)?;
                     Ok((Made { fd }, extra))
                 });
                 if result.is_err() {
@@ -115,6 +115,39 @@ impl ViewFs {
                 }
                 result
             }
+        }
+    }
+
+    /// Renames the staged entry `temp` to `name`, never replacing what holds the name:
+    /// `renameat2(RENAME_NOREPLACE)`. Where the backend lacks that flag (FUSE backends
+    /// such as bindfs answer `EINVAL`), the name is checked to be free and a plain
+    /// rename follows. That leaves an instant in which something put at the name would
+    /// be replaced; it gives an attacker nothing: only a writer of this directory can
+    /// put something there, and a writer of a directory without the sticky bit may
+    /// remove its entries anyway, while in a sticky directory nobody can move another
+    /// user's entry there. (A hard link of the held descriptor would be exact, but
+    /// path-based FUSE backends lose track of a file linked and unlinked while open.)
+    fn put_in_place(
+        &self,
+        dir: std::os::fd::BorrowedFd<'_>,
+        temp: &OsStr,
+        name: &OsStr,
+    ) -> FsResult<()> {
+        if !self.noreplace_missing.load(Ordering::Relaxed) {
+            match file::rename(dir, temp, dir, name, libc::RENAME_NOREPLACE) {
+                Err(Errno::EINVAL) => {
+                    tracing::info!(
+                        "the backing file system has no RENAME_NOREPLACE; new entries are renamed into place after a check"
+                    );
+                    self.noreplace_missing.store(true, Ordering::Relaxed);
+                }
+                r => return Ok(r?),
+            }
+        }
+        match file::open_child(dir, name, None) {
+            Ok(_) => Err(FsError::Os(Errno::EEXIST)),
+            Err(Errno::ENOENT) => Ok(file::rename(dir, temp, dir, name, 0)?),
+            Err(e) => Err(e.into()),
         }
     }
 
