@@ -26,11 +26,11 @@ use fuser::{
 };
 
 use crate::config::Passthrough;
-use crate::sys::file::{Kind, SetTime, Time};
+use crate::sys::file::{Flush, Kind, Remove, SetTime, Time};
 
 use super::error::FsError;
 use super::inode::DataFile;
-use super::ops::{Attr, Created, Opened, SetAttr, ViewFs, XattrReply};
+use super::ops::{Attr, Created, Listing, Opened, SetAttr, ViewFs, XattrReply};
 use super::ratelimit::{RateLimit, Verdict};
 use super::stats::{Op, ViewStats, errno_name};
 use super::view::Caller;
@@ -275,6 +275,10 @@ fn encode_dev(rdev: u64) -> u32 {
     (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
 }
 
+fn flush(datasync: bool) -> Flush {
+    if datasync { Flush::Data } else { Flush::All }
+}
+
 fn errno(e: &FsError) -> Errno {
     Errno::from_i32(e.errno())
 }
@@ -471,7 +475,7 @@ impl Filesystem for FuseView {
             Op::Unlink,
             parent.0,
             reply,
-            |_| self.fs.unlink(parent.0, name, false),
+            |_| self.fs.unlink(parent.0, name, Remove::NonDirectory),
             |reply, ()| reply.ok(),
         );
     }
@@ -481,7 +485,7 @@ impl Filesystem for FuseView {
             Op::Rmdir,
             parent.0,
             reply,
-            |_| self.fs.unlink(parent.0, name, true),
+            |_| self.fs.unlink(parent.0, name, Remove::Directory),
             |reply, ()| reply.ok(),
         );
     }
@@ -676,7 +680,7 @@ impl Filesystem for FuseView {
             Op::Fsync,
             ino.0,
             reply,
-            |_| self.fs.fsync(fh.0, datasync),
+            |_| self.fs.fsync(fh.0, flush(datasync)),
             |reply, ()| reply.ok(),
         );
     }
@@ -712,14 +716,15 @@ impl Filesystem for FuseView {
             ino.0,
             reply,
             |reply| {
-                self.fs.readdir(ino.0, fh.0, offset, false, |item, next| {
-                    reply.add(
-                        INodeNo(item.ino),
-                        next,
-                        file_type(item.kind),
-                        OsStr::from_bytes(&item.name),
-                    )
-                })
+                self.fs
+                    .readdir(ino.0, fh.0, offset, Listing::Names, |item, next| {
+                        reply.add(
+                            INodeNo(item.ino),
+                            next,
+                            file_type(item.kind),
+                            OsStr::from_bytes(&item.name),
+                        )
+                    })
             },
             |reply, ()| reply.ok(),
         );
@@ -738,37 +743,43 @@ impl Filesystem for FuseView {
             ino.0,
             reply,
             |reply| {
-                self.fs.readdir(ino.0, fh.0, offset, true, |item, next| {
-                    let fa = match &item.attr {
-                        Some(a) => self.fattr(a),
-                        // `.` and `..`: the kernel takes only the name, number and type.
-                        None => FileAttr {
-                            ino: INodeNo(item.ino),
-                            size: 0,
-                            blocks: 0,
-                            atime: UNIX_EPOCH,
-                            mtime: UNIX_EPOCH,
-                            ctime: UNIX_EPOCH,
-                            crtime: UNIX_EPOCH,
-                            kind: file_type(item.kind),
-                            perm: 0,
-                            nlink: 0,
-                            uid: 0,
-                            gid: 0,
-                            rdev: 0,
-                            blksize: 0,
-                            flags: 0,
-                        },
-                    };
-                    reply.add(
-                        INodeNo(item.ino),
-                        next,
-                        OsStr::from_bytes(&item.name),
-                        &self.entry_ttl,
-                        &fa,
-                        Generation(0),
-                    )
-                })
+                self.fs.readdir(
+                    ino.0,
+                    fh.0,
+                    offset,
+                    Listing::WithAttributes,
+                    |item, next| {
+                        let fa = match &item.attr {
+                            Some(a) => self.fattr(a),
+                            // `.` and `..`: the kernel takes only the name, number and type.
+                            None => FileAttr {
+                                ino: INodeNo(item.ino),
+                                size: 0,
+                                blocks: 0,
+                                atime: UNIX_EPOCH,
+                                mtime: UNIX_EPOCH,
+                                ctime: UNIX_EPOCH,
+                                crtime: UNIX_EPOCH,
+                                kind: file_type(item.kind),
+                                perm: 0,
+                                nlink: 0,
+                                uid: 0,
+                                gid: 0,
+                                rdev: 0,
+                                blksize: 0,
+                                flags: 0,
+                            },
+                        };
+                        reply.add(
+                            INodeNo(item.ino),
+                            next,
+                            OsStr::from_bytes(&item.name),
+                            &self.entry_ttl,
+                            &fa,
+                            Generation(0),
+                        )
+                    },
+                )
             },
             |reply, ()| reply.ok(),
         );
@@ -806,7 +817,7 @@ impl Filesystem for FuseView {
             Op::Fsync,
             ino.0,
             reply,
-            |_| self.fs.fsync(fh.0, datasync),
+            |_| self.fs.fsync(fh.0, flush(datasync)),
             |reply, ()| reply.ok(),
         );
     }

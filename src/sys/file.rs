@@ -321,15 +321,23 @@ pub fn link(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &OsStr) -> SysResult<
     rustix::fs::linkat(fd, c"", dir, name, AtFlags::EMPTY_PATH).map_err(failed("linkat"))
 }
 
-/// `unlinkat(2)`; `dir_entry` selects `AT_REMOVEDIR`.
+/// What `unlinkat(2)` removes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Remove {
+    /// Anything but a directory (`unlink`).
+    NonDirectory,
+    /// An empty directory (`rmdir`, `AT_REMOVEDIR`).
+    Directory,
+}
+
+/// `unlinkat(2)`.
 ///
 /// # Errors
 /// The error of the call.
-pub fn unlink(dir: BorrowedFd<'_>, name: &OsStr, dir_entry: bool) -> SysResult<()> {
-    let flags = if dir_entry {
-        AtFlags::REMOVEDIR
-    } else {
-        AtFlags::empty()
+pub fn unlink(dir: BorrowedFd<'_>, name: &OsStr, what: Remove) -> SysResult<()> {
+    let flags = match what {
+        Remove::NonDirectory => AtFlags::empty(),
+        Remove::Directory => AtFlags::REMOVEDIR,
     };
     rustix::fs::unlinkat(dir, name, flags).map_err(failed("unlinkat"))
 }
@@ -479,12 +487,21 @@ pub fn write_at(fd: BorrowedFd<'_>, offset: u64, data: &[u8]) -> SysResult<usize
     Ok(done)
 }
 
+/// How much of a file `sync` flushes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flush {
+    /// Data and what is needed to read it back (`fdatasync(2)`).
+    Data,
+    /// Data and all metadata (`fsync(2)`).
+    All,
+}
+
 /// `fsync(2)` or `fdatasync(2)`.
 ///
 /// # Errors
 /// The error of the call.
-pub fn sync(fd: BorrowedFd<'_>, data_only: bool) -> SysResult<()> {
-    if data_only {
+pub fn sync(fd: BorrowedFd<'_>, how: Flush) -> SysResult<()> {
+    if how == Flush::Data {
         Ok(rustix::fs::fdatasync(fd).map_err(failed("fdatasync"))?)
     } else {
         Ok(rustix::fs::fsync(fd).map_err(failed("fsync"))?)

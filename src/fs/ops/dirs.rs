@@ -20,7 +20,7 @@ impl ViewFs {
     }
 
     /// Lists a directory from `offset`, handing entries to `add` until it reports the
-    /// reply full (returns `true`). With `plus`, each entry but `.`/`..` is looked up
+    /// reply full (returns `true`). With [`Listing::WithAttributes`], each entry but `.`/`..` is looked up
     /// (and counted) like [`ViewFs::lookup`]; an entry that is not handed over is
     /// forgotten again.
     ///
@@ -31,7 +31,7 @@ impl ViewFs {
         ino: u64,
         fh: u64,
         offset: u64,
-        plus: bool,
+        listing: Listing,
         mut add: impl FnMut(&DirItem, u64) -> bool,
     ) -> FsResult<()> {
         let stream = match self.handles.get(&fh).as_deref() {
@@ -63,7 +63,7 @@ impl ViewFs {
                 continue;
             }
             let dot = e.name == b"." || e.name == b"..";
-            let item = if plus && !dot {
+            let item = if listing == Listing::WithAttributes && !dot {
                 match self.lookup(ino, OsStr::from_bytes(&e.name)) {
                     Ok(attr) => DirItem {
                         name: e.name.clone(),

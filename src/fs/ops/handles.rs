@@ -129,9 +129,9 @@ impl ViewFs {
         Ok(())
     }
 
-    pub(super) fn data(&self, fh: u64) -> FsResult<(Arc<DataFile>, bool)> {
+    pub(super) fn data(&self, fh: u64) -> FsResult<OpenFile> {
         match self.handles.get(&fh).as_deref() {
-            Some(Handle::File(f)) => Ok((Arc::clone(&f.data), f.sync)),
+            Some(Handle::File(f)) => Ok(f.clone()),
             _ => Err(FsError::UnknownHandle(fh)),
         }
     }
@@ -141,7 +141,7 @@ impl ViewFs {
     /// # Errors
     /// `EBADF` for an unknown handle, or the error of `pread`.
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
-        let (data, _) = self.data(fh)?;
+        let data = self.data(fh)?.data;
         Ok(file::read_at(data.fd.as_fd(), offset, size as usize)?)
     }
 
@@ -151,13 +151,13 @@ impl ViewFs {
     /// `EROFS`, `EBADF` for a read-only handle, or the error of `pwrite`.
     pub fn write(&self, fh: u64, offset: u64, bytes: &[u8]) -> FsResult<usize> {
         self.writable()?;
-        let (data, sync) = self.data(fh)?;
+        let OpenFile { data, sync } = self.data(fh)?;
         if !data.writable {
             return Err(FsError::Os(Errno::EBADF));
         }
         let n = file::write_at(data.fd.as_fd(), offset, bytes)?;
         if sync {
-            file::sync(data.fd.as_fd(), true)?;
+            file::sync(data.fd.as_fd(), Flush::Data)?;
         }
         Ok(n)
     }
@@ -166,17 +166,17 @@ impl ViewFs {
     ///
     /// # Errors
     /// `EBADF` for an unknown handle, or the error of `fsync`.
-    pub fn fsync(&self, fh: u64, data_only: bool) -> FsResult<()> {
+    pub fn fsync(&self, fh: u64, how: Flush) -> FsResult<()> {
         let fd = match self.handles.get(&fh).as_deref() {
             Some(Handle::File(f)) => Arc::clone(&f.data),
             Some(Handle::Dir(d)) => {
                 let d = Arc::clone(d);
                 let stream = lock(&d);
-                return Ok(file::sync(stream.fd.as_fd(), data_only)?);
+                return Ok(file::sync(stream.fd.as_fd(), how)?);
             }
             None => return Err(FsError::UnknownHandle(fh)),
         };
-        Ok(file::sync(fd.fd.as_fd(), data_only)?)
+        Ok(file::sync(fd.fd.as_fd(), how)?)
     }
 
     /// `fallocate` on an open file.
@@ -185,7 +185,7 @@ impl ViewFs {
     /// `EROFS`, `EBADF`, or the error of the call.
     pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
         self.writable()?;
-        let (data, _) = self.data(fh)?;
+        let data = self.data(fh)?.data;
         if !data.writable {
             return Err(FsError::Os(Errno::EBADF));
         }
@@ -197,7 +197,7 @@ impl ViewFs {
     /// # Errors
     /// `EBADF`, `ENXIO` past the data, or the error of the call.
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> FsResult<u64> {
-        let (data, _) = self.data(fh)?;
+        let data = self.data(fh)?.data;
         Ok(file::seek(data.fd.as_fd(), offset, whence)?)
     }
 
@@ -214,8 +214,8 @@ impl ViewFs {
         len: u64,
     ) -> FsResult<usize> {
         self.writable()?;
-        let (src, _) = self.data(fh_in)?;
-        let (dst, _) = self.data(fh_out)?;
+        let src = self.data(fh_in)?.data;
+        let dst = self.data(fh_out)?.data;
         if !dst.writable {
             return Err(FsError::Os(Errno::EBADF));
         }

@@ -18,7 +18,7 @@ use dashmap::DashMap;
 
 use crate::config::ViewOptions;
 use crate::sys::Errno;
-use crate::sys::file::{self, Access, FsStat, Kind, SetTime, Stat, Time};
+use crate::sys::file::{self, Access, Flush, FsStat, Kind, Remove, SetTime, Stat, Time};
 
 use crate::sys::{dir, xattr};
 
@@ -69,6 +69,15 @@ pub enum XattrReply {
     Data(Vec<u8>),
 }
 
+/// What a listing hands over with each name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listing {
+    /// Names, numbers and kinds (READDIR).
+    Names,
+    /// Full attributes too, each entry counted as a lookup (READDIRPLUS).
+    WithAttributes,
+}
+
 /// One entry of a directory listing handed to the adapter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirItem {
@@ -93,6 +102,7 @@ pub struct Created {
     pub data: Arc<DataFile>,
 }
 
+#[derive(Clone)]
 struct OpenFile {
     data: Arc<DataFile>,
     /// O_SYNC/O_DSYNC: writes that go through the daemon are synced before the reply.
@@ -545,7 +555,7 @@ mod tests {
         let fh = v.opendir(ROOT).unwrap();
         let mut seen = Vec::new();
         let mut next_offset = 0;
-        v.readdir(ROOT, fh, 0, true, |item, next| {
+        v.readdir(ROOT, fh, 0, Listing::WithAttributes, |item, next| {
             if item.attr.is_some()
                 && seen
                     .iter()
@@ -569,7 +579,7 @@ mod tests {
         );
         // Resuming from the last offset lists the rest exactly once.
         let mut rest = Vec::new();
-        v.readdir(ROOT, fh, next_offset, true, |item, _| {
+        v.readdir(ROOT, fh, next_offset, Listing::WithAttributes, |item, _| {
             rest.push(item.name.clone());
             false
         })
@@ -661,7 +671,10 @@ mod tests {
         std::fs::write(dir.path().join(".mountgroup.new.0"), "x").unwrap();
         let n = OsStr::new(".mountgroup.new.0");
         assert_eq!(v.lookup(ROOT, n), Err(FsError::Os(Errno::ENOENT)));
-        assert_eq!(v.unlink(ROOT, n, false), Err(FsError::Os(Errno::ENOENT)));
+        assert_eq!(
+            v.unlink(ROOT, n, Remove::NonDirectory),
+            Err(FsError::Os(Errno::ENOENT))
+        );
         assert_eq!(
             v.rename(ROOT, n, ROOT, OsStr::new("x"), 0),
             Err(FsError::Os(Errno::ENOENT))
@@ -680,7 +693,7 @@ mod tests {
         assert_eq!(v.link(f, ROOT, x), Err(FsError::NotPermitted));
         let fh = v.opendir(ROOT).unwrap();
         let mut listed = Vec::new();
-        v.readdir(ROOT, fh, 0, false, |item, _| {
+        v.readdir(ROOT, fh, 0, Listing::Names, |item, _| {
             listed.push(item.name.clone());
             false
         })
@@ -893,7 +906,7 @@ mod tests {
         );
         assert_eq!(v.link(f, ROOT, n), Err(FsError::ReadOnly));
         assert_eq!(
-            v.unlink(ROOT, OsStr::new("f"), false),
+            v.unlink(ROOT, OsStr::new("f"), Remove::NonDirectory),
             Err(FsError::ReadOnly)
         );
         assert_eq!(

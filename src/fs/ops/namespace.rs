@@ -111,7 +111,12 @@ impl ViewFs {
                 if result.is_err() {
                     // Only the daemon can name the reserved entry: this removes what
                     // this call made, nothing else.
-                    let _ = file::unlink(dir, &temp, new.kind == Kind::Directory);
+                    let what = if new.kind == Kind::Directory {
+                        Remove::Directory
+                    } else {
+                        Remove::NonDirectory
+                    };
+                    let _ = file::unlink(dir, &temp, what);
                 }
                 result
             }
@@ -398,17 +403,17 @@ impl ViewFs {
         self.register(file::reopen(inode.fd()?.as_fd(), inode.kind, Access::Path)?)
     }
 
-    /// Removes a name (`dir` for rmdir).
+    /// Removes a name (an empty directory with [`Remove::Directory`]).
     ///
     /// # Errors
     /// `EROFS`, `ENOENT`, `ENOTEMPTY`, or the error of the system call.
-    pub fn unlink(&self, parent: u64, name: &OsStr, dir: bool) -> FsResult<()> {
+    pub fn unlink(&self, parent: u64, name: &OsStr, what: Remove) -> FsResult<()> {
         self.writable()?;
         if is_reserved_name(name.as_bytes()) {
             return Err(FsError::Os(Errno::ENOENT));
         }
         let p = self.dir(parent)?;
-        Ok(file::unlink(p.fd()?.as_fd(), name, dir)?)
+        Ok(file::unlink(p.fd()?.as_fd(), name, what)?)
     }
 
     /// Renames, with `RENAME_NOREPLACE`/`RENAME_EXCHANGE`.
