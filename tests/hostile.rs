@@ -44,11 +44,35 @@ fn race(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn two_views(f: &Fixture) -> (Mounted, Mounted) {
+/// Two views of one directory, with `shared/` in it, where the victim has run
+/// `script` (`{d}` is `shared/` in view A).
+struct Scene {
+    _a: Mounted,
+    _b: Mounted,
+    shared_a: std::path::PathBuf,
+    shared_b: std::path::PathBuf,
+}
+
+fn scene(f: &Fixture, script: &str) -> Scene {
+    fs::create_dir(f.src.join("shared")).unwrap();
     let other = f.subdir("mnt-b");
     let a = f.mount(OPTIONS);
     let b = Mounted::start(&f.src, &other, &["-o", OPTIONS]).unwrap();
-    (a, b)
+    let shared_a = a.mountpoint.join("shared");
+    let shared_b = b.mountpoint.join("shared");
+    let made = run_as(
+        VICTIM,
+        GROUP,
+        &[GROUP],
+        &script.replace("{d}", shared_a.to_str().unwrap()),
+    );
+    assert!(made.ok, "{made:?}");
+    Scene {
+        _a: a,
+        _b: b,
+        shared_a,
+        shared_b,
+    }
 }
 
 /// The ownership record of the inode behind `file`, as bytes.
@@ -63,20 +87,15 @@ fn record(file: &fs::File) -> Vec<u8> {
 #[test]
 fn a_create_race_never_takes_over_a_victims_entry() {
     let f = Fixture::new();
-    fs::create_dir(f.src.join("shared")).unwrap();
-    let (a, b) = two_views(&f);
-    let shared_a = a.mountpoint.join("shared");
-    let shared_b = b.mountpoint.join("shared");
-    let made = run_as(
-        VICTIM,
-        GROUP,
-        &[GROUP],
-        &format!(
-            "umask 077 && mkdir {d}/vdir && touch {d}/vdir/keep && echo secret > {d}/vfile",
-            d = shared_a.display()
-        ),
+    let Scene {
+        _a,
+        _b,
+        shared_a,
+        shared_b,
+    } = scene(
+        &f,
+        "umask 077 && mkdir {d}/vdir && touch {d}/vdir/keep && echo secret > {d}/vfile",
     );
-    assert!(made.ok, "{made:?}");
     // The victim's inodes, held on disk whatever names they end up with.
     let vdir = fs::File::open(f.src.join("shared/vdir")).unwrap();
     let vfile = fs::File::open(f.src.join("shared/vfile")).unwrap();
@@ -126,17 +145,12 @@ fn a_create_race_never_takes_over_a_victims_entry() {
 #[test]
 fn an_o_creat_open_never_hands_out_a_forbidden_descriptor() {
     let f = Fixture::new();
-    fs::create_dir(f.src.join("shared")).unwrap();
-    let (a, b) = two_views(&f);
-    let shared_a = a.mountpoint.join("shared");
-    let shared_b = b.mountpoint.join("shared");
-    let made = run_as(
-        VICTIM,
-        GROUP,
-        &[GROUP],
-        &format!("umask 077 && printf secret > {}/vfile", shared_a.display()),
-    );
-    assert!(made.ok, "{made:?}");
+    let Scene {
+        _a,
+        _b,
+        shared_a,
+        shared_b,
+    } = scene(&f, "umask 077 && printf secret > {d}/vfile");
     let said = race(&[
         "open",
         shared_a.to_str().unwrap(),

@@ -245,6 +245,17 @@ impl FuseView {
         );
     }
 
+    /// [`FuseView::answer`] for an operation whose success carries nothing.
+    fn empty(
+        &self,
+        op: Op,
+        ino: u64,
+        reply: ReplyEmpty,
+        run: impl FnOnce() -> Result<(), FsError>,
+    ) {
+        self.answer(op, ino, reply, |_| run(), |reply, ()| reply.ok());
+    }
+
     /// The passthrough registration of a shared descriptor, made on its first open.
     fn backing<'a>(
         &self,
@@ -471,23 +482,15 @@ impl Filesystem for FuseView {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.answer(
-            Op::Unlink,
-            parent.0,
-            reply,
-            |_| self.fs.unlink(parent.0, name, Remove::NonDirectory),
-            |reply, ()| reply.ok(),
-        );
+        self.empty(Op::Unlink, parent.0, reply, || {
+            self.fs.unlink(parent.0, name, Remove::NonDirectory)
+        });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.answer(
-            Op::Rmdir,
-            parent.0,
-            reply,
-            |_| self.fs.unlink(parent.0, name, Remove::Directory),
-            |reply, ()| reply.ok(),
-        );
+        self.empty(Op::Rmdir, parent.0, reply, || {
+            self.fs.unlink(parent.0, name, Remove::Directory)
+        });
     }
 
     fn symlink(
@@ -514,16 +517,10 @@ impl Filesystem for FuseView {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        self.answer(
-            Op::Rename,
-            parent.0,
-            reply,
-            |_| {
-                self.fs
-                    .rename(parent.0, name, newparent.0, newname, flags.bits())
-            },
-            |reply, ()| reply.ok(),
-        );
+        self.empty(Op::Rename, parent.0, reply, || {
+            self.fs
+                .rename(parent.0, name, newparent.0, newname, flags.bits())
+        });
     }
 
     fn link(
@@ -656,16 +653,10 @@ impl Filesystem for FuseView {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.answer(
-            Op::Release,
-            ino.0,
-            reply,
-            |_| {
-                self.fs.release(fh.0);
-                Ok(())
-            },
-            |reply, ()| reply.ok(),
-        );
+        self.empty(Op::Release, ino.0, reply, || {
+            self.fs.release(fh.0);
+            Ok(())
+        });
     }
 
     fn fsync(
@@ -676,13 +667,9 @@ impl Filesystem for FuseView {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.answer(
-            Op::Fsync,
-            ino.0,
-            reply,
-            |_| self.fs.fsync(fh.0, flush(datasync)),
-            |reply, ()| reply.ok(),
-        );
+        self.empty(Op::Fsync, ino.0, reply, || {
+            self.fs.fsync(fh.0, flush(datasync))
+        });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -793,16 +780,10 @@ impl Filesystem for FuseView {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.answer(
-            Op::Release,
-            ino.0,
-            reply,
-            |_| {
-                self.fs.release(fh.0);
-                Ok(())
-            },
-            |reply, ()| reply.ok(),
-        );
+        self.empty(Op::Release, ino.0, reply, || {
+            self.fs.release(fh.0);
+            Ok(())
+        });
     }
 
     fn fsyncdir(
@@ -813,13 +794,9 @@ impl Filesystem for FuseView {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.answer(
-            Op::Fsync,
-            ino.0,
-            reply,
-            |_| self.fs.fsync(fh.0, flush(datasync)),
-            |reply, ()| reply.ok(),
-        );
+        self.empty(Op::Fsync, ino.0, reply, || {
+            self.fs.fsync(fh.0, flush(datasync))
+        });
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
@@ -846,13 +823,9 @@ impl Filesystem for FuseView {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        self.answer(
-            Op::Setxattr,
-            ino.0,
-            reply,
-            |_| self.fs.setxattr(ino.0, name, value, flags),
-            |reply, ()| reply.ok(),
-        );
+        self.empty(Op::Setxattr, ino.0, reply, || {
+            self.fs.setxattr(ino.0, name, value, flags)
+        });
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -876,23 +849,15 @@ impl Filesystem for FuseView {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.answer(
-            Op::Removexattr,
-            ino.0,
-            reply,
-            |_| self.fs.removexattr(ino.0, name),
-            |reply, ()| reply.ok(),
-        );
+        self.empty(Op::Removexattr, ino.0, reply, || {
+            self.fs.removexattr(ino.0, name)
+        });
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        self.answer(
-            Op::Access,
-            ino.0,
-            reply,
-            |_| self.fs.access(ino.0, mask.bits()),
-            |reply, ()| reply.ok(),
-        );
+        self.empty(Op::Access, ino.0, reply, || {
+            self.fs.access(ino.0, mask.bits())
+        });
     }
 
     fn fallocate(
@@ -905,13 +870,9 @@ impl Filesystem for FuseView {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.answer(
-            Op::Fallocate,
-            ino.0,
-            reply,
-            |_| self.fs.fallocate(fh.0, offset, length, mode),
-            |reply, ()| reply.ok(),
-        );
+        self.empty(Op::Fallocate, ino.0, reply, || {
+            self.fs.fallocate(fh.0, offset, length, mode)
+        });
     }
 
     fn lseek(
