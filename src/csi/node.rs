@@ -135,7 +135,7 @@ impl pb::node_server::Node for NodeService {
     ) -> Result<Response<pb::NodeGetVolumeStatsResponse>, Status> {
         let r = req.get_ref();
         let id = validate::volume_id(&r.volume_id, "volume_id")?;
-        let path = validate::abs_path(&r.volume_path, "volume_path")?;
+        let path = validate::lookup_path(&r.volume_path, "volume_path")?;
         let node = Arc::clone(&self.node);
         let span = info_span!("NodeGetVolumeStats", volume_id = %id, path = %path.display());
         let stats = blocking(span, move || node.stats(&id, &path)).await?;
@@ -162,7 +162,7 @@ impl pb::node_server::Node for NodeService {
     ) -> Result<Response<pb::NodeExpandVolumeResponse>, Status> {
         let r = req.get_ref();
         let id = validate::volume_id(&r.volume_id, "volume_id")?;
-        let path = validate::abs_path(&r.volume_path, "volume_path")?;
+        let path = validate::lookup_path(&r.volume_path, "volume_path")?;
         let requested = r
             .capacity_range
             .map(|c| {

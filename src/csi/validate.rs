@@ -31,6 +31,24 @@ pub fn volume_id(value: &str, field: &str) -> Result<VolumeId, Status> {
     VolumeId::parse(value).map_err(|why| invalid(format!("{field} {value:?} {why}")))
 }
 
+/// A path the request names only to find a volume there (`volume_path` of
+/// NodeGetVolumeStats and NodeExpandVolume): missing is `INVALID_ARGUMENT`, but any
+/// other value the volume cannot be at, relative or odd, is `NOT_FOUND`, as the spec
+/// asks ("volume_path does not exist"). The path is only compared with the node's
+/// records, never opened, before it is found there.
+///
+/// # Errors
+/// `InvalidArgument` when empty, `NotFound` when it cannot be a published path.
+pub fn lookup_path(value: &str, field: &str) -> Result<PathBuf, Status> {
+    match abs_path(value, field) {
+        Ok(p) => Ok(p),
+        Err(_) if !value.is_empty() => Err(Status::not_found(format!(
+            "nothing is published or staged at {field} {value:?}"
+        ))),
+        Err(e) => Err(e),
+    }
+}
+
 /// A required absolute path without `..` components, normalised.
 ///
 /// # Errors

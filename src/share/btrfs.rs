@@ -73,6 +73,14 @@ pub fn limit(path: &Path, bytes: u64) -> Result<(), ShareError> {
     run(&["qgroup", "limit", &bytes.to_string()], path)
 }
 
+/// The limit of the subvolume at `path` in bytes, from its quota group (`None` when
+/// unlimited or unreadable).
+pub fn limit_bytes(path: &Path) -> Option<u64> {
+    let fd = crate::sys::file::open_root(path).ok()?;
+    let dir = crate::sys::btrfs::qgroup_dir(std::os::fd::AsFd::as_fd(&fd)).ok()??;
+    crate::sys::btrfs::qgroup_usage(&dir).ok()?.limit
+}
+
 /// Bytes used by the subvolume at `path`, from its quota group.
 pub fn used_bytes(path: &Path) -> Option<u64> {
     let fd = crate::sys::file::open_root(path).ok()?;

@@ -152,6 +152,9 @@ pub trait Share: Send + Sync {
     /// Makes the recorded capacity the enforced one (NodeExpandVolume); a no-op when
     /// capacity is advisory.
     fn apply_capacity(&self, rec: &VolumeRecord) -> Result<(), ShareError>;
+    /// Whether applying the recorded capacity would change nothing: it is enforced
+    /// already, or capacity is advisory here.
+    fn capacity_applied(&self, rec: &VolumeRecord) -> bool;
     /// How capacity is held.
     fn capacity(&self) -> &CapacityMode;
 }
@@ -416,6 +419,14 @@ impl Share for LocalShare {
             btrfs::limit(&data, rec.capacity_bytes)?;
         }
         Ok(())
+    }
+
+    fn capacity_applied(&self, rec: &VolumeRecord) -> bool {
+        let data = self.data_path(&rec.id);
+        if !(self.enforced() && btrfs::is_subvolume(&data)) {
+            return true;
+        }
+        btrfs::limit_bytes(&data) == Some(rec.capacity_bytes)
     }
 
     fn capacity(&self) -> &CapacityMode {

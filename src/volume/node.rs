@@ -658,10 +658,16 @@ impl Node {
     /// its subvolume) while its views stay mounted, after checking the share really
     /// holds at least `requested` bytes for it. Repeating it is OK.
     ///
+    /// The share key (the node-expand secret) is required whenever the call changes
+    /// something; a call that changes nothing (the volume already holds its recorded
+    /// capacity on this node, or capacity is advisory) succeeds without it, and tells
+    /// nothing NodeGetVolumeStats does not (docs/CAPACITY.md). A key that is given must
+    /// be the right one.
+    ///
     /// # Errors
-    /// A missing or wrong share key (the node-expand secret), `NotFound` for an unknown
-    /// volume or a path it is not published or staged at, `FailedPrecondition` when the
-    /// share records less than `requested`.
+    /// A missing or wrong share key when something is to change (a wrong one always),
+    /// `NotFound` for an unknown volume or a path it is not published or staged at,
+    /// `FailedPrecondition` when the share records less than `requested`.
     pub fn expand(
         &self,
         id: &VolumeId,
@@ -669,7 +675,9 @@ impl Node {
         requested: Option<u64>,
         secret: Option<&str>,
     ) -> Result<u64, VolumeError> {
-        authorize(&self.key, secret, SecretUse::NodeExpand)?;
+        if secret.is_some() {
+            authorize(&self.key, secret, SecretUse::NodeExpand)?;
+        }
         let _guard = self.guards.acquire(id.as_str(), "NodeExpandVolume")?;
         let rec = self
             .share
@@ -687,6 +695,10 @@ impl Node {
                 rec.capacity_bytes
             )));
         }
+        if self.share.capacity_applied(&rec) {
+            return Ok(rec.capacity_bytes);
+        }
+        authorize(&self.key, secret, SecretUse::NodeExpand)?;
         self.share.apply_capacity(&rec)?;
         tracing::info!(volume_id = %id, capacity_bytes = rec.capacity_bytes, "capacity applied");
         Ok(rec.capacity_bytes)
