@@ -225,8 +225,11 @@ impl ViewOptions {
                 Some((k, v)) => (k, Some(v)),
                 None => (item, None),
             };
-            let need =
-                |v: Option<&'a str>| v.ok_or_else(|| OptionError::MissingValue(key.to_string()));
+            // `gid=` names no value, as `gid` does not.
+            let need = |v: Option<&'a str>| {
+                v.filter(|v| !v.is_empty())
+                    .ok_or_else(|| OptionError::MissingValue(key.to_string()))
+            };
             let bad = |v: &str, reason: String| OptionError::Invalid {
                 key: key.to_string(),
                 value: v.to_string(),
@@ -473,6 +476,11 @@ mod tests {
     fn bad_options_name_the_option() {
         let cases: &[(&str, &str)] = &[
             ("gid=abc", "option `gid`: `abc` is not a decimal id"),
+            ("gid=", "option `gid` needs a value (`gid=...`)"),
+            (
+                "file_mode=",
+                "option `file_mode` needs a value (`file_mode=...`)",
+            ),
             ("gid=-1", "option `gid`: `-1` is not a decimal id"),
             (
                 "gid=4294967295",

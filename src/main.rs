@@ -110,7 +110,11 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(mountgroup::csi::server::serve(cfg)) {
+    let result = runtime.block_on(mountgroup::csi::server::serve(cfg));
+    // Blocking-pool threads idle for up to ten seconds before they go, and a drop of
+    // the runtime waits for them: exit as soon as the server has stopped.
+    runtime.shutdown_background();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("mountgroup: {e}");

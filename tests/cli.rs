@@ -35,6 +35,10 @@ fn bad_input_is_named_and_mounts_nothing() {
             "unknown option `colour`",
         ),
         (
+            vec![src, mnt, "-o", "gid="],
+            "option `gid` needs a value (`gid=...`)",
+        ),
+        (
             vec![src, mnt, "-o", "mode=fsgroup,noperm"],
             "option `noperm` only applies to mode=cifs",
         ),
@@ -146,4 +150,32 @@ fn sigterm_and_sigint_unmount_and_exit_zero() {
         assert!(!is_mounted(&mnt), "{sig:?} unmounted");
         assert_eq!(m.stop(), Some(0), "{sig:?}: exit 0");
     }
+}
+
+/// Without root, a /dev/fuse the user cannot open is named as the cause.
+#[test]
+fn a_non_root_mount_names_dev_fuse() {
+    let f = Fixture::new();
+    common::chown(&f.src, 2001, 2001);
+    common::chown(&f.mnt, 2001, 2001);
+    let may_open = run_as(2001, 2001, &[], "test -r /dev/fuse && test -w /dev/fuse").ok;
+    let ran = run_as(
+        2001,
+        2001,
+        &[],
+        &format!(
+            "timeout 5 {BIN} mount {} {} -o ownership=off,gid=5; echo exit=$?",
+            f.src.display(),
+            f.mnt.display()
+        ),
+    );
+    let names_it = ran
+        .stderr
+        .contains("/dev/fuse is not readable and writable");
+    if may_open {
+        assert!(!names_it, "{ran:?}");
+    } else {
+        assert!(names_it && ran.stdout.contains("exit=1"), "{ran:?}");
+    }
+    assert!(!is_mounted(&f.mnt));
 }

@@ -55,6 +55,10 @@ pub enum MountError {
         mountpoint: PathBuf,
         source: io::Error,
     },
+    #[error(
+        "cannot mount without root: /dev/fuse is not readable and writable by this user ({errno}); run as root, or make /dev/fuse mode 0666 as most distributions do"
+    )]
+    DevFuse { errno: Errno },
     #[error("the FUSE session ended with an error: {0}")]
     Session(io::Error),
 }
@@ -268,6 +272,10 @@ pub fn run_foreground(
             ::fuser::Session::from_fd(view, dev, cfg.acl, cfg.clone()).map_err(mount_err)?;
         (session, Unmounter::Own(mountpoint.clone()), Some(guard))
     } else {
+        // fuser opens /dev/fuse itself before fusermount3 mounts it: name the device
+        // rather than answer a bare "Permission denied".
+        crate::sys::file::check_read_write(Path::new("/dev/fuse"))
+            .map_err(|errno| MountError::DevFuse { errno })?;
         let mut session = ::fuser::Session::new(view, &mountpoint, &cfg).map_err(mount_err)?;
         let u = Unmounter::Fuser(session.unmount_callable());
         (session, u, None)

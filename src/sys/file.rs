@@ -621,3 +621,15 @@ pub fn lock_exclusive(path: &Path, on_wait: impl FnOnce()) -> SysResult<OwnedFd>
     rustix::fs::flock(&fd, FlockOperation::LockExclusive).map_err(failed("flock"))?;
     Ok(fd)
 }
+
+/// `access(2)` for reading and writing with the real ids.
+///
+/// # Errors
+/// The error of the call (`EACCES` when not allowed).
+pub fn check_read_write(path: &Path) -> SysResult<()> {
+    rustix::fs::access(
+        path,
+        rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK,
+    )
+    .map_err(failed("access"))
+}
