@@ -1,6 +1,6 @@
 //! The mount(8) helper: `mount -t fuse.mountgroup` and an fstab line mount views,
 //! `umount` ends them. Installs scripts/mount.fuse.mountgroup as
-//! /sbin/mount.fuse.mountgroup (the tests run as root).
+//! /sbin/mount.fuse.mountgroup while they run (as root), and puts back what was there.
 
 mod common;
 
@@ -9,16 +9,49 @@ use std::process::Command;
 
 use common::*;
 
-fn install_helper() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
+const HELPER: &str = "/sbin/mount.fuse.mountgroup";
+
+/// The helper under test installed as /sbin/mount.fuse.mountgroup (where mount(8)
+/// looks) while any test holds one of these; the last one to go puts back what was
+/// there before (nothing, or an installed helper), so a test run leaves no file behind.
+struct Helper;
+
+static HELPERS: std::sync::Mutex<(usize, Option<Option<Vec<u8>>>)> =
+    std::sync::Mutex::new((0, None));
+
+fn install_helper() -> Helper {
+    let mut h = HELPERS.lock().unwrap_or_else(|e| e.into_inner());
+    if h.0 == 0 {
+        h.1 = Some(fs::read(HELPER).ok());
         let src = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/mount.fuse.mountgroup");
-        let dst = "/sbin/mount.fuse.mountgroup";
-        // Copy beside, then rename: a mount(8) running elsewhere never sees half a file.
-        let tmp = format!("{dst}.{}", std::process::id());
-        fs::copy(src, &tmp).unwrap();
-        fs::rename(&tmp, dst).unwrap();
-    });
+        put(&fs::read(src).unwrap());
+    }
+    h.0 += 1;
+    Helper
+}
+
+/// Copy beside, then rename: a mount(8) running elsewhere never sees half a file.
+fn put(content: &[u8]) {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = format!("{HELPER}.{}", std::process::id());
+    fs::write(&tmp, content).unwrap();
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::rename(&tmp, HELPER).unwrap();
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let mut h = HELPERS.lock().unwrap_or_else(|e| e.into_inner());
+        h.0 -= 1;
+        if h.0 == 0 {
+            match h.1.take().flatten() {
+                Some(before) => put(&before),
+                None => {
+                    let _ = fs::remove_file(HELPER);
+                }
+            }
+        }
+    }
 }
 
 fn wait_unmounted(path: &std::path::Path) {
@@ -46,12 +79,13 @@ impl Drop for Unmount {
 
 #[test]
 fn mount_t_fuse_mountgroup_and_fstab_lines_work() {
-    install_helper();
+    let _helper = install_helper();
     let f = Fixture::new();
     fs::write(f.src.join("a"), "x").unwrap();
     let _guard = Unmount(f.mnt.clone());
     let out = Command::new("mount")
         .env("MOUNTGROUP_BIN", BIN)
+        .env("MOUNTGROUP_LOG_DIR", f.dir.path())
         .args(["-t", "fuse.mountgroup"])
         .arg(&f.src)
         .arg(&f.mnt)
@@ -85,6 +119,7 @@ fn mount_t_fuse_mountgroup_and_fstab_lines_work() {
     .unwrap();
     let out = Command::new("mount")
         .env("MOUNTGROUP_BIN", BIN)
+        .env("MOUNTGROUP_LOG_DIR", f.dir.path())
         .arg("--fstab")
         .arg(&fstab)
         .arg(&f.mnt)
@@ -102,11 +137,12 @@ fn mount_t_fuse_mountgroup_and_fstab_lines_work() {
 
 #[test]
 fn a_bad_option_fails_the_mount_with_the_views_message() {
-    install_helper();
+    let _helper = install_helper();
     let f = Fixture::new();
     let _guard = Unmount(f.mnt.clone());
     let out = Command::new("mount")
         .env("MOUNTGROUP_BIN", BIN)
+        .env("MOUNTGROUP_LOG_DIR", f.dir.path())
         .args(["-t", "fuse.mountgroup"])
         .arg(&f.src)
         .arg(&f.mnt)
