@@ -8,7 +8,10 @@ use tracing_subscriber::EnvFilter;
 
 use mountgroup::config::ViewOptions;
 use mountgroup::logfile::BoundedLog;
+use tracing_subscriber::Layer;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 #[derive(Parser)]
 #[command(
@@ -185,18 +188,23 @@ impl MountArgs {
 fn init_logging(default: &str, json: bool, file: Option<BoundedLog>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let ansi = file.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(BoxMakeWriter::new(std::io::stderr));
-    let builder = match file {
-        Some(f) => builder.with_writer(BoxMakeWriter::new(f)),
-        None => builder,
+    let writer = match file {
+        Some(f) => BoxMakeWriter::new(f),
+        None => BoxMakeWriter::new(std::io::stderr),
     };
-    if json {
-        builder.json().with_current_span(true).init();
+    let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
+    let fmt = if json {
+        fmt.json()
+            .with_current_span(true)
+            .with_filter(filter)
+            .boxed()
     } else {
-        builder.with_ansi(ansi).init();
-    }
+        fmt.with_ansi(ansi).with_filter(filter).boxed()
+    };
+    tracing_subscriber::registry()
+        .with(fmt)
+        .with(mountgroup::csi::authority::RefusedAuthority::layer())
+        .init();
 }
 
 fn main() -> ExitCode {

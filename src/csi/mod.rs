@@ -3,6 +3,7 @@
 //! once (`status.rs`). Each request gets one span with chosen fields; requests are
 //! never logged whole (prost's Debug would print the `secrets` maps).
 
+pub mod authority;
 pub mod controller;
 pub mod identity;
 pub mod metrics;
