@@ -105,3 +105,27 @@ fn manifests_use_only_flags_the_binary_has() {
         }
     }
 }
+
+/// The image the manifests pull is the one `scripts/build-image` tags by default, so a
+/// locally built image is used as it is (docs/DEPLOY.md).
+#[test]
+fn manifests_pull_the_image_the_build_makes() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let script = fs::read_to_string(format!("{root}/scripts/build-image")).unwrap();
+    let image = script
+        .lines()
+        .find_map(|l| l.strip_prefix("IMAGE="))
+        .expect("scripts/build-image names its IMAGE");
+    let tag = format!("{image}:{}", env!("CARGO_PKG_VERSION"));
+    assert!(script.contains("tag=${1:-$IMAGE:$version}"));
+    for file in ["deploy/node.yaml", "deploy/controller.yaml"] {
+        let yaml = fs::read_to_string(format!("{root}/{file}")).unwrap();
+        let ours: Vec<&str> = yaml
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("image: "))
+            .filter(|i| i.starts_with(image))
+            .collect();
+        assert_eq!(ours, [tag.as_str()], "{file}");
+        assert!(yaml.contains("imagePullPolicy: IfNotPresent"), "{file}");
+    }
+}
