@@ -159,12 +159,16 @@ fn a_non_root_mount_names_dev_fuse() {
     common::chown(&f.src, 2001, 2001);
     common::chown(&f.mnt, 2001, 2001);
     let may_open = run_as(2001, 2001, &[], "test -r /dev/fuse && test -w /dev/fuse").ok;
+    // A copy every user can run (the checkout may not be readable to uid 2001).
+    let bin = f.dir.path().join("mountgroup");
+    std::fs::copy(BIN, &bin).unwrap();
     let ran = run_as(
         2001,
         2001,
         &[],
         &format!(
-            "timeout 5 {BIN} mount {} {} -o ownership=off,gid=5; echo exit=$?",
+            "timeout 5 {} mount {} {} -o ownership=off,gid=5; echo exit=$?",
+            bin.display(),
             f.src.display(),
             f.mnt.display()
         ),

@@ -17,18 +17,22 @@ const VICTIM: u32 = 3000;
 /// Both views see the directory at once: no kernel cache hides a swap.
 const OPTIONS: &str = "gid=2000,attr_timeout=0,entry_timeout=0";
 
-fn race_script() -> String {
-    format!("{}/tests/race.py", env!("CARGO_MANIFEST_DIR"))
-}
-
 /// Runs tests/race.py as the attacker (a member of the mount group) and returns what
-/// it printed.
-fn race(args: &[&str]) -> String {
+/// it printed. The script is copied into the fixture, which every user can read (the
+/// checkout may not be).
+fn race(f: &Fixture, args: &[&str]) -> String {
+    let script = f.dir.path().join("race.py");
+    fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/race.py"),
+        &script,
+    )
+    .unwrap();
     let out = Command::new("setpriv")
         .arg(format!("--reuid={ATTACKER}"))
         .arg(format!("--regid={ATTACKER}"))
         .arg(format!("--groups={GROUP}"))
-        .args(["--", "/usr/bin/python3", &race_script()])
+        .args(["--", "/usr/bin/python3"])
+        .arg(&script)
         .args(args)
         .env(
             "RACE_SECONDS",
@@ -101,13 +105,16 @@ fn a_create_race_never_takes_over_a_victims_entry() {
     let vfile = fs::File::open(f.src.join("shared/vfile")).unwrap();
     let (dir_before, file_before) = (record(&vdir), record(&vfile));
 
-    let said = race(&[
-        "takeover",
-        shared_a.to_str().unwrap(),
-        shared_b.to_str().unwrap(),
-        "vdir",
-        "vfile",
-    ]);
+    let said = race(
+        &f,
+        &[
+            "takeover",
+            shared_a.to_str().unwrap(),
+            shared_b.to_str().unwrap(),
+            "vdir",
+            "vfile",
+        ],
+    );
     let made: u64 = said.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(made > 100, "the loop ran: {said}");
 
@@ -151,13 +158,16 @@ fn an_o_creat_open_never_hands_out_a_forbidden_descriptor() {
         shared_a,
         shared_b,
     } = scene(&f, "umask 077 && printf secret > {d}/vfile");
-    let said = race(&[
-        "open",
-        shared_a.to_str().unwrap(),
-        shared_b.to_str().unwrap(),
-        "vfile",
-        "secret",
-    ]);
+    let said = race(
+        &f,
+        &[
+            "open",
+            shared_a.to_str().unwrap(),
+            shared_b.to_str().unwrap(),
+            "vfile",
+            "secret",
+        ],
+    );
     let words: Vec<&str> = said.split_whitespace().collect();
     let (opened, leaked): (u64, u64) = (words[1].parse().unwrap(), words[3].parse().unwrap());
     assert!(opened > 100, "the loop ran: {said}");
