@@ -136,6 +136,9 @@ pub struct ViewFs {
     checks_access: bool,
     /// Set once the backing file system answered `RENAME_NOREPLACE` with `EINVAL`.
     noreplace_missing: AtomicBool,
+    /// The daemon's effective uid and gid (what a new entry gets before it is given
+    /// to its caller), read once rather than on every create.
+    daemon_ids: (u32, u32),
     /// The btrfs quota group of the volume, when the root is a btrfs subvolume:
     /// statfs then reports the volume's limit and usage, not the whole file system.
     qgroup: Option<std::path::PathBuf>,
@@ -188,6 +191,7 @@ impl ViewFs {
             warned_bad_record: AtomicBool::new(false),
             checks_access: options.kernel_permission_checks(),
             noreplace_missing: AtomicBool::new(false),
+            daemon_ids: crate::sys::process::effective_ids(),
         })
     }
 
@@ -706,6 +710,33 @@ mod tests {
             Err(FsError::Os(Errno::EEXIST))
         );
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 5);
+    }
+
+    /// A plain view hands a new entry to its caller, but a setgid parent's group stays,
+    /// even when that group is the daemon's own.
+    #[test]
+    fn a_plain_view_keeps_a_setgid_parents_group() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let (_, egid) = crate::sys::process::effective_ids();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o2777)).unwrap();
+        let v = view(dir.path(), "");
+        let c = v
+            .create(ROOT, OsStr::new("f"), 0o100644, libc::O_RDWR, ME)
+            .unwrap();
+        v.release(c.fh);
+        v.mkdir(ROOT, OsStr::new("d"), 0o755, ME).unwrap();
+        for name in ["f", "d"] {
+            let m = std::fs::metadata(dir.path().join(name)).unwrap();
+            assert_eq!((m.uid(), m.gid()), (ME.uid, egid), "{name}");
+        }
+        let d = std::fs::metadata(dir.path().join("d")).unwrap();
+        assert_ne!(d.mode() & 0o2000, 0, "a new directory inherits setgid");
+        // Without setgid on the parent, the caller's group.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        v.mkdir(ROOT, OsStr::new("e"), 0o755, ME).unwrap();
+        let e = std::fs::metadata(dir.path().join("e")).unwrap();
+        assert_eq!((e.uid(), e.gid()), (ME.uid, ME.gid));
     }
 
     /// Another view moves a victim's entry onto the name a create is making, in the

@@ -49,11 +49,6 @@ enum Placement {
     Staged,
 }
 
-/// A new entry made under its final name, with the descriptor that reaches it.
-struct Made {
-    fd: OwnedFd,
-}
-
 impl ViewFs {
     /// Whether the daemon acts on an entry after making it, and so must make it where
     /// no other view can swap it: when it records ownership, or chowns it to a caller
@@ -61,7 +56,7 @@ impl ViewFs {
     fn placement(&self, caller: Caller) -> Placement {
         match self.policy {
             Policy::Plain => {
-                let (euid, egid) = crate::sys::process::effective_ids();
+                let (euid, egid) = self.daemon_ids;
                 if caller.uid == euid && caller.gid == egid {
                     Placement::Direct
                 } else {
@@ -86,7 +81,7 @@ impl ViewFs {
         caller: Caller,
         make: impl FnOnce(std::os::fd::BorrowedFd<'_>, &OsStr) -> crate::sys::SysResult<T>,
         open: impl FnOnce(std::os::fd::BorrowedFd<'_>, &OsStr, T) -> FsResult<(OwnedFd, T)>,
-    ) -> FsResult<(Made, T)> {
+    ) -> FsResult<(OwnedFd, T)> {
         let pfd = parent.fd()?;
         let dir = pfd.as_fd();
         match self.placement(caller) {
@@ -94,8 +89,7 @@ impl ViewFs {
                 let made = make(dir, name)?;
                 #[cfg(test)]
                 race_hook::run(dir, name);
-                let (fd, extra) = open(dir, name, made)?;
-                Ok((Made { fd }, extra))
+                open(dir, name, made)
             }
             Placement::Staged => {
                 let temp = staging_name();
@@ -106,7 +100,7 @@ impl ViewFs {
                 let result = open(dir, &temp, made).and_then(|(fd, extra)| {
                     self.adopt(parent, &fd, new, caller)?;
                     self.put_in_place(dir, &temp, name)?;
-                    Ok((Made { fd }, extra))
+                    Ok((fd, extra))
                 });
                 if result.is_err() {
                     // Only the daemon can name the reserved entry: this removes what
@@ -167,7 +161,7 @@ impl ViewFs {
         caller: Caller,
     ) -> FsResult<()> {
         match self.policy {
-            Policy::Plain => self.give_to_caller(fd, new, caller),
+            Policy::Plain => self.give_to_caller(parent, fd, new, caller),
             _ => {
                 // Only fsgroup inherits from the parent; spare the stat otherwise.
                 let parent_shown = match self.policy {
@@ -187,12 +181,18 @@ impl ViewFs {
         }
     }
 
-    fn give_to_caller(&self, fd: &OwnedFd, new: NewEntry, caller: Caller) -> FsResult<()> {
-        let st = file::stat(fd.as_fd())?;
-        // Made in its parent, the entry already has the group a setgid parent gives.
-        let parent_gave_group = st.gid != crate::sys::process::effective_ids().1;
-        let gid = (!parent_gave_group).then_some(caller.gid);
-        if st.uid == caller.uid && gid.is_none_or(|g| g == st.gid) {
+    fn give_to_caller(
+        &self,
+        parent: &Arc<Inode>,
+        fd: &OwnedFd,
+        new: NewEntry,
+        caller: Caller,
+    ) -> FsResult<()> {
+        let pst = file::stat(parent.fd()?.as_fd())?;
+        // Made in its parent, the entry has the group a setgid parent gives already.
+        let gid = (pst.perm & 0o2000 == 0).then_some(caller.gid);
+        let (euid, egid) = self.daemon_ids;
+        if caller.uid == euid && gid.is_none_or(|g| g == egid) {
             return Ok(());
         }
         match file::chown(fd.as_fd(), Some(caller.uid), gid) {
@@ -243,7 +243,7 @@ impl ViewFs {
                 Ok((path_fd, data_fd))
             },
         );
-        let (Made { fd: path_fd }, data_fd) = match made {
+        let (path_fd, data_fd) = match made {
             Ok(m) => m,
             Err(FsError::Os(Errno::EEXIST)) if flags & libc::O_EXCL == 0 => {
                 return self.open_existing(parent, name, flags, caller);
@@ -377,7 +377,7 @@ impl ViewFs {
         refuse_reserved(name)?;
         let p = self.dir(parent)?;
         let root_mnt = self.root_mnt;
-        let (Made { fd }, ()) = self.make_entry(&p, name, new, caller, make, |dir, n, ()| {
+        let (fd, ()) = self.make_entry(&p, name, new, caller, make, |dir, n, ()| {
             let fd = file::open_child(dir, n, root_mnt)?;
             if file::stat(fd.as_fd())?.kind != new.kind {
                 // Replaced between creation and open (direct placement only: a staged
