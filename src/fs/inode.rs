@@ -15,9 +15,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 
-use crate::sys::Errno;
 use crate::sys::file::{self, Access, Kind, Stat};
 use crate::sys::handle::{self, FileHandle};
+use crate::sys::{Errno, SysResult};
 
 use super::error::{FsError, FsResult};
 
@@ -77,7 +77,7 @@ enum Source {
 }
 
 /// Whether an error says the process (or the system) ran out of descriptors.
-pub fn out_of_descriptors(e: Errno) -> bool {
+fn out_of_descriptors(e: Errno) -> bool {
     e.raw() == libc::EMFILE || e.raw() == libc::ENFILE
 }
 
@@ -93,6 +93,18 @@ struct Shared {
 }
 
 impl Shared {
+    /// Runs a call that opens a descriptor; when the process is out of descriptors,
+    /// closes half of the cache and tries once more.
+    fn with_fds<T>(&self, call: impl Fn() -> SysResult<T>) -> SysResult<T> {
+        match call() {
+            Err(e) if out_of_descriptors(e) => {
+                self.relieve();
+                call()
+            }
+            r => r,
+        }
+    }
+
     /// Closes the older half of the cached descriptors. Called when a call ran out of
     /// descriptors: files that a pod holds open then squeeze the cache instead of
     /// failing every lookup of the view for everyone.
@@ -153,14 +165,10 @@ impl Inode {
             .mount_fd
             .as_ref()
             .ok_or(FsError::Os(Errno::EBADF))?;
-        let fd = match handle::open(mount_fd.as_fd(), handle) {
-            Err(e) if out_of_descriptors(e) => {
-                self.shared.relieve();
-                handle::open(mount_fd.as_fd(), handle)?
-            }
-            r => r?,
-        };
-        let fd = Arc::new(fd);
+        let fd = Arc::new(
+            self.shared
+                .with_fds(|| handle::open(mount_fd.as_fd(), handle))?,
+        );
         self.cache(Arc::clone(&fd));
         Ok(fd)
     }
@@ -285,9 +293,14 @@ impl InodeTable {
             .ok_or(FsError::UnknownInode(id))
     }
 
-    /// Closes the older half of the cached descriptors (see [`out_of_descriptors`]).
-    pub fn relieve(&self) {
-        self.shared.relieve();
+    /// Runs `call`, which opens a descriptor; when the process has run out of them, the
+    /// older half of the cached descriptors is closed and `call` tried once more, so
+    /// that files a pod holds open squeeze the cache instead of failing lookups.
+    ///
+    /// # Errors
+    /// The error of the last call.
+    pub fn with_fds<T>(&self, call: impl Fn() -> SysResult<T>) -> SysResult<T> {
+        self.shared.with_fds(call)
     }
 
     /// Counts one kernel lookup of the inode `fd` refers to, registering it if new.

@@ -32,7 +32,10 @@ impl ViewFs {
         };
         // Not under the slot's lock: reaching the inode may take it too.
         let path_fd = inode.fd()?;
-        let reopen = |access| self.with_fds(|| file::reopen(path_fd.as_fd(), inode.kind, access));
+        let reopen = |access| {
+            self.inodes
+                .with_fds(|| file::reopen(path_fd.as_fd(), inode.kind, access))
+        };
         let (fd, writable) = match reopen(access) {
             Ok(fd) => (fd, access == Access::ReadWrite),
             // A running executable (ETXTBSY), an immutable file, a read-only backend:

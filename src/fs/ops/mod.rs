@@ -324,27 +324,15 @@ impl ViewFs {
         }
         let p = self.dir(parent)?;
         let pfd = p.fd()?;
-        let fd = match self.with_fds(|| file::open_child(pfd.as_fd(), name, self.root_mnt)) {
+        let fd = match self
+            .inodes
+            .with_fds(|| file::open_child(pfd.as_fd(), name, self.root_mnt))
+        {
             Ok(fd) => fd,
             Err(Errno::EXDEV) => return Err(FsError::Os(Errno::ENOENT)),
             Err(e) => return Err(e.into()),
         };
         self.register(fd)
-    }
-
-    /// Runs a call that opens a descriptor; when the process is out of descriptors,
-    /// closes half of the inode cache and tries once more.
-    pub(super) fn with_fds<T>(
-        &self,
-        call: impl Fn() -> crate::sys::SysResult<T>,
-    ) -> crate::sys::SysResult<T> {
-        match call() {
-            Err(e) if super::inode::out_of_descriptors(e) => {
-                self.inodes.relieve();
-                call()
-            }
-            r => r,
-        }
     }
 
     pub(super) fn register(&self, fd: OwnedFd) -> FsResult<Attr> {
@@ -436,7 +424,9 @@ impl ViewFs {
                     // A chown or chgrp of a non-directory clears set-id bits, for root
                     // too; the kernel leaves that to the server under
                     // FUSE_HANDLE_KILLPRIV_V2 (the disk does it in a plain view).
-                    let shown = self.shown(&inode)?;
+                    // The record is read already: only the disk's mode is missing.
+                    let st = file::stat(inode.fd()?.as_fd())?;
+                    let shown = self.attr_with(&inode, &st, current.as_ref());
                     let kept = view::perm_after_chown(inode.kind, shown.perm);
                     if kept != shown.perm {
                         change.perm = Some(kept);
