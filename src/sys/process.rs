@@ -103,13 +103,5 @@ pub fn supplementary_groups(pid: u32) -> super::SysResult<Vec<u32>> {
 /// # Errors
 /// The error of `dup2`.
 pub fn redirect_stderr(file: &impl std::os::fd::AsFd) -> std::io::Result<()> {
-    // SAFETY: descriptor 2 is standard error, which this process always has open (or
-    // which dup2 opens); replacing it is exactly what is asked, and no Rust object
-    // owns descriptor 2.
-    #[allow(unsafe_code)]
-    let mut stderr = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(2) };
-    let r = rustix::io::dup2(file.as_fd(), &mut stderr);
-    // Descriptor 2 stays open: it is the process's, not this function's.
-    std::mem::forget(stderr);
-    r.map_err(std::io::Error::from)
+    Ok(rustix::stdio::dup2_stderr(file)?)
 }
