@@ -182,8 +182,13 @@ impl FuseView {
 
     fn log_failure(&self, op: Op, ino: u64, e: &FsError) {
         let errno = e.errno();
-        // The system call that failed, where one did (the view's own refusals have none).
-        let syscall = crate::sys::take_failed_call().unwrap_or("-");
+        // The system call that failed, where one did. The view's own refusals have none,
+        // even when a call failed harmlessly earlier in the operation (an absent xattr).
+        let failed_call = crate::sys::take_failed_call();
+        let syscall = match e {
+            FsError::Os(_) => failed_call.unwrap_or("-"),
+            _ => "-",
+        };
         if expected(errno) {
             tracing::debug!(op = op.name(), ino, syscall, errno = %errno_name(errno), error = %e, "operation failed");
             return;
