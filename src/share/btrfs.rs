@@ -73,17 +73,19 @@ pub fn limit(path: &Path, bytes: u64) -> Result<(), ShareError> {
     run(&["qgroup", "limit", &bytes.to_string()], path)
 }
 
-/// The limit of the subvolume at `path` in bytes, from its quota group (`None` when
-/// unlimited or unreadable).
-pub fn limit_bytes(path: &Path) -> Option<u64> {
+/// The quota group numbers of the subvolume at `path` (`None` when unreadable).
+fn usage(path: &Path) -> Option<crate::sys::btrfs::QgroupUsage> {
     let fd = crate::sys::file::open_root(path).ok()?;
     let dir = crate::sys::btrfs::qgroup_dir(std::os::fd::AsFd::as_fd(&fd)).ok()??;
-    crate::sys::btrfs::qgroup_usage(&dir).ok()?.limit
+    crate::sys::btrfs::qgroup_usage(&dir).ok()
+}
+
+/// The limit of the subvolume at `path` in bytes (`None` when unlimited or unreadable).
+pub fn limit_bytes(path: &Path) -> Option<u64> {
+    usage(path)?.limit
 }
 
 /// Bytes used by the subvolume at `path`, from its quota group.
 pub fn used_bytes(path: &Path) -> Option<u64> {
-    let fd = crate::sys::file::open_root(path).ok()?;
-    let dir = crate::sys::btrfs::qgroup_dir(std::os::fd::AsFd::as_fd(&fd)).ok()??;
-    crate::sys::btrfs::qgroup_usage(&dir).ok().map(|u| u.used)
+    usage(path).map(|u| u.used)
 }

@@ -119,7 +119,7 @@ impl Node {
             guards,
             key,
             runtime_dir: runtime_dir.to_path_buf(),
-            views: Views::new(exe, state_dir.join("views"))?,
+            views: Views::new(exe, state_dir.join("views"), runtime_dir.join("views"))?,
             state_path,
             state: Mutex::new(state),
         });
@@ -698,7 +698,10 @@ impl Node {
         if self.share.capacity_applied(&rec) {
             return Ok(rec.capacity_bytes);
         }
-        authorize(&self.key, secret, SecretUse::NodeExpand)?;
+        if secret.is_none() {
+            // Something is to change: the key is required (a given one was checked).
+            authorize(&self.key, None, SecretUse::NodeExpand)?;
+        }
         self.share.apply_capacity(&rec)?;
         tracing::info!(volume_id = %id, capacity_bytes = rec.capacity_bytes, "capacity applied");
         Ok(rec.capacity_bytes)
