@@ -159,6 +159,16 @@ struct MountArgs {
     /// reaches --log-max-bytes: a view's log never takes more than twice that.
     #[arg(long, value_name = "PATH")]
     log_file: Option<PathBuf>,
+    /// Where the view listens for a new process to hand itself over to (a root-only
+    /// directory). Running `mountgroup mount` again on a mountpoint a view serves, with
+    /// the same source and options, takes the view over live through it.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "MOUNTGROUP_CONTROL_DIR",
+        default_value = mountgroup::fs::handover::DEFAULT_CONTROL_DIR
+    )]
+    control_dir: PathBuf,
     /// The size at which --log-file is rotated.
     #[arg(long, value_name = "BYTES", default_value_t = mountgroup::logfile::DEFAULT_MAX_BYTES)]
     log_max_bytes: u64,
@@ -240,6 +250,7 @@ fn main() -> ExitCode {
                 &args.mountpoint,
                 &options,
                 args.metrics_file.as_deref(),
+                Some(&args.control_dir),
             ) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

@@ -35,6 +35,9 @@ pub enum FsError {
     /// A buffer the kernel offered is too small for the answer.
     #[error("result too large")]
     TooLarge,
+    /// A view's tables handed over by another process do not fit this view.
+    #[error("handover refused: {0}")]
+    Handover(&'static str),
 }
 
 impl FsError {
@@ -52,6 +55,9 @@ impl FsError {
             FsError::WrongKind => libc::EINVAL,
             FsError::Busy => libc::ETXTBSY,
             FsError::TooLarge => libc::ERANGE,
+            // Never a reply to the kernel: a takeover that fails leaves the old process
+            // serving.
+            FsError::Handover(_) => libc::EPROTO,
         }
     }
 }

@@ -10,7 +10,7 @@
 
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -18,15 +18,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem,
-    FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags,
-    PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData,
+    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents,
+    PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek,
     ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::config::Passthrough;
 use crate::sys::file::{Flush, Kind, Remove, SetTime, Time};
+use crate::sys::fuse::Backing;
 
 use super::error::FsError;
 use super::inode::DataFile;
@@ -40,9 +41,12 @@ const MAX_WRITE: u32 = 1 << 20;
 
 /// A [`ViewFs`] served over FUSE.
 pub struct FuseView {
-    fs: ViewFs,
+    fs: Arc<ViewFs>,
+    /// The connection (`/dev/fuse`), on which passthrough registrations are made.
+    dev: Option<Arc<OwnedFd>>,
     passthrough_mode: Passthrough,
-    passthrough: bool,
+    /// Negotiated at INIT, or handed over with the connection.
+    passthrough: Arc<AtomicBool>,
     warned_backing: AtomicBool,
     attr_ttl: Duration,
     entry_ttl: Duration,
@@ -132,13 +136,53 @@ impl FuseView {
         entry_ttl: Duration,
     ) -> FuseView {
         FuseView {
-            fs,
+            fs: Arc::new(fs),
+            dev: None,
             passthrough_mode: passthrough,
-            passthrough: false,
+            passthrough: Arc::new(AtomicBool::new(false)),
             warned_backing: AtomicBool::new(false),
             attr_ttl,
             entry_ttl,
             stats: Arc::new(ViewStats::default()),
+            warnings: RateLimit::new(WARN_BURST, WARN_WINDOW),
+        }
+    }
+
+    /// Gives the view its connection's descriptor (a duplicate of the one the session
+    /// reads): without one, files are served through the daemon.
+    pub fn attach(&mut self, dev: Arc<OwnedFd>) {
+        self.dev = Some(dev);
+    }
+
+    /// The filesystem core, shared with whoever hands the view over.
+    pub fn fs(&self) -> Arc<ViewFs> {
+        Arc::clone(&self.fs)
+    }
+
+    /// Whether the connection reads and writes files through kernel passthrough.
+    pub fn passthrough(&self) -> bool {
+        self.passthrough.load(Ordering::Relaxed)
+    }
+
+    /// A view of a connection that another process initialized: what its INIT
+    /// negotiated is handed over, not negotiated again.
+    pub fn set_negotiated(&self, passthrough: bool) {
+        self.passthrough.store(passthrough, Ordering::Relaxed);
+        self.stats.set_passthrough(passthrough);
+    }
+
+    /// Another adapter over the same core, counters and connection: the one that
+    /// serves again when a handover fails after the workers stopped.
+    pub fn resume(&self) -> FuseView {
+        FuseView {
+            fs: Arc::clone(&self.fs),
+            dev: self.dev.clone(),
+            passthrough_mode: self.passthrough_mode,
+            passthrough: Arc::clone(&self.passthrough),
+            warned_backing: AtomicBool::new(self.warned_backing.load(Ordering::Relaxed)),
+            attr_ttl: self.attr_ttl,
+            entry_ttl: self.entry_ttl,
+            stats: Arc::clone(&self.stats),
             warnings: RateLimit::new(WARN_BURST, WARN_WINDOW),
         }
     }
@@ -261,25 +305,24 @@ impl FuseView {
         self.answer(op, ino, reply, |_| run(), |reply, ()| reply.ok());
     }
 
-    /// The passthrough registration of a shared descriptor, made on its first open.
-    fn backing<'a>(
-        &self,
-        data: &'a DataFile,
-        register: impl FnOnce() -> io::Result<BackingId>,
-    ) -> Option<&'a BackingId> {
-        if !self.passthrough {
+    /// The backing id of a shared descriptor, registered on its first open.
+    fn backing(&self, data: &DataFile) -> Option<u32> {
+        if !self.passthrough() {
             return None;
         }
-        let slot = data.passthrough.get_or_init(|| match register() {
-            Ok(id) => Some(Box::new(id) as Box<dyn std::any::Any + Send + Sync>),
-            Err(e) => {
-                if !self.warned_backing.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(error = %e, "kernel passthrough refused a backing file; serving it through the daemon");
+        let dev = self.dev.as_ref()?;
+        let slot = data
+            .passthrough
+            .get_or_init(|| match Backing::open(dev, data.fd.as_fd()) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    if !self.warned_backing.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(error = %e, "kernel passthrough refused a backing file; serving it through the daemon");
+                    }
+                    None
                 }
-                None
-            }
-        });
-        slot.as_ref().and_then(|b| b.downcast_ref::<BackingId>())
+            });
+        slot.as_ref().map(Backing::id)
     }
 }
 
@@ -364,7 +407,11 @@ impl Filesystem for FuseView {
             | InitFlags::FUSE_ASYNC_DIO
             | InitFlags::FUSE_MAX_PAGES;
         let _ = config.add_capabilities(wanted & caps);
-        let offered = caps.contains(InitFlags::FUSE_PASSTHROUGH) && crate::sys::process::is_root();
+        // Registrations are made on the connection's descriptor, which only a view that
+        // mounted itself (as root) holds.
+        let offered = caps.contains(InitFlags::FUSE_PASSTHROUGH)
+            && crate::sys::process::is_root()
+            && self.dev.is_some();
         match (self.passthrough_mode, offered) {
             (Passthrough::Off, _) | (Passthrough::Auto, false) => {}
             (Passthrough::On, false) => {
@@ -377,12 +424,12 @@ impl Filesystem for FuseView {
                 if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                     && config.set_max_stack_depth(1).is_ok()
                 {
-                    self.passthrough = true;
+                    self.passthrough.store(true, Ordering::Relaxed);
                 }
             }
         }
-        self.stats.set_passthrough(self.passthrough);
-        tracing::info!(passthrough = self.passthrough, "FUSE session initialised");
+        self.stats.set_passthrough(self.passthrough());
+        tracing::info!(passthrough = self.passthrough(), "FUSE session initialised");
         Ok(())
     }
 
@@ -547,10 +594,8 @@ impl Filesystem for FuseView {
             ino.0,
             reply,
             |_| self.fs.open(ino.0, flags.0, caller(req)),
-            |reply, Opened { fh, data }| match self
-                .backing(&data, || reply.open_backing(data.fd.as_fd()))
-            {
-                Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), id),
+            |reply, Opened { fh, data }| match self.backing(&data) {
+                Some(id) => reply.opened_passthrough_raw(FileHandle(fh), FopenFlags::empty(), id),
                 None => reply.opened(FileHandle(fh), FopenFlags::empty()),
             },
         );
@@ -573,8 +618,8 @@ impl Filesystem for FuseView {
             |_| self.fs.create(parent.0, name, mode, flags, caller(req)),
             |reply, Created { attr, fh, data }| {
                 let fa = self.fattr(&attr);
-                match self.backing(&data, || reply.open_backing(data.fd.as_fd())) {
-                    Some(id) => reply.created_passthrough(
+                match self.backing(&data) {
+                    Some(id) => reply.created_passthrough_raw(
                         &self.entry_ttl,
                         &fa,
                         Generation(0),

@@ -9,17 +9,18 @@
 //! descriptors. On a backing file system without handles (most FUSE backends) each
 //! inode keeps its descriptor for as long as the kernel holds it.
 
-use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 
 use crate::sys::file::{self, Access, Kind, Stat};
+use crate::sys::fuse::Backing;
 use crate::sys::handle::{self, FileHandle};
 use crate::sys::{Errno, SysResult};
 
 use super::error::{FsError, FsResult};
+use super::snapshot::{InodeSnapshot, KeySnapshot, Passthrough, TableSnapshot};
 
 /// The kernel's id of the root inode.
 pub const ROOT_ID: u64 = 1;
@@ -42,13 +43,13 @@ pub enum InodeKey {
 }
 
 /// An open descriptor for reads and writes, shared by every handle of one inode, and
-/// the kernel passthrough registration made for it (type-erased: the FUSE adapter owns
-/// it, so this core never sees a fuser type). Dropped, with its registration, when the
-/// last handle is released.
+/// the kernel passthrough registration made for it (by the FUSE adapter, on the first
+/// open reply; `None` where the kernel refused it). Dropped, with its registration, when
+/// the last handle is released.
 pub struct DataFile {
     pub fd: Arc<OwnedFd>,
     pub writable: bool,
-    pub passthrough: OnceLock<Option<Box<dyn Any + Send + Sync>>>,
+    pub passthrough: OnceLock<Option<Backing>>,
 }
 
 impl DataFile {
@@ -63,6 +64,36 @@ impl DataFile {
     /// Whether a passthrough registration exists for this descriptor.
     pub fn has_passthrough(&self) -> bool {
         self.passthrough.get().is_some_and(Option::is_some)
+    }
+
+    /// The registration as plain data (its id stays open: see [`Backing`]).
+    pub fn passthrough_snapshot(&self) -> Passthrough {
+        match self.passthrough.get() {
+            None => Passthrough::Untried,
+            Some(None) => Passthrough::Refused,
+            Some(Some(b)) => Passthrough::Id(b.id()),
+        }
+    }
+
+    /// A shared descriptor handed over by the process that served the view before,
+    /// with its registration on the connection of `dev`.
+    pub fn adopt(
+        fd: OwnedFd,
+        writable: bool,
+        passthrough: Passthrough,
+        dev: &Arc<OwnedFd>,
+    ) -> DataFile {
+        let data = DataFile::new(fd, writable);
+        match passthrough {
+            Passthrough::Untried => {}
+            Passthrough::Refused => {
+                let _ = data.passthrough.set(None);
+            }
+            Passthrough::Id(id) => {
+                let _ = data.passthrough.set(Some(Backing::adopt(dev, id)));
+            }
+        }
+        data
     }
 }
 
@@ -412,6 +443,102 @@ impl InodeTable {
     /// Whether only the root is held.
     pub fn is_empty(&self) -> bool {
         self.len() <= 1
+    }
+
+    /// The table as plain data, with the descriptors it refers to by index (those of
+    /// inodes without handles): what a process that takes the view over needs to answer
+    /// for every node id the kernel holds. Call it while no request is being served.
+    pub fn snapshot(&self, fds: &mut Vec<Arc<OwnedFd>>) -> TableSnapshot {
+        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
+        let inodes = maps
+            .by_id
+            .values()
+            .map(|inode| {
+                let fd = match &inode.source {
+                    // The successor opens its own root.
+                    Source::Pinned(_) if inode.id == ROOT_ID => None,
+                    Source::Pinned(fd) => {
+                        fds.push(Arc::clone(fd));
+                        Some(fds.len() - 1)
+                    }
+                    Source::Handle(_) => None,
+                };
+                InodeSnapshot {
+                    id: inode.id,
+                    mode: inode.kind.mode_bits(),
+                    lookups: inode.lookups.load(Ordering::Relaxed),
+                    key: KeySnapshot::of(&inode.key),
+                    fd,
+                }
+            })
+            .collect();
+        TableSnapshot {
+            root: KeySnapshot::of(&self.root.key),
+            inodes,
+            next_spare: maps.next_spare,
+        }
+    }
+
+    /// Fills a new table (holding only the root) from `snap`: the same node ids, lookup
+    /// counts and identities. `fds` are the descriptors the snapshot refers to; each one
+    /// used is taken.
+    ///
+    /// # Errors
+    /// [`FsError::Handover`] when the snapshot is of another root or refers to a
+    /// descriptor or kind it does not carry.
+    pub fn restore(&self, snap: &TableSnapshot, fds: &mut [Option<OwnedFd>]) -> FsResult<()> {
+        if KeySnapshot::of(&self.root.key) != snap.root {
+            return Err(FsError::Handover(
+                "the view serves another backing directory",
+            ));
+        }
+        let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
+        for s in &snap.inodes {
+            if s.id == ROOT_ID {
+                self.root.lookups.store(s.lookups.max(1), Ordering::Relaxed);
+                continue;
+            }
+            let kind =
+                Kind::from_mode(s.mode).ok_or(FsError::Handover("an inode of no known kind"))?;
+            let key = s.key.to_key()?;
+            let source = match (&key, s.fd) {
+                (InodeKey::Handle { .. }, None) if self.shared.mount_fd.is_some() => {
+                    Source::Handle(Mutex::new(None))
+                }
+                (InodeKey::Number { .. }, Some(i)) => Source::Pinned(Arc::new(
+                    fds.get_mut(i)
+                        .and_then(Option::take)
+                        .ok_or(FsError::Handover("an inode without its descriptor"))?,
+                )),
+                _ => {
+                    return Err(FsError::Handover(
+                        "an inode named in a way this view cannot reach",
+                    ));
+                }
+            };
+            let inode = Arc::new(Inode {
+                id: s.id,
+                kind,
+                key: key.clone(),
+                source,
+                shared: Arc::clone(&self.shared),
+                lookups: AtomicU64::new(s.lookups),
+                data: Mutex::new(Weak::new()),
+            });
+            maps.by_id.insert(s.id, inode);
+            maps.by_key.insert(key, s.id);
+        }
+        maps.next_spare = maps.next_spare.max(snap.next_spare);
+        Ok(())
+    }
+
+    /// The inodes with open handles and their current shared descriptors.
+    pub fn open_files(&self) -> Vec<(u64, Arc<DataFile>)> {
+        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
+        maps.by_id
+            .values()
+            .filter_map(|inode| lock(&inode.data).upgrade().map(|d| (inode.id, d)))
+            .collect()
     }
 
     /// How many descriptors the cache holds open now.

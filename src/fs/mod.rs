@@ -6,16 +6,19 @@
 
 pub mod error;
 pub mod fuse;
+pub mod handover;
 pub mod inode;
 pub mod ops;
 pub mod ratelimit;
 pub mod record;
+pub mod snapshot;
 pub mod stats;
 pub mod view;
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use crate::config::{Passthrough, ViewOptions};
 use crate::sys::Errno;
@@ -59,6 +62,11 @@ pub enum MountError {
         "cannot mount without root: /dev/fuse is not readable and writable by this user ({errno}); run as root, or make /dev/fuse mode 0666 as most distributions do"
     )]
     DevFuse { errno: Errno },
+    #[error("cannot take over the view on {}: {source}", .mountpoint.display())]
+    Takeover {
+        mountpoint: PathBuf,
+        source: handover::HandoverError,
+    },
     #[error("the FUSE session ended with an error: {0}")]
     Session(io::Error),
 }
@@ -212,23 +220,36 @@ fn absolute(path: &Path, what: fn(PathBuf, Errno) -> MountError) -> Result<PathB
 }
 
 /// Mounts a view of `source` on `mountpoint` and serves it in the foreground until
-/// SIGINT or SIGTERM (then unmounts, lazily if the view is busy) or until something
-/// else unmounts it.
+/// SIGINT or SIGTERM (then unmounts, lazily if the view is busy), until something else
+/// unmounts it, or until it hands the view to a new process.
 ///
 /// As root the mount is made directly (type `fuse.mountgroup`); otherwise through
 /// fusermount3, where `allow_other` needs `user_allow_other` in /etc/fuse.conf.
 /// Sets the process umask to 0: the kernel applied the caller's umask already.
 ///
+/// As root with a `control_dir`, the view listens there for a successor
+/// ([`handover`]); and when `mountpoint` is served already by a view of the same
+/// source with the same options, this process takes that view over live instead of
+/// mounting: nothing is unmounted, open files stay open, inode numbers stay.
+///
 /// # Errors
-/// The [`MountError`] naming why the view could not be mounted or served.
+/// The [`MountError`] naming why the view could not be mounted, taken over or served.
 pub fn run_foreground(
     source: &Path,
     mountpoint: &Path,
     options: &ViewOptions,
     metrics_file: Option<&Path>,
+    control_dir: Option<&Path>,
 ) -> Result<(), MountError> {
     let root = open_source(source, options)?;
-    check_mountpoint(mountpoint)?;
+    let as_root = crate::sys::process::is_root();
+    // Only root mounts itself, holds the connection and can hand it over.
+    let control_dir = control_dir.filter(|_| as_root);
+    let busy = match check_mountpoint(mountpoint) {
+        Ok(()) => false,
+        Err(MountError::MountpointBusy(_)) if control_dir.is_some() => true,
+        Err(e) => return Err(e),
+    };
     let source = absolute(source, |path, errno| MountError::Source { path, errno })?;
     let mountpoint = absolute(mountpoint, |path, errno| MountError::Mountpoint {
         path,
@@ -239,17 +260,21 @@ pub fn run_foreground(
         mountpoint: mountpoint.clone(),
         source: e,
     };
-    let as_root = crate::sys::process::is_root();
     if options.passthrough == Passthrough::On && !as_root {
         return Err(mount_err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             "passthrough=on needs root",
         )));
     }
+    let identity = handover::Identity {
+        source: source.clone(),
+        mountpoint: mountpoint.clone(),
+        options: options.to_option_string(),
+    };
     // Before the view sizes its descriptor cache from it.
     let nofile = crate::sys::process::raise_nofile_limit();
     tracing::debug!(nofile, "open-file limit");
-    let view = build(&source, root, options)?;
+    let mut view = build(&source, root, options)?;
     let stats = view.stats();
     // Block termination signals before fuser spawns its workers, so that only the
     // waiting thread below ever sees them.
@@ -258,7 +283,34 @@ pub fn run_foreground(
     file::set_umask(0);
     let cfg = session_config(&source, options);
     let fsname = source.display().to_string();
-    let (session, mut unmounter, _guard) = if as_root {
+    let session_err = |e: Errno| MountError::Session(io::Error::from_raw_os_error(e.raw()));
+    let takeover_err = |e: handover::HandoverError| MountError::Takeover {
+        mountpoint: mountpoint.clone(),
+        source: e,
+    };
+
+    // The connection: taken over from the view serving the mountpoint, or a new mount.
+    // `template`: an adapter over the same core, which serves again if a handover fails.
+    let (session, mut unmounter, dev, template, confirmation) = if busy {
+        let dir = control_dir.unwrap_or(Path::new(handover::DEFAULT_CONTROL_DIR));
+        let Some((incoming, confirmation)) =
+            handover::take_over(dir, &identity).map_err(takeover_err)?
+        else {
+            return Err(MountError::MountpointBusy(mountpoint));
+        };
+        let dev = Arc::new(incoming.dev);
+        if let Err(e) = view.fs().restore(&incoming.snapshot, incoming.fds, &dev) {
+            confirmation.failed(&e.to_string());
+            return Err(takeover_err(handover::HandoverError::Failed(e.to_string())));
+        }
+        view.set_negotiated(incoming.passthrough);
+        view.attach(Arc::clone(&dev));
+        let template = view.resume();
+        let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(session_err)?;
+        let session = ::fuser::Session::from_fd_initialized(view, fd, cfg.acl, cfg.clone());
+        let u = Unmounter::Own(mountpoint.clone());
+        (session, u, Some(dev), Some(template), Some(confirmation))
+    } else if as_root {
         let how = crate::sys::mount::FuseMount {
             default_permissions: options.kernel_permission_checks(),
             allow_other: true,
@@ -268,9 +320,16 @@ pub fn run_foreground(
         let dev = crate::sys::mount::mount_fuse(&fsname, &mountpoint, "mountgroup", how)
             .map_err(|e| mount_err(io::Error::from_raw_os_error(e.raw())))?;
         let guard = OwnMountGuard(mountpoint.clone());
+        let dev = Arc::new(dev);
+        view.attach(Arc::clone(&dev));
+        let template = view.resume();
+        let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(session_err)?;
         let session =
-            ::fuser::Session::from_fd(view, dev, cfg.acl, cfg.clone()).map_err(mount_err)?;
-        (session, Unmounter::Own(mountpoint.clone()), Some(guard))
+            ::fuser::Session::from_fd(view, fd, cfg.acl, cfg.clone()).map_err(mount_err)?;
+        // Initialised: the guard below takes over.
+        std::mem::forget(guard);
+        let u = Unmounter::Own(mountpoint.clone());
+        (session, u, Some(dev), Some(template), None)
     } else {
         // fuser opens /dev/fuse itself before fusermount3 mounts it: name the device
         // rather than answer a bare "Permission denied".
@@ -278,14 +337,64 @@ pub fn run_foreground(
             .map_err(|errno| MountError::DevFuse { errno })?;
         let mut session = ::fuser::Session::new(view, &mountpoint, &cfg).map_err(mount_err)?;
         let u = Unmounter::Fuser(session.unmount_callable());
-        (session, u, None)
+        (session, u, None, None, None)
     };
-    tracing::info!(
-        source = %source.display(),
-        mountpoint = %mountpoint.display(),
-        options = %options.to_option_string(),
-        "mounted"
-    );
+    // A view that ends with an error leaves no mount behind.
+    let guard = dev.as_ref().map(|_| OwnMountGuard(mountpoint.clone()));
+
+    // The control socket, bound before the predecessor is told to go: the name moves
+    // to this process atomically.
+    let pending = Arc::new(Mutex::new(None));
+    let stopper: Arc<Mutex<Option<::fuser::SessionStopper>>> = Arc::new(Mutex::new(None));
+    let control = match control_dir {
+        Some(dir) if dev.is_some() => match handover::ControlSocket::bind(dir, &mountpoint) {
+            Ok(c) => {
+                let c = Arc::new(c);
+                let stop = Arc::clone(&stopper);
+                handover::listen(
+                    Arc::clone(&c),
+                    identity.clone(),
+                    Arc::clone(&pending),
+                    move || {
+                        if let Some(s) = lock(&stop).as_ref() {
+                            s.stop();
+                        }
+                    },
+                )
+                .map_err(MountError::Session)?;
+                Some(c)
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "no control socket: this view cannot be handed to a new process");
+                None
+            }
+        },
+        _ => None,
+    };
+    match confirmation {
+        Some(confirmation) => {
+            if let Err(e) = confirmation.serving() {
+                // The predecessor serves again (it gave up waiting): leave it the view.
+                std::mem::forget(guard);
+                if let Some(c) = &control {
+                    c.remove();
+                }
+                return Err(takeover_err(handover::HandoverError::Io(e)));
+            }
+            tracing::info!(
+                source = %source.display(),
+                mountpoint = %mountpoint.display(),
+                options = %options.to_option_string(),
+                "took the view over"
+            );
+        }
+        None => tracing::info!(
+            source = %source.display(),
+            mountpoint = %mountpoint.display(),
+            options = %options.to_option_string(),
+            "mounted"
+        ),
+    }
     if let Some(path) = metrics_file {
         // The driver reads this snapshot for its metrics endpoint (fs/stats.rs); one
         // small file write a second.
@@ -311,10 +420,82 @@ pub fn run_foreground(
             }
         })
         .map_err(MountError::Session)?;
-    session.run().map_err(MountError::Session)?;
+    let handover = match (&control, template, &dev) {
+        (Some(_), Some(template), Some(dev)) => Some(Handover {
+            stopper: &stopper,
+            pending: &pending,
+            template,
+            dev,
+        }),
+        _ => None,
+    };
+    serve(session, handover, &cfg)?;
+    if let Some(c) = &control {
+        c.remove();
+    }
+    drop(guard);
     if let Some(path) = metrics_file {
         let _ = std::fs::remove_file(path);
     }
     tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
     Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs the session until the connection ends. When the control socket accepted a
+/// successor, the stopped view is handed over and this process exits at once, without
+/// unmounting and without closing the passthrough registrations the successor adopted;
+/// when the handover fails, the same view serves again on the same connection.
+/// What a view that can be handed over serves with.
+struct Handover<'a> {
+    /// Where the control thread finds the running session's stopper.
+    stopper: &'a Mutex<Option<::fuser::SessionStopper>>,
+    /// The request the control thread accepted.
+    pending: &'a Mutex<Option<handover::Accepted>>,
+    /// An adapter over the session's core, counters and connection.
+    template: fuse::FuseView,
+    dev: &'a Arc<OwnedFd>,
+}
+
+fn serve(
+    mut session: ::fuser::Session<fuse::FuseView>,
+    handover: Option<Handover<'_>>,
+    cfg: &::fuser::Config,
+) -> Result<(), MountError> {
+    let Some(Handover {
+        stopper,
+        pending,
+        template,
+        dev,
+    }) = handover
+    else {
+        return session.run().map_err(MountError::Session);
+    };
+    loop {
+        *lock(stopper) = Some(session.stopper().map_err(MountError::Session)?);
+        session.run().map_err(MountError::Session)?;
+        let Some(accepted) = lock(pending).take() else {
+            return Ok(());
+        };
+        match handover::hand_over(accepted, &template, dev.as_fd()) {
+            Ok(()) => {
+                tracing::info!("the view is served by a new process now; exiting");
+                std::process::exit(0);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "handover failed; serving the view again");
+                let fd = crate::sys::fuse::dup(dev.as_fd())
+                    .map_err(|e| MountError::Session(io::Error::from_raw_os_error(e.raw())))?;
+                session = ::fuser::Session::from_fd_initialized(
+                    template.resume(),
+                    fd,
+                    cfg.acl,
+                    cfg.clone(),
+                );
+            }
+        }
+    }
 }

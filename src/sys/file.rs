@@ -48,6 +48,19 @@ impl Kind {
         }
     }
 
+    /// The `S_IFMT` bits of the kind (the inverse of [`Kind::from_mode`]).
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            Kind::Regular => libc::S_IFREG,
+            Kind::Directory => libc::S_IFDIR,
+            Kind::Symlink => libc::S_IFLNK,
+            Kind::Fifo => libc::S_IFIFO,
+            Kind::Socket => libc::S_IFSOCK,
+            Kind::CharDevice => libc::S_IFCHR,
+            Kind::BlockDevice => libc::S_IFBLK,
+        }
+    }
+
     pub(super) fn from_file_type(t: FileType) -> Option<Kind> {
         match t {
             FileType::RegularFile => Some(Kind::Regular),

@@ -21,6 +21,25 @@ impl std::fmt::Debug for FileHandle {
     }
 }
 
+impl FileHandle {
+    /// The handle as the kernel laid it out (header words, then the bytes).
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
+    /// A handle from [`FileHandle::words`], as a view hands its table to the process
+    /// that takes it over (a root process: the control socket checks). `None` unless the
+    /// words are a complete handle of at most `MAX_HANDLE_SZ` bytes.
+    pub fn from_words(words: &[u32]) -> Option<FileHandle> {
+        let bytes = *words.first()? as usize;
+        (words.len() >= 2 && bytes <= MAX_HANDLE_SZ && words.len() == 2 + bytes.div_ceil(4)).then(
+            || FileHandle {
+                words: words.into(),
+            },
+        )
+    }
+}
+
 /// The largest handle the kernel makes (`MAX_HANDLE_SZ`).
 const MAX_HANDLE_SZ: usize = 128;
 

@@ -6,7 +6,9 @@
 
 pub mod btrfs;
 pub mod dir;
+pub mod fdpass;
 pub mod file;
+pub mod fuse;
 pub mod handle;
 pub mod mount;
 pub mod process;

@@ -3,22 +3,14 @@
 //! hash, so that a newer binary finds what an older one named. (`DefaultHasher` makes
 //! no such promise: its algorithm may change between Rust releases.)
 
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-/// FNV-1a (64 bit) of the path's bytes, as 16 lower-case hex digits.
-///
-/// FNV-1a: start from the offset basis 0xcbf29ce484222325; for each byte, xor it in,
-/// then multiply by the prime 0x100000001b3 (wrapping). Not a defence against anyone
-/// choosing paths: target paths come from kubelet, and a collision only makes two
-/// targets share a log name.
+/// FNV-1a (64 bit) of the path's bytes, as 16 lower-case hex digits: the hash that also
+/// names a view's control socket ([`crate::fs::handover::path_key`]). Not a defence
+/// against anyone choosing paths: target paths come from kubelet, and a collision only
+/// makes two targets share a log name.
 pub fn target_key(target: &Path) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in target.as_os_str().as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
+    crate::fs::handover::path_key(target)
 }
 
 #[cfg(test)]
@@ -33,7 +25,6 @@ mod tests {
         assert_eq!(target_key(Path::new("a")), "af63dc4c8601ec8c");
         assert_eq!(target_key(Path::new("foobar")), "85944171f73967e8");
         let t = Path::new("/var/lib/kubelet/pods/1/volumes/kubernetes.io~csi/v/mount");
-        assert_eq!(target_key(t), target_key(t));
-        assert_ne!(target_key(t), target_key(Path::new("/other")));
+        assert_eq!(target_key(t), "b6d77d86dcc6ebce");
     }
 }

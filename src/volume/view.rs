@@ -27,16 +27,22 @@ pub struct Views {
     exe: PathBuf,
     /// Where each view's log goes (`<hash of target>.log`).
     log_dir: PathBuf,
+    /// Where views listen for a successor (`mountgroup mount --control-dir`).
+    control_dir: PathBuf,
 }
 
 impl Views {
     /// # Errors
     /// [`VolumeError::Internal`] if the log directory cannot be made.
-    pub fn new(exe: PathBuf, log_dir: PathBuf) -> Result<Views, VolumeError> {
+    pub fn new(exe: PathBuf, log_dir: PathBuf, control_dir: PathBuf) -> Result<Views, VolumeError> {
         fs::create_dir_all(&log_dir).map_err(|e| {
             VolumeError::Internal(format!("log directory {}: {e}", log_dir.display()))
         })?;
-        Ok(Views { exe, log_dir })
+        Ok(Views {
+            exe,
+            log_dir,
+            control_dir,
+        })
     }
 
     /// The log file of the view at `target`.
@@ -85,6 +91,8 @@ impl Views {
             .arg(self.metrics_path(target))
             .arg("--log-file")
             .arg(&log)
+            .arg("--control-dir")
+            .arg(&self.control_dir)
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),

@@ -56,6 +56,9 @@ pub struct Mounted {
     child: Option<Child>,
     pub mountpoint: PathBuf,
     log: PathBuf,
+    /// Whether dropping it unmounts: not for a takeover that failed, whose mount is
+    /// another daemon's.
+    owns_mount: bool,
 }
 
 impl Mounted {
@@ -73,7 +76,9 @@ impl Mounted {
         mountpoint: &Path,
         args: &[&str],
     ) -> Result<Mounted, String> {
-        let log = mountpoint.with_extension(format!("log{}", std::process::id()));
+        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = mountpoint.with_extension(format!("log{}-{n}", std::process::id()));
         let err = fs::File::create(&log).unwrap();
         let mut cmd = match wrapper.split_first() {
             Some((first, rest)) => {
@@ -89,6 +94,8 @@ impl Mounted {
             .arg(mountpoint)
             .args(args)
             .env("RUST_LOG", "mountgroup=debug,info")
+            // Beside the mountpoint, not in /run: a test leaves nothing behind.
+            .env("MOUNTGROUP_CONTROL_DIR", mountpoint.with_extension("ctl"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(err)
@@ -98,6 +105,7 @@ impl Mounted {
             child: Some(child),
             mountpoint: fs::canonicalize(mountpoint).unwrap(),
             log,
+            owns_mount: true,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -112,6 +120,28 @@ impl Mounted {
                 return Err(format!("not mounted after 20 s: {}", m.log_text()));
             }
             std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts a daemon on a mountpoint a view serves already, and waits until it has
+    /// taken that view over (its log says so). Returns its stderr if it exits first.
+    pub fn take_over(source: &Path, mountpoint: &Path, args: &[&str]) -> Result<Mounted, String> {
+        let mut m = Self::start(source, mountpoint, args)?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if m.log_text().contains("took the view over") {
+                return Ok(m);
+            }
+            if let Some(status) = m.child.as_mut().unwrap().try_wait().unwrap() {
+                m.child = None;
+                m.owns_mount = false;
+                return Err(format!("exited with {status}: {}", m.log_text()));
+            }
+            if Instant::now() > deadline {
+                m.owns_mount = false;
+                return Err(format!("no takeover after 20 s: {}", m.log_text()));
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
@@ -155,7 +185,7 @@ impl Mounted {
                 }
             }
         }
-        if is_mounted(&self.mountpoint) {
+        if self.owns_mount && is_mounted(&self.mountpoint) {
             let _ = rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::DETACH);
         }
         code

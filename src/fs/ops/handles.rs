@@ -1,5 +1,8 @@
 //! Open files: the handle table and I/O through the daemon.
 
+use std::collections::HashMap;
+
+use super::super::snapshot::{FileSnapshot, HandleSnapshot, ViewSnapshot};
 use super::*;
 
 impl ViewFs {
@@ -235,5 +238,125 @@ impl ViewFs {
     /// Closes a file or directory handle.
     pub fn release(&self, fh: u64) {
         self.handles.remove(&fh);
+    }
+}
+
+impl ViewFs {
+    /// The view's tables as plain data, with the descriptors they refer to by index:
+    /// what a process that takes this view over needs. Call it while no request is
+    /// being served (the FUSE workers are stopped).
+    ///
+    /// # Errors
+    /// The error of duplicating a directory stream's descriptor (`EMFILE`).
+    pub fn snapshot(&self) -> FsResult<(ViewSnapshot, Vec<Arc<OwnedFd>>)> {
+        let mut fds = Vec::new();
+        let table = self.inodes.snapshot(&mut fds);
+        let slots: HashMap<*const DataFile, u64> = self
+            .inodes
+            .open_files()
+            .iter()
+            .map(|(ino, d)| (Arc::as_ptr(d), *ino))
+            .collect();
+        let mut files = Vec::new();
+        let mut file_index: HashMap<*const DataFile, usize> = HashMap::new();
+        let mut handles = Vec::new();
+        for entry in &self.handles {
+            let fh = *entry.key();
+            match entry.value() {
+                Handle::File(f) => {
+                    let ptr = Arc::as_ptr(&f.data);
+                    let file = *file_index.entry(ptr).or_insert_with(|| {
+                        fds.push(Arc::clone(&f.data.fd));
+                        files.push(FileSnapshot {
+                            ino: slots.get(&ptr).copied(),
+                            fd: fds.len() - 1,
+                            writable: f.data.writable,
+                            passthrough: f.data.passthrough_snapshot(),
+                        });
+                        files.len() - 1
+                    });
+                    handles.push(HandleSnapshot::File {
+                        fh,
+                        file,
+                        sync: f.sync,
+                    });
+                }
+                Handle::Dir(d) => {
+                    fds.push(Arc::new(crate::sys::fuse::dup(lock(d).fd.as_fd())?));
+                    handles.push(HandleSnapshot::Dir {
+                        fh,
+                        fd: fds.len() - 1,
+                    });
+                }
+            }
+        }
+        let snap = ViewSnapshot {
+            table,
+            files,
+            handles,
+            next_fh: self.next_fh.load(Ordering::Relaxed),
+        };
+        Ok((snap, fds))
+    }
+
+    /// Takes over the tables of the process that served this view before: a new view
+    /// (of the same backing directory, holding only its root) answers from now on for
+    /// every node id and handle the kernel holds. `dev` is the connection, on which the
+    /// predecessor's passthrough registrations stay open.
+    ///
+    /// # Errors
+    /// [`FsError::Handover`] when the snapshot does not fit (another root, a missing
+    /// descriptor, an unknown inode).
+    pub fn restore(
+        &self,
+        snap: &ViewSnapshot,
+        fds: Vec<OwnedFd>,
+        dev: &Arc<OwnedFd>,
+    ) -> FsResult<()> {
+        let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
+        self.inodes.restore(&snap.table, &mut fds)?;
+        let mut take = |i: usize| {
+            fds.get_mut(i)
+                .and_then(Option::take)
+                .ok_or(FsError::Handover("a handle without its descriptor"))
+        };
+        let mut files = Vec::with_capacity(snap.files.len());
+        for f in &snap.files {
+            let data = Arc::new(DataFile::adopt(take(f.fd)?, f.writable, f.passthrough, dev));
+            if let Some(ino) = f.ino {
+                let inode = self.inodes.get(ino)?;
+                *lock(&inode.data) = Arc::downgrade(&data);
+            }
+            files.push(data);
+        }
+        for h in &snap.handles {
+            match *h {
+                HandleSnapshot::File { fh, file, sync } => {
+                    let data = files
+                        .get(file)
+                        .ok_or(FsError::Handover("a handle of an unknown file"))?;
+                    self.handles.insert(
+                        fh,
+                        Handle::File(OpenFile {
+                            data: Arc::clone(data),
+                            sync,
+                        }),
+                    );
+                }
+                HandleSnapshot::Dir { fh, fd } => {
+                    let stream = DirStream {
+                        fd: take(fd)?,
+                        // No position matches: the next listing seeks where it asks.
+                        pos: u64::MAX,
+                        pending: VecDeque::new(),
+                        buf: vec![MaybeUninit::uninit(); DIR_BUF].into_boxed_slice(),
+                    };
+                    self.handles
+                        .insert(fh, Handle::Dir(Arc::new(Mutex::new(stream))));
+                }
+            }
+        }
+        self.next_fh.fetch_max(snap.next_fh, Ordering::Relaxed);
+        Ok(())
     }
 }

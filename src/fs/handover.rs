@@ -1,0 +1,461 @@
+//! Handing a live view to a new process without unmounting it: the process serving a
+//! view listens on a control socket; a new `mountgroup mount` of the same source on the
+//! same mountpoint connects, and the old process stops its FUSE workers between
+//! requests, sends the connection's descriptor, its tables and the descriptors they
+//! refer to (`SCM_RIGHTS`), and exits once the new process says it serves. Requests
+//! that arrive meanwhile wait in the kernel's queue; nothing fails.
+//!
+//! The wire: length-prefixed JSON frames (8 bytes little-endian, then the bytes) and
+//! one-byte messages carrying descriptors. Only a root peer is answered (`SO_PEERCRED`),
+//! and the socket lives in a root-only directory: the descriptors it hands out open
+//! every file of the view.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::sys::fdpass::{self, FDS_PER_MESSAGE};
+
+use super::fuse::FuseView;
+use super::snapshot::ViewSnapshot;
+
+/// Where views listen unless told otherwise (`--control-dir`).
+pub const DEFAULT_CONTROL_DIR: &str = "/run/mountgroup/views";
+
+/// How long a view waits for a request once connected, and for the successor's word
+/// after it sent everything; past that it serves again.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+const ACK_TIMEOUT: Duration = Duration::from_secs(30);
+/// No frame is larger (a snapshot of millions of inodes is a few hundred MiB).
+const MAX_FRAME: u64 = 1 << 31;
+
+/// FNV-1a (64 bit) of the path's bytes, as 16 lower-case hex digits.
+///
+/// FNV-1a: start from the offset basis 0xcbf29ce484222325; for each byte, xor it in,
+/// then multiply by the prime 0x100000001b3 (wrapping). Not a defence against anyone
+/// choosing paths: mountpoints are chosen by root (kubelet), and a collision only makes
+/// two views share a name (a request names its mountpoint, so the wrong view refuses).
+pub fn path_key(path: &Path) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in path.as_os_str().as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The control socket of the view on `mountpoint` (an absolute, canonical path).
+pub fn socket_path(dir: &Path, mountpoint: &Path) -> PathBuf {
+    dir.join(format!("{}.sock", path_key(mountpoint)))
+}
+
+/// Why a handover did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("the serving view refused: {0}")]
+    Refused(String),
+    #[error("the new process could not take the view: {0}")]
+    Failed(String),
+}
+
+/// What identifies a view: a successor must serve the same thing the same way.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    pub source: PathBuf,
+    pub mountpoint: PathBuf,
+    /// The view's options as `ViewOptions::to_option_string` writes them.
+    pub options: String,
+}
+
+#[derive(Serialize, Deserialize)]
+enum Reply {
+    Refused(String),
+    /// Followed by `fds` descriptors: the connection's first, then the snapshot's.
+    Handover {
+        passthrough: bool,
+        fds: usize,
+        snapshot: ViewSnapshot,
+    },
+}
+
+/// The successor's word. `Serving` is answered with `Bye` by a predecessor that still
+/// waits, which then exits: a successor serves only after `Bye`, so that a predecessor
+/// that gave up waiting (and serves again) and its successor never both serve.
+#[derive(Serialize, Deserialize)]
+enum Ack {
+    Serving,
+    Failed(String),
+}
+
+#[derive(Serialize, Deserialize)]
+struct Bye;
+
+fn write_frame(mut stream: &UnixStream, value: &impl Serialize) -> io::Result<()> {
+    let bytes = serde_json::to_vec(value).map_err(io::Error::other)?;
+    stream.write_all(&(bytes.len() as u64).to_le_bytes())?;
+    stream.write_all(&bytes)
+}
+
+fn read_frame<T: DeserializeOwned>(mut stream: &UnixStream) -> io::Result<T> {
+    let mut len = [0u8; 8];
+    stream.read_exact(&mut len)?;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a control frame of {len} bytes"),
+        ));
+    }
+    let mut bytes = vec![0u8; len as usize];
+    stream.read_exact(&mut bytes)?;
+    serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+fn io_err(e: crate::sys::Errno) -> io::Error {
+    io::Error::from_raw_os_error(e.raw())
+}
+
+/// A view's control socket. The path is replaced atomically, so that a successor
+/// takes the name over while its predecessor still holds the old socket.
+pub struct ControlSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    ino: u64,
+}
+
+impl ControlSocket {
+    /// Listens at [`socket_path`] in `dir` (made mode 0700 if missing).
+    ///
+    /// # Errors
+    /// The error of making the directory, binding or renaming.
+    pub fn bind(dir: &Path, mountpoint: &Path) -> io::Result<ControlSocket> {
+        let path = socket_path(dir, mountpoint);
+        let staged = path.with_extension(format!("new{}", std::process::id()));
+        let make = || -> io::Result<UnixListener> {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
+            let _ = std::fs::remove_file(&staged);
+            let listener = UnixListener::bind(&staged)?;
+            std::fs::rename(&staged, &path)?;
+            Ok(listener)
+        };
+        // Once more if a view that left removed the (then empty) directory meanwhile.
+        let listener = match make() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => make()?,
+            r => r?,
+        };
+        let ino = std::fs::symlink_metadata(&path)?.ino();
+        Ok(ControlSocket {
+            listener,
+            path,
+            ino,
+        })
+    }
+
+    /// Removes the socket's name, unless a successor's socket has it now, and the
+    /// directory if that leaves it empty (a view leaves nothing behind).
+    pub fn remove(&self) {
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// A request a serving view accepted: the workers are told to stop, and the session's
+/// caller hands the view over on this stream ([`hand_over`]).
+pub struct Accepted(UnixStream);
+
+/// Answers handover requests for the view `identity` in a thread of its own: a request
+/// from a root peer for the same identity is put in `pending`, and `stop` is called
+/// (it stops the FUSE workers). Other requests are refused with the reason.
+///
+/// # Errors
+/// The error of spawning the thread.
+pub fn listen(
+    control: Arc<ControlSocket>,
+    identity: Identity,
+    pending: Arc<Mutex<Option<Accepted>>>,
+    stop: impl Fn() + Send + 'static,
+) -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("mountgroup-control".into())
+        .spawn(move || {
+            for stream in control.listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                if let Err(e) = answer(&stream, &identity, &pending, &stop) {
+                    tracing::debug!(error = %e, "handover request not answered");
+                }
+            }
+        })?;
+    Ok(())
+}
+
+fn answer(
+    stream: &UnixStream,
+    identity: &Identity,
+    pending: &Mutex<Option<Accepted>>,
+    stop: &impl Fn(),
+) -> io::Result<()> {
+    match fdpass::peer_uid(stream.as_fd()) {
+        Ok(0) => {}
+        Ok(uid) => {
+            tracing::warn!(uid, "handover request from a non-root process refused");
+            return Ok(());
+        }
+        Err(e) => return Err(io_err(e)),
+    }
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    let request: Identity = read_frame(stream)?;
+    let refuse = |why: String| write_frame(stream, &Reply::Refused(why));
+    if request.mountpoint != identity.mountpoint {
+        return refuse(format!(
+            "this view serves {}, not {}",
+            identity.mountpoint.display(),
+            request.mountpoint.display()
+        ));
+    }
+    if request.source != identity.source {
+        return refuse(format!(
+            "this view shows {}, not {}",
+            identity.source.display(),
+            request.source.display()
+        ));
+    }
+    if request.options != identity.options {
+        return refuse(format!(
+            "this view has the options \"{}\", the new one \"{}\": a takeover keeps the view as it is",
+            identity.options, request.options
+        ));
+    }
+    let mut slot = pending.lock().unwrap_or_else(|e| e.into_inner());
+    if slot.is_some() {
+        return refuse("another handover is in progress".into());
+    }
+    tracing::info!("handing the view over: stopping the FUSE workers");
+    *slot = Some(Accepted(stream.try_clone()?));
+    drop(slot);
+    stop();
+    Ok(())
+}
+
+/// Hands the stopped view to the process behind `accepted`: its tables, the
+/// connection `dev` and every descriptor the tables refer to. Returns once the
+/// successor serves; the caller then exits without unmounting and without closing
+/// the passthrough registrations, which the successor adopted.
+///
+/// # Errors
+/// Anything that went wrong, the successor's own failure included: the caller then
+/// serves again, with tables and registrations as they were.
+pub fn hand_over(
+    accepted: Accepted,
+    view: &FuseView,
+    dev: BorrowedFd<'_>,
+) -> Result<(), HandoverError> {
+    let stream = accepted.0;
+    let (snapshot, fds) = view
+        .fs()
+        .snapshot()
+        .map_err(|e| HandoverError::Failed(e.to_string()))?;
+    let mut all: Vec<BorrowedFd<'_>> = Vec::with_capacity(fds.len() + 1);
+    all.push(dev);
+    all.extend(fds.iter().map(|f| f.as_fd()));
+    write_frame(
+        &stream,
+        &Reply::Handover {
+            passthrough: view.passthrough(),
+            fds: all.len(),
+            snapshot,
+        },
+    )?;
+    for batch in all.chunks(FDS_PER_MESSAGE) {
+        fdpass::send_fds(stream.as_fd(), b'F', batch).map_err(io_err)?;
+    }
+    stream.set_read_timeout(Some(ACK_TIMEOUT))?;
+    match read_frame(&stream)? {
+        Ack::Serving => {
+            write_frame(&stream, &Bye)?;
+            Ok(())
+        }
+        Ack::Failed(why) => Err(HandoverError::Failed(why)),
+    }
+}
+
+/// A view taken from the process that served it: the connection, the tables and their
+/// descriptors.
+pub struct Incoming {
+    pub dev: OwnedFd,
+    pub snapshot: ViewSnapshot,
+    pub fds: Vec<OwnedFd>,
+    pub passthrough: bool,
+}
+
+/// The line to the predecessor, which waits (stopped) until [`Confirmation::serving`]
+/// or [`Confirmation::failed`], or until this is dropped, when it serves again.
+pub struct Confirmation {
+    stream: UnixStream,
+}
+
+impl Confirmation {
+    /// Tells the predecessor that this process serves the view now, and waits for its
+    /// goodbye: it exits without unmounting.
+    ///
+    /// # Errors
+    /// When the predecessor does not say goodbye (it gave up waiting and serves again):
+    /// this process must then not serve.
+    pub fn serving(self) -> io::Result<()> {
+        write_frame(&self.stream, &Ack::Serving)?;
+        self.stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+        let Bye = read_frame(&self.stream)?;
+        Ok(())
+    }
+
+    /// Tells the predecessor to serve again, and why.
+    pub fn failed(self, why: &str) {
+        let _ = write_frame(&self.stream, &Ack::Failed(why.into()));
+    }
+}
+
+/// Asks the view served on `identity.mountpoint` for a handover. `Ok(None)` when no
+/// view listens there (nothing at the socket's name, or a dead one).
+///
+/// # Errors
+/// [`HandoverError::Refused`] with the serving view's reason, or what went wrong on
+/// the way.
+pub fn take_over(
+    dir: &Path,
+    identity: &Identity,
+) -> Result<Option<(Incoming, Confirmation)>, HandoverError> {
+    let path = socket_path(dir, &identity.mountpoint);
+    let stream = match UnixStream::connect(&path) {
+        Ok(s) => s,
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTDIR)
+            ) =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    write_frame(&stream, identity)?;
+    // Stopping the workers waits for the requests in flight; a stuck backend can make
+    // that long, but the view's own timeouts bound the rest.
+    let (passthrough, count, snapshot) = match read_frame(&stream)? {
+        Reply::Refused(why) => return Err(HandoverError::Refused(why)),
+        Reply::Handover {
+            passthrough,
+            fds,
+            snapshot,
+        } => (passthrough, fds, snapshot),
+    };
+    let mut fds = Vec::with_capacity(count);
+    while fds.len() < count {
+        let (_, got) = fdpass::recv_fds(stream.as_fd()).map_err(io_err)?;
+        if got.is_empty() {
+            return Err(HandoverError::Failed(
+                "a descriptor message without descriptors".into(),
+            ));
+        }
+        fds.extend(got);
+    }
+    if fds.len() != count {
+        return Err(HandoverError::Failed(format!(
+            "{} descriptors received, {count} announced",
+            fds.len()
+        )));
+    }
+    let mut fds = fds.into_iter();
+    let dev = fds
+        .next()
+        .ok_or(HandoverError::Failed("no connection descriptor".into()))?;
+    Ok(Some((
+        Incoming {
+            dev,
+            snapshot,
+            fds: fds.collect(),
+            passthrough,
+        },
+        Confirmation { stream },
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_fnv1a() {
+        // Published FNV-1a test vectors.
+        assert_eq!(path_key(Path::new("")), "cbf29ce484222325");
+        assert_eq!(path_key(Path::new("a")), "af63dc4c8601ec8c");
+        assert_eq!(path_key(Path::new("foobar")), "85944171f73967e8");
+    }
+
+    #[test]
+    fn frames_round_trip_and_refuse_oversize() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let id = Identity {
+            source: "/s".into(),
+            mountpoint: "/m".into(),
+            options: "gid=5".into(),
+        };
+        write_frame(&a, &id).unwrap();
+        assert_eq!(read_frame::<Identity>(&b).unwrap(), id);
+        (&a).write_all(&(MAX_FRAME + 1).to_le_bytes()).unwrap();
+        let err = read_frame::<Identity>(&b).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn descriptors_cross_in_batches() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let files: Vec<OwnedFd> = (0..FDS_PER_MESSAGE + 3)
+            .map(|_| OwnedFd::from(std::fs::File::open("/dev/null").unwrap()))
+            .collect();
+        let borrowed: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
+        for batch in borrowed.chunks(FDS_PER_MESSAGE) {
+            fdpass::send_fds(a.as_fd(), b'F', batch).unwrap();
+        }
+        let (_, first) = fdpass::recv_fds(b.as_fd()).unwrap();
+        let (_, second) = fdpass::recv_fds(b.as_fd()).unwrap();
+        assert_eq!(first.len(), FDS_PER_MESSAGE);
+        assert_eq!(second.len(), 3);
+        let null = std::fs::metadata("/dev/null").unwrap().rdev();
+        let got = std::fs::File::from(second.into_iter().next().unwrap());
+        assert_eq!(got.metadata().unwrap().rdev(), null);
+    }
+
+    #[test]
+    fn the_socket_name_moves_to_the_newest_view() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctl = dir.path().join("ctl");
+        let old = ControlSocket::bind(&ctl, Path::new("/m")).unwrap();
+        let new = ControlSocket::bind(&ctl, Path::new("/m")).unwrap();
+        // The old one leaving does not take the successor's name.
+        old.remove();
+        assert!(socket_path(&ctl, Path::new("/m")).exists());
+        assert_eq!(
+            std::fs::metadata(&ctl).unwrap().mode() & 0o777,
+            0o700,
+            "the control directory is root's alone"
+        );
+        new.remove();
+        assert!(!ctl.exists(), "the last view leaves no directory behind");
+    }
+}

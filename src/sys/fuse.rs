@@ -1,0 +1,93 @@
+//! The FUSE device beyond what fuser does: passthrough registrations whose ids outlive
+//! the process that made them, so that a view handed to a new process keeps them.
+
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use super::{SysResult, failed};
+
+/// `struct fuse_backing_map` of `<linux/fuse.h>`.
+#[repr(C)]
+struct BackingMap {
+    fd: i32,
+    flags: u32,
+    padding: u64,
+}
+
+/// `_IOW(229, 1, struct fuse_backing_map)`: FUSE_DEV_IOC_BACKING_OPEN.
+const BACKING_OPEN: libc::c_ulong = 0x4000_0000 | (16 << 16) | (229 << 8) | 1;
+/// `_IOW(229, 2, uint32_t)`: FUSE_DEV_IOC_BACKING_CLOSE.
+const BACKING_CLOSE: libc::c_ulong = 0x4000_0000 | (4 << 16) | (229 << 8) | 2;
+
+/// A kernel passthrough registration (a backing id) of an open file on one FUSE
+/// connection. The id belongs to the connection, not to the process: a process that
+/// takes the connection over adopts the ids its predecessor registered
+/// ([`Backing::adopt`]). Closed when dropped; a process that hands its connection over
+/// exits without dropping, so that the ids stay open for its successor.
+pub struct Backing {
+    dev: Arc<OwnedFd>,
+    id: u32,
+}
+
+impl Backing {
+    /// Registers `file` for passthrough on the connection of `dev` (Linux 6.9+, root).
+    ///
+    /// # Errors
+    /// The error of `ioctl(FUSE_DEV_IOC_BACKING_OPEN)`, e.g. `EPERM` without
+    /// `CAP_SYS_ADMIN`, `EOPNOTSUPP` where passthrough was not negotiated or the file's
+    /// file system is stacked too deep.
+    pub fn open(dev: &Arc<OwnedFd>, file: BorrowedFd<'_>) -> SysResult<Backing> {
+        let map = BackingMap {
+            fd: file.as_raw_fd(),
+            flags: 0,
+            padding: 0,
+        };
+        // SAFETY: `map` is a valid `struct fuse_backing_map` that lives across the
+        // call; the kernel only reads it and returns the new id or -1.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::ioctl(dev.as_raw_fd(), BACKING_OPEN, &map) };
+        if rc < 0 {
+            return Err(failed("ioctl(FUSE_DEV_IOC_BACKING_OPEN)")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(Backing {
+            dev: Arc::clone(dev),
+            id: rc as u32,
+        })
+    }
+
+    /// Takes over `id`, registered on this connection by the process that served it
+    /// before and handed it over open.
+    pub fn adopt(dev: &Arc<OwnedFd>, id: u32) -> Backing {
+        Backing {
+            dev: Arc::clone(dev),
+            id,
+        }
+    }
+
+    /// The id a FUSE open reply names.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        // SAFETY: the argument points at a u32 that lives across the call; the kernel
+        // only reads it. A failure (the connection is gone) leaves nothing to release.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::ioctl(self.dev.as_raw_fd(), BACKING_CLOSE, &self.id);
+        }
+    }
+}
+
+/// Duplicates a descriptor (`fcntl(F_DUPFD_CLOEXEC)`).
+///
+/// # Errors
+/// The error of the call (`EMFILE`).
+pub fn dup(fd: BorrowedFd<'_>) -> SysResult<OwnedFd> {
+    fd.try_clone_to_owned()
+        .map_err(failed("fcntl(F_DUPFD_CLOEXEC)"))
+}
