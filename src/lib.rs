@@ -18,3 +18,4 @@ pub mod logfile;
 pub mod share;
 pub mod sys;
 pub mod volume;
+pub mod wire;

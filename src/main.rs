@@ -40,6 +40,9 @@ enum Command {
     ///
     /// Every flag has a default good for a local run on one machine.
     Serve(ServeArgs),
+    /// Run the views for `serve --keeper-socket`, apart from the gRPC server, and take
+    /// over the views other keepers run (a rolling update's old pod, an older binary).
+    Keeper(KeeperArgs),
 }
 
 #[derive(clap::Args)]
@@ -69,6 +72,29 @@ struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 0.0.0.0:9810).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Have the keeper listening here run the views (`mountgroup keeper`, in a
+    /// container of its own) instead of running them as this process's children.
+    #[arg(long, value_name = "PATH")]
+    keeper_socket: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct KeeperArgs {
+    /// Where the driver (`serve --keeper-socket`) reaches the keeper.
+    #[arg(long, default_value = mountgroup::volume::keeper::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// The views' control directory: where the keeper finds views to take over.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "MOUNTGROUP_CONTROL_DIR",
+        default_value = mountgroup::fs::handover::DEFAULT_CONTROL_DIR
+    )]
+    control_dir: PathBuf,
+    /// Exit 0 if the keeper at --socket runs in this PID namespace and has taken over
+    /// the views that were there when it started (a readiness probe), 1 otherwise.
+    #[arg(long)]
+    probe: bool,
 }
 
 fn host_name() -> String {
@@ -102,6 +128,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         state_dir: args.state_dir,
         share_root: args.share_root,
         view_binary,
+        keeper_socket: args.keeper_socket,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -121,6 +148,38 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("mountgroup: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn keeper(args: KeeperArgs) -> ExitCode {
+    use mountgroup::volume::keeper;
+    if args.probe {
+        return match keeper::probe(&args.socket) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(why) => {
+                eprintln!("mountgroup: keeper not ready: {why}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let binary = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("mountgroup: cannot find its own binary to serve views: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cfg = keeper::KeeperConfig {
+        socket: args.socket,
+        control_dir: args.control_dir,
+        binary,
+    };
+    match keeper::run(cfg) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mountgroup: keeper: {e}");
             ExitCode::FAILURE
         }
     }
@@ -236,6 +295,7 @@ fn main() -> ExitCode {
     init_logging(&cli.log, cli.log_format == "json", log_file);
     match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Keeper(args) => keeper(args),
         Command::Mount(args) => {
             let strings = args.option_strings();
             let options = match ViewOptions::parse_all(strings.iter().map(String::as_str)) {

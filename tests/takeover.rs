@@ -4,111 +4,20 @@
 //! gone.
 
 mod common;
+#[path = "common/workload.rs"]
+mod workload;
 
 use std::fs;
-use std::io::{Read, Write};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{Fixture, Mounted};
-
-/// What one workload loop saw.
-#[derive(Debug, Default)]
-struct Outcome {
-    rounds: u64,
-    failures: Vec<String>,
-    longest: Duration,
-}
-
-/// Runs `round` until `stop`, recording failures and the longest round.
-fn workload(
-    stop: Arc<AtomicBool>,
-    mut round: impl FnMut(u64) -> Result<(), String> + Send + 'static,
-) -> thread::JoinHandle<Outcome> {
-    thread::spawn(move || {
-        let mut out = Outcome::default();
-        while !stop.load(Ordering::Relaxed) {
-            let start = Instant::now();
-            if let Err(e) = round(out.rounds) {
-                out.failures.push(e);
-            }
-            out.longest = out.longest.max(start.elapsed());
-            out.rounds += 1;
-        }
-        out
-    })
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-/// Writes a file, fsyncs it, reads it back through a new descriptor and compares.
-fn write_round(dir: &Path, i: u64) -> Result<(), String> {
-    let path = dir.join(format!("w{}", i % 50));
-    let data = pattern(i, 64 * 1024);
-    let mut f = fs::File::create(&path).map_err(|e| format!("create {i}: {e}"))?;
-    f.write_all(&data).map_err(|e| format!("write {i}: {e}"))?;
-    f.sync_all().map_err(|e| format!("fsync {i}: {e}"))?;
-    drop(f);
-    let back = fs::read(&path).map_err(|e| format!("read back {i}: {e}"))?;
-    if back != data {
-        return Err(format!("round {i}: read back differs"));
-    }
-    Ok(())
-}
-
-/// Appends through a descriptor held for the whole test, and re-reads all of it
-/// through the same descriptor.
-fn append_round(f: &fs::File, i: u64) -> Result<(), String> {
-    let rec = pattern(1_000_000 + i, 512);
-    (&*f)
-        .write_all(&rec)
-        .map_err(|e| format!("append {i}: {e}"))?;
-    f.sync_data().map_err(|e| format!("fdatasync {i}: {e}"))?;
-    let len = f.metadata().map_err(|e| format!("fstat {i}: {e}"))?.len();
-    if len != (i + 1) * 512 {
-        return Err(format!("after {} appends the file has {len} bytes", i + 1));
-    }
-    let mut last = vec![0u8; 512];
-    f.read_exact_at(&mut last, i * 512)
-        .map_err(|e| format!("pread {i}: {e}"))?;
-    if last != rec {
-        return Err(format!("append {i} reads back differently"));
-    }
-    Ok(())
-}
-
-/// Lists a directory of known entries and stats a few of them.
-fn list_round(dir: &Path, inos: &[(PathBuf, u64)], i: u64) -> Result<(), String> {
-    let n = fs::read_dir(dir)
-        .map_err(|e| format!("opendir {i}: {e}"))?
-        .map(|e| e.map(|_| ()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("readdir {i}: {e}"))?
-        .len();
-    if n != inos.len() {
-        return Err(format!("listing {i} has {n} entries, not {}", inos.len()));
-    }
-    let (path, ino) = &inos[(i as usize) % inos.len()];
-    let m = fs::metadata(path).map_err(|e| format!("stat {i}: {e}"))?;
-    if m.ino() != *ino {
-        return Err(format!("{} changed inode number", path.display()));
-    }
-    Ok(())
-}
+use workload::*;
 
 fn is_alive(pid: u32) -> bool {
     // A zombie is gone for our purpose: it serves nothing.

@@ -31,6 +31,9 @@ pub struct ServeConfig {
     pub share_root: PathBuf,
     /// The binary that serves views (`mountgroup mount`); this one by default.
     pub view_binary: PathBuf,
+    /// The keeper that runs the views (`mountgroup keeper`); without one, views are
+    /// this process's children.
+    pub keeper_socket: Option<PathBuf>,
     /// The share key file (created with a random key if absent); `None`: no key.
     pub share_key_file: Option<PathBuf>,
     /// Where secret views keep their tmpfs (memory; never the state directory).
@@ -172,7 +175,10 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
                 key,
                 &cfg.state_dir,
                 &cfg.runtime_dir,
-                cfg.view_binary,
+                crate::volume::view::ViewRunner {
+                    binary: cfg.view_binary,
+                    keeper: cfg.keeper_socket,
+                },
             )
         })
         .await

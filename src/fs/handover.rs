@@ -10,19 +10,19 @@
 //! and the socket lives in a root-only directory: the descriptors it hands out open
 //! every file of the view.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::sys::fdpass::{self, FDS_PER_MESSAGE};
+use crate::wire::{NamedSocket, read_frame, write_frame};
 
 use super::fuse::FuseView;
 use super::snapshot::ViewSnapshot;
@@ -34,8 +34,6 @@ pub const DEFAULT_CONTROL_DIR: &str = "/run/mountgroup/views";
 /// after it sent everything; past that it serves again.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const ACK_TIMEOUT: Duration = Duration::from_secs(30);
-/// No frame is larger (a snapshot of millions of inodes is a few hundred MiB).
-const MAX_FRAME: u64 = 1 << 31;
 
 /// FNV-1a (64 bit) of the path's bytes, as 16 lower-case hex digits.
 ///
@@ -77,6 +75,44 @@ pub struct Identity {
     pub options: String,
 }
 
+/// What a view is asked.
+#[derive(Serialize, Deserialize)]
+enum Request {
+    /// Hand the view over to the asking process, which serves `Identity` the same way.
+    Handover(Identity),
+    /// Say who serves the view and how it was started.
+    Describe,
+}
+
+/// The environment variable that names the keeper instance that started a view
+/// (`volume/keeper.rs`): a keeper takes over the views other keepers started.
+pub const INSTANCE_ENV: &str = "MOUNTGROUP_VIEW_INSTANCE";
+
+/// Who serves a view, and how to start a process that takes it over.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Description {
+    /// The serving process, as its own PID namespace numbers it.
+    pub pid: u32,
+    /// [`INSTANCE_ENV`] of the serving process (empty if unset).
+    pub instance: String,
+    /// The binary that serves it (`/proc/self/exe`).
+    pub binary: PathBuf,
+    /// Its arguments after the program name (`mount SOURCE MOUNTPOINT ...`): the same
+    /// arguments make a successor.
+    pub args: Vec<std::ffi::OsString>,
+}
+
+impl Description {
+    fn of_this_process() -> Description {
+        Description {
+            pid: std::process::id(),
+            instance: std::env::var(INSTANCE_ENV).unwrap_or_default(),
+            binary: std::env::current_exe().unwrap_or_default(),
+            args: std::env::args_os().skip(1).collect(),
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 enum Reply {
     Refused(String),
@@ -100,38 +136,13 @@ enum Ack {
 #[derive(Serialize, Deserialize)]
 struct Bye;
 
-fn write_frame(mut stream: &UnixStream, value: &impl Serialize) -> io::Result<()> {
-    let bytes = serde_json::to_vec(value).map_err(io::Error::other)?;
-    stream.write_all(&(bytes.len() as u64).to_le_bytes())?;
-    stream.write_all(&bytes)
-}
-
-fn read_frame<T: DeserializeOwned>(mut stream: &UnixStream) -> io::Result<T> {
-    let mut len = [0u8; 8];
-    stream.read_exact(&mut len)?;
-    let len = u64::from_le_bytes(len);
-    if len > MAX_FRAME {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("a control frame of {len} bytes"),
-        ));
-    }
-    let mut bytes = vec![0u8; len as usize];
-    stream.read_exact(&mut bytes)?;
-    serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-}
-
 fn io_err(e: crate::sys::Errno) -> io::Error {
     io::Error::from_raw_os_error(e.raw())
 }
 
-/// A view's control socket. The path is replaced atomically, so that a successor
-/// takes the name over while its predecessor still holds the old socket.
-pub struct ControlSocket {
-    listener: UnixListener,
-    path: PathBuf,
-    ino: u64,
-}
+/// A view's control socket ([`socket_path`] in the control directory); a successor
+/// takes its name over atomically.
+pub struct ControlSocket(NamedSocket);
 
 impl ControlSocket {
     /// Listens at [`socket_path`] in `dir` (made mode 0700 if missing).
@@ -139,38 +150,25 @@ impl ControlSocket {
     /// # Errors
     /// The error of making the directory, binding or renaming.
     pub fn bind(dir: &Path, mountpoint: &Path) -> io::Result<ControlSocket> {
-        let path = socket_path(dir, mountpoint);
-        let staged = path.with_extension(format!("new{}", std::process::id()));
-        let make = || -> io::Result<UnixListener> {
+        let make = || -> io::Result<NamedSocket> {
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(dir)?;
-            let _ = std::fs::remove_file(&staged);
-            let listener = UnixListener::bind(&staged)?;
-            std::fs::rename(&staged, &path)?;
-            Ok(listener)
+            NamedSocket::bind(&socket_path(dir, mountpoint))
         };
         // Once more if a view that left removed the (then empty) directory meanwhile.
-        let listener = match make() {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => make()?,
-            r => r?,
-        };
-        let ino = std::fs::symlink_metadata(&path)?.ino();
-        Ok(ControlSocket {
-            listener,
-            path,
-            ino,
-        })
+        match make() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => make().map(ControlSocket),
+            r => r.map(ControlSocket),
+        }
     }
 
     /// Removes the socket's name, unless a successor's socket has it now, and the
     /// directory if that leaves it empty (a view leaves nothing behind).
     pub fn remove(&self) {
-        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
-            let _ = std::fs::remove_file(&self.path);
-        }
-        if let Some(dir) = self.path.parent() {
+        self.0.remove();
+        if let Some(dir) = self.0.path.parent() {
             let _ = std::fs::remove_dir(dir);
         }
     }
@@ -195,7 +193,7 @@ pub fn listen(
     std::thread::Builder::new()
         .name("mountgroup-control".into())
         .spawn(move || {
-            for stream in control.listener.incoming() {
+            for stream in control.0.listener.incoming() {
                 let Ok(stream) = stream else { continue };
                 if let Err(e) = answer(&stream, &identity, &pending, &stop) {
                     tracing::debug!(error = %e, "handover request not answered");
@@ -211,7 +209,7 @@ fn answer(
     pending: &Mutex<Option<Accepted>>,
     stop: &impl Fn(),
 ) -> io::Result<()> {
-    match fdpass::peer_uid(stream.as_fd()) {
+    match fdpass::peer(stream.as_fd()).map(|p| p.uid) {
         Ok(0) => {}
         Ok(uid) => {
             tracing::warn!(uid, "handover request from a non-root process refused");
@@ -220,7 +218,10 @@ fn answer(
         Err(e) => return Err(io_err(e)),
     }
     stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-    let request: Identity = read_frame(stream)?;
+    let request = match read_frame(stream)? {
+        Request::Handover(identity) => identity,
+        Request::Describe => return write_frame(stream, &Description::of_this_process()),
+    };
     let refuse = |why: String| write_frame(stream, &Reply::Refused(why));
     if request.mountpoint != identity.mountpoint {
         return refuse(format!(
@@ -353,7 +354,7 @@ pub fn take_over(
         }
         Err(e) => return Err(e.into()),
     };
-    write_frame(&stream, identity)?;
+    write_frame(&stream, &Request::Handover(identity.clone()))?;
     // Stopping the workers waits for the requests in flight; a stuck backend can make
     // that long, but the view's own timeouts bound the rest.
     let (passthrough, count, snapshot) = match read_frame(&stream)? {
@@ -395,9 +396,21 @@ pub fn take_over(
     )))
 }
 
+/// Asks the view listening at `socket` who serves it.
+///
+/// # Errors
+/// The error of connecting or of the exchange (a dead view's socket refuses).
+pub fn describe(socket: &Path) -> io::Result<Description> {
+    let stream = UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    write_frame(&stream, &Request::Describe)?;
+    read_frame(&stream)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn keys_are_fnv1a() {
@@ -405,21 +418,6 @@ mod tests {
         assert_eq!(path_key(Path::new("")), "cbf29ce484222325");
         assert_eq!(path_key(Path::new("a")), "af63dc4c8601ec8c");
         assert_eq!(path_key(Path::new("foobar")), "85944171f73967e8");
-    }
-
-    #[test]
-    fn frames_round_trip_and_refuse_oversize() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let id = Identity {
-            source: "/s".into(),
-            mountpoint: "/m".into(),
-            options: "gid=5".into(),
-        };
-        write_frame(&a, &id).unwrap();
-        assert_eq!(read_frame::<Identity>(&b).unwrap(), id);
-        (&a).write_all(&(MAX_FRAME + 1).to_le_bytes()).unwrap();
-        let err = read_frame::<Identity>(&b).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
     }
 
     #[test]

@@ -5,9 +5,11 @@ use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
+use std::os::fd::AsRawFd;
+
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags, recvmsg, sendmsg, sockopt,
+    SendAncillaryMessage, SendFlags, recvmsg, sendmsg,
 };
 
 use super::{Errno, SysResult, failed};
@@ -73,12 +75,48 @@ pub fn recv_fds(sock: BorrowedFd<'_>) -> SysResult<(u8, Vec<OwnedFd>)> {
     Ok((byte[0], fds))
 }
 
-/// The user id of the process at the other end of a connected unix socket, as the
-/// kernel recorded it when it connected (`SO_PEERCRED`).
+/// The process at the other end of a connected unix socket, as the kernel recorded it
+/// when it connected (`SO_PEERCRED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// Its pid as this process's PID namespace numbers it: 0 when it lives in a
+    /// namespace this one cannot see (another container's).
+    pub pid: i32,
+    pub uid: u32,
+}
+
+/// The peer of a connected unix socket (`SO_PEERCRED`). Not rustix's
+/// `socket_peercred`: its pid type cannot be 0, which is what the kernel says for a
+/// peer in another PID namespace, exactly the case the keeper must tell apart.
 ///
 /// # Errors
 /// The error of `getsockopt`.
-pub fn peer_uid(sock: BorrowedFd<'_>) -> SysResult<u32> {
-    let cred = sockopt::socket_peercred(sock).map_err(failed("getsockopt(SO_PEERCRED)"))?;
-    Ok(cred.uid.as_raw())
+pub fn peer(sock: BorrowedFd<'_>) -> SysResult<Peer> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a `struct ucred` and `len` its size; the kernel writes at most
+    // `len` bytes into it and the new length into `len`.
+    #[allow(unsafe_code)]
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(failed("getsockopt(SO_PEERCRED)")(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(Peer {
+        pid: cred.pid,
+        uid: cred.uid,
+    })
 }

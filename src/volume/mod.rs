@@ -6,6 +6,7 @@
 
 pub mod controller;
 pub mod guard;
+pub mod keeper;
 pub mod names;
 pub mod node;
 pub mod secrets;

@@ -21,6 +21,10 @@ use super::BIN;
 
 pub struct Driver {
     child: Option<Child>,
+    /// A command the driver runs under (e.g. `unshare --pid --fork`), which must exec
+    /// the rest; and the binary it runs.
+    wrapper: Vec<String>,
+    bin: PathBuf,
     /// Extra `serve` arguments.
     args: Vec<String>,
     pub root: PathBuf,
@@ -46,8 +50,22 @@ impl Driver {
     /// Starts `mountgroup serve` with the share at `share` and extra arguments; with
     /// no `--share-key-file` the driver generates its key in the state directory.
     pub fn start_with(root: &Path, share: PathBuf, args: &[&str]) -> Driver {
+        Driver::start_in(root, share, &[], Path::new(BIN), args)
+    }
+
+    /// [`Driver::start_with`] under `wrapper` (a command and its arguments that execs
+    /// the rest), with the binary `bin`.
+    pub fn start_in(
+        root: &Path,
+        share: PathBuf,
+        wrapper: &[&str],
+        bin: &Path,
+        args: &[&str],
+    ) -> Driver {
         let mut d = Driver {
             child: None,
+            wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
+            bin: bin.to_path_buf(),
             args: args.iter().map(|s| s.to_string()).collect(),
             root: root.to_path_buf(),
             socket: root.join("csi/csi.sock"),
@@ -65,7 +83,14 @@ impl Driver {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match self.wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&self.bin);
+                c
+            }
+            None => Command::new(&self.bin),
+        };
         cmd.arg("serve")
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket.display()))
@@ -121,6 +146,13 @@ impl Driver {
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    /// Waits until the driver's process (or its wrapper) has exited.
+    pub fn wait_exit(&mut self) {
+        if let Some(mut c) = self.child.take() {
             c.wait().unwrap();
         }
     }

@@ -1,0 +1,353 @@
+//! The keeper: the process that runs the views, apart from the gRPC server. In a
+//! DaemonSet it is a container of its own, so that the server's container can crash,
+//! be OOM-killed or restarted without touching a view (their PID namespaces differ:
+//! a container's death kills only its own processes). A keeper that starts takes over
+//! every view another keeper started (the old pod of a rolling update, an older
+//! binary), live, through each view's control socket (`fs/handover.rs`): after an
+//! update, the new binary serves every view and nothing was unmounted. A keeper told
+//! to stop while a newer keeper has its socket's name asks that one to take over what
+//! it still runs.
+//!
+//! The driver talks to it over a unix socket in a root-only directory (`wire` frames;
+//! only uid 0 is answered): start a view, ask whether a view it started still runs.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fs::handover::{self, INSTANCE_ENV};
+use crate::sys::fdpass;
+use crate::sys::signal::TerminationSignals;
+use crate::wire::{NamedSocket, read_frame, write_frame};
+
+/// Where the keeper listens unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/mountgroup/keeper.sock";
+
+/// How long a takeover of one view may take before the keeper gives up on it (the old
+/// keeper's view then goes on serving).
+const ADOPT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a keeper that stops waits for its views to be taken over.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What the keeper is asked.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// Run `mountgroup ARGS...`; `ARGS` must start with `mount`.
+    Start { args: Vec<OsString> },
+    /// Whether the view the keeper started as `pid` still runs.
+    Status { pid: u32 },
+    /// Take over every view another keeper started.
+    Adopt,
+    /// Answered once the keeper has taken over the views that were there when it
+    /// started (its readiness).
+    Ready,
+}
+
+/// What the keeper answers.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Response {
+    Started {
+        pid: u32,
+    },
+    Running,
+    /// The view exited, with its exit code (none when a signal ended it).
+    Exited {
+        code: Option<i32>,
+    },
+    /// No view of this keeper had that pid.
+    Unknown,
+    /// Views taken over, and the ones that could not be, with why.
+    Adopted {
+        taken: usize,
+        failed: Vec<String>,
+    },
+    Ready,
+    NotReady,
+    Refused(String),
+}
+
+/// Where and how the keeper runs.
+#[derive(Clone, Debug)]
+pub struct KeeperConfig {
+    pub socket: PathBuf,
+    /// The views' control directory, where it finds views to take over.
+    pub control_dir: PathBuf,
+    /// The binary that serves views (this one).
+    pub binary: PathBuf,
+}
+
+struct Keeper {
+    cfg: KeeperConfig,
+    /// This keeper's name; each view it starts gets `<instance>-<n>` in
+    /// [`INSTANCE_ENV`].
+    instance: String,
+    next: AtomicU64,
+    /// Views started: `None` while running, the exit code once reaped.
+    children: Mutex<HashMap<u32, Option<Option<i32>>>>,
+    ready: AtomicBool,
+    /// One adoption at a time.
+    adopting: Mutex<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Keeper {
+    fn owns(&self, instance: &str) -> bool {
+        instance
+            .strip_prefix(self.instance.as_str())
+            .is_some_and(|rest| rest.starts_with('-'))
+    }
+
+    /// Starts `binary ARGS...` as a view of this keeper, in its own process group, and
+    /// reaps it when it ends.
+    fn spawn(&'static self, args: &[OsString]) -> io::Result<(u32, String)> {
+        if args.first().map(OsString::as_os_str) != Some("mount".as_ref()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a keeper runs views only (`mount ...`)",
+            ));
+        }
+        let id = format!(
+            "{}-{}",
+            self.instance,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        );
+        // A view points its standard error at its --log-file itself.
+        let mut child = Command::new(&self.cfg.binary)
+            .args(args)
+            .env(INSTANCE_ENV, &id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        let pid = child.id();
+        lock(&self.children).insert(pid, None);
+        std::thread::Builder::new()
+            .name(format!("keeper-reaper-{pid}"))
+            .spawn(move || {
+                let code = child.wait().ok().and_then(|s| s.code());
+                lock(&self.children).insert(pid, Some(code));
+            })?;
+        Ok((pid, id))
+    }
+
+    /// Takes over every view in the control directory that another keeper started,
+    /// one after the other: a successor process with the same arguments, which the
+    /// serving view hands itself to.
+    fn adopt(&'static self) -> (usize, Vec<String>) {
+        let _one = lock(&self.adopting);
+        let mut taken = 0;
+        let mut failed = Vec::new();
+        let Ok(entries) = std::fs::read_dir(&self.cfg.control_dir) else {
+            return (0, failed);
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("sock") {
+                continue;
+            }
+            // A socket no view answers on belongs to a view that died.
+            let Ok(d) = handover::describe(&path) else {
+                continue;
+            };
+            if self.owns(&d.instance) {
+                continue;
+            }
+            match self.take_over(&path, &d) {
+                Ok(()) => taken += 1,
+                Err(e) => {
+                    tracing::error!(socket = %path.display(), error = %e, "cannot take a view over; it stays with its process");
+                    failed.push(format!("{}: {e}", path.display()));
+                }
+            }
+        }
+        (taken, failed)
+    }
+
+    fn take_over(&'static self, socket: &Path, d: &handover::Description) -> io::Result<()> {
+        let (pid, id) = self.spawn(&d.args)?;
+        let deadline = Instant::now() + ADOPT_TIMEOUT;
+        loop {
+            if handover::describe(socket).is_ok_and(|now| now.instance == id) {
+                tracing::info!(
+                    socket = %socket.display(),
+                    from = %d.binary.display(),
+                    pid,
+                    "view taken over"
+                );
+                return Ok(());
+            }
+            if let Some(Some(code)) = lock(&self.children).get(&pid) {
+                return Err(io::Error::other(format!(
+                    "the successor exited with {code:?} (its view log says why)"
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other("no takeover within 30 s"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn answer(&'static self, stream: &UnixStream) -> io::Result<()> {
+        match fdpass::peer(stream.as_fd()) {
+            Ok(p) if p.uid == 0 => {}
+            Ok(p) => {
+                tracing::warn!(
+                    uid = p.uid,
+                    "keeper request from a non-root process refused"
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(io::Error::from_raw_os_error(e.raw())),
+        }
+        let response = match read_frame(stream)? {
+            Request::Start { args } => match self.spawn(&args) {
+                Ok((pid, _)) => Response::Started { pid },
+                Err(e) => Response::Refused(e.to_string()),
+            },
+            Request::Status { pid } => match lock(&self.children).get(&pid) {
+                None => Response::Unknown,
+                Some(None) => Response::Running,
+                Some(Some(code)) => Response::Exited { code: *code },
+            },
+            Request::Adopt => {
+                let (taken, failed) = self.adopt();
+                Response::Adopted { taken, failed }
+            }
+            Request::Ready => {
+                if self.ready.load(Ordering::Acquire) {
+                    Response::Ready
+                } else {
+                    Response::NotReady
+                }
+            }
+        };
+        write_frame(stream, &response)
+    }
+
+    fn running(&self) -> usize {
+        lock(&self.children)
+            .values()
+            .filter(|s| s.is_none())
+            .count()
+    }
+}
+
+/// Sends one request to the keeper at `socket` and returns its answer.
+///
+/// # Errors
+/// The error of connecting or of the exchange.
+pub fn ask(socket: &Path, request: &Request) -> io::Result<Response> {
+    let stream = UnixStream::connect(socket)?;
+    write_frame(&stream, request)?;
+    read_frame(&stream)
+}
+
+/// Whether the keeper listening at `socket` runs in this PID namespace (its container,
+/// not another pod's) and is ready: a readiness probe, so that a rolling update deletes
+/// the old pod only after the new keeper took its views over.
+///
+/// # Errors
+/// Why it is not ready.
+pub fn probe(socket: &Path) -> Result<(), String> {
+    let stream = UnixStream::connect(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+    // The kernel gives the peer's pid as this namespace sees it: 0 when it is outside.
+    let peer = fdpass::peer(stream.as_fd()).map_err(|e| e.to_string())?;
+    if peer.pid == 0 {
+        return Err("the keeper at the socket is another container's".into());
+    }
+    write_frame(&stream, &Request::Ready).map_err(|e| e.to_string())?;
+    match read_frame(&stream).map_err(|e| e.to_string())? {
+        Response::Ready => Ok(()),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// Runs the keeper until SIGINT or SIGTERM: takes the socket's name, takes over the
+/// views other keepers started, then answers. On a signal, a keeper whose name a newer
+/// keeper has taken asks it to take over its views and waits (up to a minute) until
+/// they are gone; a keeper with no successor leaves its views running (they are
+/// processes of their own; in a container they end with it).
+///
+/// # Errors
+/// The error of binding the socket.
+pub fn run(cfg: KeeperConfig) -> io::Result<()> {
+    let signals = TerminationSignals::block().map_err(|e| io::Error::from_raw_os_error(e.raw()))?;
+    // Lives as long as the process: its threads hold it.
+    let keeper: &'static Keeper = Box::leak(Box::new(Keeper {
+        instance: random_instance(),
+        cfg,
+        next: AtomicU64::new(0),
+        children: Mutex::new(HashMap::new()),
+        ready: AtomicBool::new(false),
+        adopting: Mutex::new(()),
+    }));
+    if let Some(dir) = keeper.cfg.socket.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let socket = Arc::new(NamedSocket::bind(&keeper.cfg.socket)?);
+    tracing::info!(socket = %keeper.cfg.socket.display(), instance = %keeper.instance, "keeper listening");
+    {
+        let socket = Arc::clone(&socket);
+        std::thread::Builder::new()
+            .name("keeper-accept".into())
+            .spawn(move || {
+                for stream in socket.listener.incoming().flatten() {
+                    let _ = std::thread::Builder::new()
+                        .name("keeper-request".into())
+                        .spawn(move || {
+                            if let Err(e) = keeper.answer(&stream) {
+                                tracing::debug!(error = %e, "keeper request not answered");
+                            }
+                        });
+                }
+            })?;
+    }
+    let (taken, failed) = keeper.adopt();
+    keeper.ready.store(true, Ordering::Release);
+    tracing::info!(taken, failed = failed.len(), "keeper ready");
+
+    let sig = signals
+        .wait()
+        .map_err(|e| io::Error::from_raw_os_error(e.raw()))?;
+    tracing::info!(signal = crate::sys::signal::name(sig), "keeper stopping");
+    if socket.owns_name() {
+        socket.remove();
+        tracing::info!(
+            views = keeper.running(),
+            "no newer keeper: the views keep running on their own"
+        );
+        return Ok(());
+    }
+    match ask(&keeper.cfg.socket, &Request::Adopt) {
+        Ok(Response::Adopted { taken, failed }) => {
+            tracing::info!(taken, failed = failed.len(), "the newer keeper took over");
+        }
+        Ok(other) => tracing::warn!(answer = ?other, "the newer keeper did not take over"),
+        Err(e) => tracing::warn!(error = %e, "cannot reach the newer keeper"),
+    }
+    let deadline = Instant::now() + LEAVE_TIMEOUT;
+    while keeper.running() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    tracing::info!(left = keeper.running(), "keeper stopped");
+    Ok(())
+}
+
+fn random_instance() -> String {
+    format!("{:016x}", crate::sys::process::random_u128() as u64)
+}

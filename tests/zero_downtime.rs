@@ -1,0 +1,324 @@
+//! Views that outlive the driver: the node plugin as a Kubernetes node would run it,
+//! with the gRPC server and the keeper (which runs the views) in two "containers":
+//! PID namespaces made with `unshare --pid --fork`, where the death of a namespace's
+//! first process makes the kernel kill everything else in it, as a container runtime
+//! does. While a workload checks every call and every byte in a published view, the
+//! driver's process is SIGKILLed, its container is killed, and the plugin is updated
+//! the way a DaemonSet with `maxSurge: 1` does it (the new pod starts, then the old one
+//! is stopped) to another binary. Zero failed calls, zero mismatches, and afterwards
+//! only the new binary serves the view.
+
+mod common;
+#[path = "common/driver.rs"]
+mod driver;
+#[path = "common/workload.rs"]
+mod workload;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use driver::*;
+use rustix::process::{Pid, Signal, kill_process};
+use workload::*;
+
+/// A container: a PID namespace whose first process is the command after this.
+const CONTAINER: &[&str] = &["unshare", "--pid", "--fork", "--kill-child", "--"];
+
+/// A container running `bin args`.
+struct Container {
+    wrapper: Option<Child>,
+}
+
+impl Container {
+    fn start(bin: &Path, args: &[&str], log: &Path) -> Container {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let child = Command::new(CONTAINER[0])
+            .args(&CONTAINER[1..])
+            .arg(bin)
+            .args(args)
+            .env("RUST_LOG", "mountgroup=debug,info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Container {
+            wrapper: Some(child),
+        }
+    }
+
+    /// The namespace's first process (the wrapper's child).
+    fn init_pid(&self) -> u32 {
+        let w = self.wrapper.as_ref().unwrap().id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let children =
+                fs::read_to_string(format!("/proc/{w}/task/{w}/children")).unwrap_or_default();
+            if let Some(pid) = children.split_whitespace().next() {
+                return pid.parse().unwrap();
+            }
+            assert!(Instant::now() < deadline, "the container has no process");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// As a runtime kills a container: its first process is SIGKILLed, the kernel
+    /// kills the rest.
+    fn kill(&mut self) {
+        if let Some(mut w) = self.wrapper.take() {
+            let init = {
+                self.wrapper = Some(w);
+                let pid = self.init_pid();
+                w = self.wrapper.take().unwrap();
+                pid
+            };
+            let _ = kill_process(Pid::from_raw(init as i32).unwrap(), Signal::KILL);
+            let _ = w.wait();
+        }
+    }
+
+    /// As a runtime stops a container: SIGTERM to its first process, SIGKILL after
+    /// the grace period.
+    fn stop(&mut self, grace: Duration) {
+        let init = self.init_pid();
+        let _ = kill_process(Pid::from_raw(init as i32).unwrap(), Signal::TERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Some(Some(_)) = self.wrapper.as_mut().map(|w| w.try_wait().unwrap()) {
+                self.wrapper = None;
+                return;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        if self.wrapper.is_some() {
+            self.kill();
+        }
+    }
+}
+
+/// Waits until `bin keeper --probe` says the keeper at `socket` is ready.
+fn wait_ready(bin: &Path, socket: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ok = Command::new(bin)
+            .args(["keeper", "--probe", "--socket"])
+            .arg(socket)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        if ok {
+            return;
+        }
+        assert!(Instant::now() < deadline, "keeper at {socket:?} not ready");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The processes that serve the view on `target`, and their binaries.
+fn view_processes(target: &Path) -> Vec<(u32, PathBuf)> {
+    let target = target.as_os_str().as_encoded_bytes();
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let cmd = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+            (args.get(1) == Some(&&b"mount"[..]) && args.contains(&target))
+                .then(|| Some((pid, fs::read_link(format!("/proc/{pid}/exe")).ok()?)))?
+        })
+        .collect()
+}
+
+/// Sends `signal` to the first process of the driver's container (the `serve`
+/// process), and waits until the container is gone: its wrapper reaps it first.
+fn signal_first_process(d: &mut Driver, signal: Signal) {
+    let wrapper = d.pid();
+    let init = fs::read_to_string(format!("/proc/{wrapper}/task/{wrapper}/children"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse::<i32>()
+        .unwrap();
+    kill_process(Pid::from_raw(init).unwrap(), signal).unwrap();
+    d.wait_exit();
+}
+
+/// A copy of the binary under `dir`: a "version" of its own, told apart by its path.
+fn version(root: &Path, name: &str) -> PathBuf {
+    let dir = root.join(name);
+    fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("mountgroup");
+    fs::copy(BIN, &bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    // The node's /run/mountgroup, shared by the old and the new pod (a hostPath).
+    let run = root.join("run");
+    fs::create_dir_all(&run).unwrap();
+    let keeper_socket = run.join("keeper.sock");
+    let control = run.join("views");
+    let (v1, v2) = (version(root, "v1"), version(root, "v2"));
+    let keeper_args = [
+        "keeper",
+        "--socket",
+        keeper_socket.to_str().unwrap(),
+        "--control-dir",
+        control.to_str().unwrap(),
+    ];
+    let serve_args = [
+        "--share-key-file",
+        "none",
+        "--keeper-socket",
+        keeper_socket.to_str().unwrap(),
+    ];
+
+    // The old pod: keeper and driver, each in a container of its own.
+    let mut keeper1 = Container::start(&v1, &keeper_args, &root.join("keeper1.log"));
+    wait_ready(&v1, &keeper_socket);
+    let mut d = Driver::start_in(root, root.join("share"), CONTAINER, &v1, &serve_args);
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    let target = root.join("target");
+    c.controller
+        .create_volume(create_req("vol", 1 << 30))
+        .await
+        .unwrap();
+    c.node
+        .node_stage_volume(stage_req("vol", &staging))
+        .await
+        .unwrap();
+    c.node
+        .node_publish_volume(publish_req("vol", &staging, &target, "2000"))
+        .await
+        .unwrap();
+    assert_eq!(fs::metadata(&target).unwrap().gid(), 2000);
+
+    // The workload.
+    let listed = target.join("listed");
+    fs::create_dir(&listed).unwrap();
+    for i in 0..100 {
+        fs::write(listed.join(format!("e{i}")), i.to_string()).unwrap();
+    }
+    let inos: Vec<(PathBuf, u64)> = (0..100)
+        .map(|i| {
+            let p = listed.join(format!("e{i}"));
+            let ino = fs::metadata(&p).unwrap().ino();
+            (p, ino)
+        })
+        .collect();
+    let writes = target.join("writes");
+    fs::create_dir(&writes).unwrap();
+    let held = Arc::new(
+        fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .mode(0o644)
+            .open(target.join("held.log"))
+            .unwrap(),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = workload(Arc::clone(&stop), move |i| write_round(&writes, i));
+    let h = {
+        let held = Arc::clone(&held);
+        workload(Arc::clone(&stop), move |i| append_round(&held, i))
+    };
+    let l = workload(Arc::clone(&stop), move |i| list_round(&listed, &inos, i));
+    let settle = || thread::sleep(Duration::from_millis(400));
+    settle();
+
+    // 1. The driver's process is SIGKILLed, and started again.
+    signal_first_process(&mut d, Signal::KILL);
+    d.restart();
+    c = d.clients().await;
+    // It knows the view it published: a repeated publish is idempotent.
+    c.node
+        .node_publish_volume(publish_req("vol", &staging, &target, "2000"))
+        .await
+        .unwrap();
+    settle();
+
+    // 2. The driver's container is killed (every process in it at once: its first
+    // process dies and the kernel kills the rest), and started again.
+    signal_first_process(&mut d, Signal::KILL);
+    d.restart();
+    c = d.clients().await;
+    c.node
+        .node_publish_volume(publish_req("vol", &staging, &target, "2000"))
+        .await
+        .unwrap();
+    settle();
+    let before_update = view_processes(&target);
+    assert_eq!(before_update.len(), 1, "{before_update:?}");
+    assert_eq!(before_update[0].1, v1);
+
+    // 3. A rolling update to v2 with maxSurge 1: the new pod starts while the old one
+    // runs; once its keeper is ready (it took every view over), the old pod is stopped.
+    let mut keeper2 = Container::start(&v2, &keeper_args, &root.join("keeper2.log"));
+    wait_ready(&v2, &keeper_socket);
+    settle();
+    keeper1.stop(Duration::from_secs(30));
+    signal_first_process(&mut d, Signal::TERM);
+    let mut d2 = Driver::start_in(root, root.join("share"), CONTAINER, &v2, &serve_args);
+    c = d2.clients().await;
+    c.node
+        .node_publish_volume(publish_req("vol", &staging, &target, "2000"))
+        .await
+        .unwrap();
+    settle();
+
+    stop.store(true, Ordering::Relaxed);
+    let (w, h, l) = (w.join().unwrap(), h.join().unwrap(), l.join().unwrap());
+    for (name, o) in [("writer", &w), ("held file", &h), ("lister", &l)] {
+        eprintln!(
+            "{name}: {} rounds, longest {:?}, failures {:?}",
+            o.rounds, o.longest, o.failures
+        );
+        assert!(o.failures.is_empty(), "{name} failed: {:?}", o.failures);
+        assert!(o.rounds > 10, "{name} hardly ran: {} rounds", o.rounds);
+    }
+
+    // 5. Only the new binary serves the view; nothing was unmounted (the descriptor held
+    // throughout still works and names the same file).
+    let after = view_processes(&target);
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_eq!(after[0].1, v2, "the view is served by {:?}", after[0].1);
+    assert_eq!(held.metadata().unwrap().len(), h.rounds * 512);
+    let keeper2_log = fs::read_to_string(root.join("keeper2.log")).unwrap();
+    assert!(keeper2_log.contains("view taken over"), "{keeper2_log}");
+
+    // The new driver manages the view it never started: unpublishing ends it.
+    drop(held);
+    c.node
+        .node_unpublish_volume(unpublish_req("vol", &target))
+        .await
+        .unwrap();
+    assert!(!is_mounted(&target));
+    keeper2.stop(Duration::from_secs(10));
+    signal_first_process(&mut d2, Signal::TERM);
+}
