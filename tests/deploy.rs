@@ -80,30 +80,57 @@ async fn the_csidriver_object_matches_the_driver() {
 
 #[test]
 fn manifests_use_only_flags_the_binary_has() {
-    let help = std::process::Command::new(BIN)
-        .args(["serve", "--help"])
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&help.stdout).to_string();
+    let help = |sub: &str| {
+        let out = std::process::Command::new(BIN)
+            .args([sub, "--help"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    // Container name → the subcommand it runs.
+    let containers = [("mountgroup", "serve"), ("keeper", "keeper")];
+    let mut checked = 0;
     for file in ["deploy/node.yaml", "deploy/controller.yaml"] {
         let yaml = fs::read_to_string(format!("{}/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-        let mut in_mountgroup = false;
+        let mut sub: Option<(&str, String)> = None;
         for line in yaml.lines() {
             let t = line.trim();
             if let Some(name) = t.strip_prefix("- name: ") {
-                in_mountgroup = name == "mountgroup";
+                sub = containers
+                    .iter()
+                    .find(|(c, _)| *c == name)
+                    .map(|(_, s)| (*s, help(s)));
             }
-            if in_mountgroup {
-                if let Some(flag) = t.strip_prefix("- --") {
-                    let flag = flag.split('=').next().unwrap();
-                    assert!(
-                        help.contains(&format!("--{flag}")),
-                        "{file}: --{flag} is not a flag of `mountgroup serve`"
-                    );
+            if let Some((sub, help)) = &sub {
+                // Flags in `args:` lists and in an exec probe's command.
+                for part in t.split([' ', '[', ',', ']']) {
+                    if let Some(flag) = part.strip_prefix("--") {
+                        let flag = flag.split('=').next().unwrap();
+                        assert!(
+                            help.contains(&format!("--{flag}")),
+                            "{file}: --{flag} is not a flag of `mountgroup {sub}`"
+                        );
+                        checked += 1;
+                    }
                 }
             }
         }
     }
+    assert!(checked > 10, "only {checked} flags found: is the parsing right?");
+}
+
+#[test]
+fn views_run_in_a_keeper_container_that_is_ready_only_after_taking_them_over() {
+    let yaml = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/node.yaml"))
+        .unwrap();
+    assert!(yaml.contains("--keeper-socket=/run/mountgroup/keeper.sock"));
+    assert!(yaml.contains("- name: keeper"));
+    assert!(yaml.contains("keeper, --probe"), "the keeper's readiness probe");
+    // A liveness probe on the keeper would restart it, and end every view.
+    let keeper = yaml.split("- name: keeper").nth(1).unwrap();
+    let keeper = keeper.split("\n        - name: ").next().unwrap();
+    assert!(!keeper.contains("livenessProbe"), "{keeper}");
+    assert!(yaml.contains("maxSurge: 1") && yaml.contains("maxUnavailable: 0"));
 }
 
 /// The image the manifests pull is the one `scripts/build-image` tags by default, so a
@@ -125,7 +152,17 @@ fn manifests_pull_the_image_the_build_makes() {
             .filter_map(|l| l.trim().strip_prefix("image: "))
             .filter(|i| i.starts_with(image))
             .collect();
-        assert_eq!(ours, [tag.as_str()], "{file}");
+        assert!(!ours.is_empty(), "{file}");
+        assert!(ours.iter().all(|i| *i == tag), "{file}: {ours:?}");
         assert!(yaml.contains("imagePullPolicy: IfNotPresent"), "{file}");
     }
+    // An exec probe runs the binary where the image has it.
+    let containerfile = fs::read_to_string(format!("{root}/Containerfile")).unwrap();
+    let node = fs::read_to_string(format!("{root}/deploy/node.yaml")).unwrap();
+    let entry = containerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("ENTRYPOINT [\""))
+        .and_then(|l| l.split('"').next())
+        .expect("the Containerfile's ENTRYPOINT");
+    assert!(node.contains(&format!("command: [{entry}, keeper, --probe")));
 }
