@@ -311,6 +311,9 @@ fn main() -> ExitCode {
                 &options,
                 args.metrics_file.as_deref(),
                 Some(&args.control_dir),
+                mountgroup::volume::keeper::KeeperClient::from_env()
+                    .as_ref()
+                    .map(|k| k as &dyn mountgroup::fs::handover::Holder),
             ) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

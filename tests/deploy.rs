@@ -116,16 +116,22 @@ fn manifests_use_only_flags_the_binary_has() {
             }
         }
     }
-    assert!(checked > 10, "only {checked} flags found: is the parsing right?");
+    assert!(
+        checked > 10,
+        "only {checked} flags found: is the parsing right?"
+    );
 }
 
 #[test]
 fn views_run_in_a_keeper_container_that_is_ready_only_after_taking_them_over() {
-    let yaml = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/node.yaml"))
-        .unwrap();
+    let yaml =
+        fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/node.yaml")).unwrap();
     assert!(yaml.contains("--keeper-socket=/run/mountgroup/keeper.sock"));
     assert!(yaml.contains("- name: keeper"));
-    assert!(yaml.contains("keeper, --probe"), "the keeper's readiness probe");
+    assert!(
+        yaml.contains("keeper, --probe"),
+        "the keeper's readiness probe"
+    );
     // A liveness probe on the keeper would restart it, and end every view.
     let keeper = yaml.split("- name: keeper").nth(1).unwrap();
     let keeper = keeper.split("\n        - name: ").next().unwrap();

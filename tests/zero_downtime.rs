@@ -3,7 +3,8 @@
 //! PID namespaces made with `unshare --pid --fork`, where the death of a namespace's
 //! first process makes the kernel kill everything else in it, as a container runtime
 //! does. While a workload checks every call and every byte in a published view, the
-//! driver's process is SIGKILLed, its container is killed, and the plugin is updated
+//! driver's process is SIGKILLed, its container is killed, the view's own process is
+//! SIGKILLed, and the plugin is updated
 //! the way a DaemonSet with `maxSurge: 1` does it (the new pod starts, then the old one
 //! is stopped) to another binary. Zero failed calls, zero mismatches, and afterwards
 //! only the new binary serves the view.
@@ -276,6 +277,23 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     let before_update = view_processes(&target);
     assert_eq!(before_update.len(), 1, "{before_update:?}");
     assert_eq!(before_update[0].1, v1);
+
+    // 4. The view's process is SIGKILLed (a bug, an OOM kill): the keeper holds its
+    // connection and journal, and a new process recovers it on the same mount.
+    let dead = before_update[0].0;
+    kill_process(Pid::from_raw(dead as i32).unwrap(), Signal::KILL).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = view_processes(&target);
+        if now.len() == 1 && now[0].0 != dead {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no new view process: {now:?}");
+        thread::sleep(Duration::from_millis(5));
+    }
+    settle();
+    let keeper1_log = fs::read_to_string(root.join("keeper1.log")).unwrap();
+    assert!(keeper1_log.contains("recovering it"), "{keeper1_log}");
 
     // 3. A rolling update to v2 with maxSurge 1: the new pod starts while the old one
     // runs; once its keeper is ready (it took every view over), the old pod is stopped.

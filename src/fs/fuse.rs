@@ -383,6 +383,41 @@ fn file_type(k: Kind) -> FileType {
     }
 }
 
+/// A request the kernel sent again (`FUSE_NOTIFY_RESEND`) because the process that
+/// read it first died before answering. That process may have carried it out: then
+/// the result that only says so (`already`: the name exists, or is gone) is answered
+/// as the success it was, with `then`. Another process changing the same name in the
+/// same instant would get a success instead of that error: the price of not failing
+/// every operation a crash interrupted (docs/OPERATIONS.md).
+fn done_before<T>(
+    req: &Request,
+    r: Result<T, FsError>,
+    already: i32,
+    then: impl FnOnce() -> Result<T, FsError>,
+) -> Result<T, FsError> {
+    redo_as_done(req.unique().0, r, already, then)
+}
+
+/// [`done_before`] on the request's `unique` (bit 63: `FUSE_UNIQUE_RESEND`).
+fn redo_as_done<T>(
+    unique: u64,
+    r: Result<T, FsError>,
+    already: i32,
+    then: impl FnOnce() -> Result<T, FsError>,
+) -> Result<T, FsError> {
+    const RESENT: u64 = 1 << 63;
+    match r {
+        Err(e) if unique & RESENT != 0 && e.errno() == already => {
+            tracing::info!(
+                errno = %errno_name(already),
+                "a resent request was carried out before its first server died"
+            );
+            then()
+        }
+        r => r,
+    }
+}
+
 fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
@@ -515,7 +550,8 @@ impl Filesystem for FuseView {
         reply: ReplyEntry,
     ) {
         self.entry(Op::Mknod, parent.0, reply, || {
-            self.fs.mknod(parent.0, name, mode, caller(req))
+            let r = self.fs.mknod(parent.0, name, mode, caller(req));
+            done_before(req, r, libc::EEXIST, || self.fs.lookup(parent.0, name))
         });
     }
 
@@ -529,19 +565,22 @@ impl Filesystem for FuseView {
         reply: ReplyEntry,
     ) {
         self.entry(Op::Mkdir, parent.0, reply, || {
-            self.fs.mkdir(parent.0, name, mode, caller(req))
+            let r = self.fs.mkdir(parent.0, name, mode, caller(req));
+            done_before(req, r, libc::EEXIST, || self.fs.lookup(parent.0, name))
         });
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.empty(Op::Unlink, parent.0, reply, || {
-            self.fs.unlink(parent.0, name, Remove::NonDirectory)
+            let r = self.fs.unlink(parent.0, name, Remove::NonDirectory);
+            done_before(req, r, libc::ENOENT, || Ok(()))
         });
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.empty(Op::Rmdir, parent.0, reply, || {
-            self.fs.unlink(parent.0, name, Remove::Directory)
+            let r = self.fs.unlink(parent.0, name, Remove::Directory);
+            done_before(req, r, libc::ENOENT, || Ok(()))
         });
     }
 
@@ -554,14 +593,16 @@ impl Filesystem for FuseView {
         reply: ReplyEntry,
     ) {
         self.entry(Op::Symlink, parent.0, reply, || {
-            self.fs
-                .symlink(parent.0, link_name, target.as_os_str(), caller(req))
+            let r = self
+                .fs
+                .symlink(parent.0, link_name, target.as_os_str(), caller(req));
+            done_before(req, r, libc::EEXIST, || self.fs.lookup(parent.0, link_name))
         });
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -570,21 +611,31 @@ impl Filesystem for FuseView {
         reply: ReplyEmpty,
     ) {
         self.empty(Op::Rename, parent.0, reply, || {
-            self.fs
-                .rename(parent.0, name, newparent.0, newname, flags.bits())
+            let r = self
+                .fs
+                .rename(parent.0, name, newparent.0, newname, flags.bits());
+            // Done before if the old name is gone and the new one is there.
+            done_before(req, r, libc::ENOENT, || {
+                let a = self.fs.lookup(newparent.0, newname)?;
+                self.fs.forget(a.ino, 1);
+                Ok(())
+            })
         });
     }
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
         self.entry(Op::Link, ino.0, reply, || {
-            self.fs.link(ino.0, newparent.0, newname)
+            let r = self.fs.link(ino.0, newparent.0, newname);
+            done_before(req, r, libc::EEXIST, || {
+                self.fs.lookup(newparent.0, newname)
+            })
         });
     }
 
@@ -615,7 +666,13 @@ impl Filesystem for FuseView {
             Op::Create,
             parent.0,
             reply,
-            |_| self.fs.create(parent.0, name, mode, flags, caller(req)),
+            |_| {
+                let r = self.fs.create(parent.0, name, mode, flags, caller(req));
+                done_before(req, r, libc::EEXIST, || {
+                    let flags = flags & !libc::O_EXCL;
+                    self.fs.create(parent.0, name, mode, flags, caller(req))
+                })
+            },
             |reply, Created { attr, fh, data }| {
                 let fa = self.fattr(&attr);
                 match self.backing(&data) {
@@ -1055,5 +1112,31 @@ mod tests {
         assert_eq!(enc(1, 3), 0x103);
         assert_eq!(enc(7, 0x1234), 0x0120_0734);
         assert_eq!(enc(259, 0), 259 << 8);
+    }
+
+    use crate::sys::Errno;
+
+    #[test]
+    fn only_a_resent_request_turns_already_done_into_success() {
+        let exists = || Err::<u32, _>(FsError::Os(Errno::EEXIST));
+        let looked_up = || Ok(7);
+        // First sending: the error stands.
+        assert_eq!(
+            redo_as_done(42, exists(), libc::EEXIST, looked_up),
+            Err(FsError::Os(Errno::EEXIST))
+        );
+        // Resent: the entry that is there is the answer.
+        assert_eq!(
+            redo_as_done(42 | 1 << 63, exists(), libc::EEXIST, looked_up),
+            Ok(7)
+        );
+        // Resent, but another error: it stands.
+        let denied = Err::<u32, _>(FsError::Os(Errno::EACCES));
+        assert_eq!(
+            redo_as_done(1 << 63, denied, libc::EEXIST, looked_up),
+            Err(FsError::Os(Errno::EACCES))
+        );
+        // Resent and successful: nothing to redo.
+        assert_eq!(redo_as_done(1 << 63, Ok(3), libc::EEXIST, looked_up), Ok(3));
     }
 }

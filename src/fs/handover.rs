@@ -396,6 +396,30 @@ pub fn take_over(
     )))
 }
 
+/// What runs a view and can outlive it (the keeper, `volume/keeper.rs`): it holds the
+/// view's connection and journal, so that when the view's process dies the connection
+/// lives on (requests wait) and a new process recovers the view from the journal.
+pub trait Holder {
+    /// Whether this process was started to recover a view whose process died.
+    fn recovering(&self) -> bool;
+    /// Hands the holder a duplicate of the connection and the journal (replacing what
+    /// it held for `mountpoint`).
+    ///
+    /// # Errors
+    /// The error of the exchange.
+    fn hold(
+        &self,
+        mountpoint: &Path,
+        dev: BorrowedFd<'_>,
+        journal: BorrowedFd<'_>,
+    ) -> io::Result<()>;
+    /// The connection and journal held for `mountpoint`, for a recovering process.
+    ///
+    /// # Errors
+    /// The error of the exchange, or `NotFound` when nothing is held.
+    fn recover(&self, mountpoint: &Path) -> io::Result<(OwnedFd, OwnedFd)>;
+}
+
 /// Asks the view listening at `socket` who serves it.
 ///
 /// # Errors

@@ -20,6 +20,7 @@ use crate::sys::handle::{self, FileHandle};
 use crate::sys::{Errno, SysResult};
 
 use super::error::{FsError, FsResult};
+use super::journal::{Entry, Journal};
 use super::snapshot::{InodeSnapshot, KeySnapshot, Passthrough, TableSnapshot};
 
 /// The kernel's id of the root inode.
@@ -257,6 +258,8 @@ pub struct InodeTable {
     maps: RwLock<Maps>,
     root: Arc<Inode>,
     shared: Arc<Shared>,
+    /// Where node ids given and forgotten are journaled (a keeper holds the view).
+    journal: OnceLock<Arc<Journal>>,
 }
 
 impl InodeTable {
@@ -301,7 +304,19 @@ impl InodeTable {
             maps: RwLock::new(maps),
             root,
             shared,
+            journal: OnceLock::new(),
         }
+    }
+
+    /// Journals node ids given and forgotten from now on.
+    pub fn set_journal(&self, journal: Arc<Journal>) {
+        let _ = self.journal.set(journal);
+    }
+
+    /// Whether a process that starts after this one dies can reach every inode again
+    /// (all are named by handles): only then is a journal worth keeping.
+    pub fn recoverable(&self) -> bool {
+        self.shared.mount_fd.is_some()
     }
 
     pub fn root(&self) -> &Arc<Inode> {
@@ -395,7 +410,15 @@ impl InodeTable {
             data: Mutex::new(Weak::new()),
         });
         maps.by_id.insert(id, Arc::clone(&inode));
-        maps.by_key.insert(key, id);
+        maps.by_key.insert(key.clone(), id);
+        if let Some(j) = self.journal.get() {
+            // Under the lock: a FORGET of this id cannot be journaled before it.
+            j.append(&Entry::Inode {
+                id,
+                mode: st.kind.mode_bits(),
+                key: KeySnapshot::of(&key),
+            });
+        }
         drop(maps);
         if let Some(fd) = to_cache {
             // The lookup's descriptor is open already: it is the first cached one.
@@ -418,6 +441,9 @@ impl InodeTable {
         inode.lookups.store(left, Ordering::Relaxed);
         if left == 0 {
             let key = inode.key.clone();
+            if let Some(j) = self.journal.get() {
+                j.append(&Entry::Forgot { id });
+            }
             maps.by_id.remove(&id);
             if maps.by_key.get(&key) == Some(&id) {
                 maps.by_key.remove(&key);

@@ -8,6 +8,7 @@ pub mod error;
 pub mod fuse;
 pub mod handover;
 pub mod inode;
+pub mod journal;
 pub mod ops;
 pub mod ratelimit;
 pub mod record;
@@ -232,6 +233,11 @@ fn absolute(path: &Path, what: fn(PathBuf, Errno) -> MountError) -> Result<PathB
 /// source with the same options, this process takes that view over live instead of
 /// mounting: nothing is unmounted, open files stay open, inode numbers stay.
 ///
+/// With a `holder` (the keeper that started it), the view hands it a duplicate of its
+/// connection and keeps a journal of its tables there ([`journal`]), so that if this
+/// process dies the holder can start one that recovers the view on the same
+/// connection; a process started to recover does that instead of mounting.
+///
 /// # Errors
 /// The [`MountError`] naming why the view could not be mounted, taken over or served.
 pub fn run_foreground(
@@ -240,21 +246,31 @@ pub fn run_foreground(
     options: &ViewOptions,
     metrics_file: Option<&Path>,
     control_dir: Option<&Path>,
+    holder: Option<&dyn handover::Holder>,
 ) -> Result<(), MountError> {
     let root = open_source(source, options)?;
     let as_root = crate::sys::process::is_root();
     // Only root mounts itself, holds the connection and can hand it over.
     let control_dir = control_dir.filter(|_| as_root);
-    let busy = match check_mountpoint(mountpoint) {
-        Ok(()) => false,
-        Err(MountError::MountpointBusy(_)) if control_dir.is_some() => true,
-        Err(e) => return Err(e),
-    };
+    let holder = holder.filter(|_| as_root);
+    let recovering = holder.is_some_and(|h| h.recovering());
+    // A view being recovered has no server: anything that touches the mountpoint
+    // would wait for the very process that is to answer it.
+    let busy = !recovering
+        && match check_mountpoint(mountpoint) {
+            Ok(()) => false,
+            Err(MountError::MountpointBusy(_)) if control_dir.is_some() => true,
+            Err(e) => return Err(e),
+        };
     let source = absolute(source, |path, errno| MountError::Source { path, errno })?;
-    let mountpoint = absolute(mountpoint, |path, errno| MountError::Mountpoint {
-        path,
-        errno,
-    })?;
+    let mountpoint = if recovering {
+        absolute_untouched(mountpoint)?
+    } else {
+        absolute(mountpoint, |path, errno| MountError::Mountpoint {
+            path,
+            errno,
+        })?
+    };
     let mount_err = |e: io::Error| MountError::Mount {
         src_path: source.clone(),
         mountpoint: mountpoint.clone(),
@@ -281,7 +297,13 @@ pub fn run_foreground(
     let signals = TerminationSignals::block()
         .map_err(|e| MountError::Session(io::Error::from_raw_os_error(e.raw())))?;
     file::set_umask(0);
-    let cfg = session_config(&source, options);
+    let mut cfg = session_config(&source, options);
+    if holder.is_some() {
+        // Every worker reads the one descriptor the holder keeps a duplicate of: the
+        // requests a dying process had read stay queued on it, for the kernel to resend
+        // to its successor (a cloned descriptor would take them down with it).
+        cfg.clone_fd = false;
+    }
     let fsname = source.display().to_string();
     let session_err = |e: Errno| MountError::Session(io::Error::from_raw_os_error(e.raw()));
     let takeover_err = |e: handover::HandoverError| MountError::Takeover {
@@ -291,7 +313,33 @@ pub fn run_foreground(
 
     // The connection: taken over from the view serving the mountpoint, or a new mount.
     // `template`: an adapter over the same core, which serves again if a handover fails.
-    let (session, mut unmounter, dev, template, confirmation) = if busy {
+    let (session, mut unmounter, dev, template, confirmation) = if let (true, Some(holder)) =
+        (recovering, holder)
+    {
+        let (dev, journal) = holder
+            .recover(&mountpoint)
+            .map_err(|e| takeover_err(handover::HandoverError::Io(e)))?;
+        let replayed = journal::Replayed::read(&journal)
+            .map_err(|e| takeover_err(handover::HandoverError::Io(e)))?;
+        let dev = Arc::new(dev);
+        let lost = view
+            .fs()
+            .recover(&replayed, &dev)
+            .map_err(|e| takeover_err(handover::HandoverError::Failed(e.to_string())))?;
+        if lost > 0 {
+            tracing::warn!(
+                lost,
+                "open handles of files deleted while open could not be reopened; they answer EBADF"
+            );
+        }
+        view.set_negotiated(replayed.passthrough);
+        view.attach(Arc::clone(&dev));
+        let template = view.resume();
+        let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(session_err)?;
+        let session = ::fuser::Session::from_fd_initialized(view, fd, cfg.acl, cfg.clone());
+        let u = Unmounter::Own(mountpoint.clone());
+        (session, u, Some(dev), Some(template), None)
+    } else if busy {
         let dir = control_dir.unwrap_or(Path::new(handover::DEFAULT_CONTROL_DIR));
         let Some((incoming, confirmation)) =
             handover::take_over(dir, &identity).map_err(takeover_err)?
@@ -341,6 +389,17 @@ pub fn run_foreground(
     };
     // A view that ends with an error leaves no mount behind.
     let guard = dev.as_ref().map(|_| OwnMountGuard(mountpoint.clone()));
+    if let (Some(holder), Some(dev), Some(template)) = (holder, &dev, &template) {
+        keep_journal(holder, &mountpoint, dev, template);
+    }
+    if recovering {
+        if let Some(dev) = &dev {
+            // The requests the dead process had read and not answered: read them again.
+            if let Err(e) = crate::sys::fuse::notify_resend(dev.as_fd()) {
+                tracing::warn!(error = %e, "the kernel cannot resend the dead view's requests; they fail");
+            }
+        }
+    }
 
     // The control socket, bound before the predecessor is told to go: the name moves
     // to this process atomically.
@@ -439,6 +498,50 @@ pub fn run_foreground(
     }
     tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
     Ok(())
+}
+
+/// Starts the view's journal with its state now and hands it, with a duplicate of the
+/// connection, to the holder. A view that cannot be journaled still serves; only its
+/// recovery after a crash is lost, and the log says so.
+fn keep_journal(
+    holder: &dyn handover::Holder,
+    mountpoint: &Path,
+    dev: &Arc<OwnedFd>,
+    view: &fuse::FuseView,
+) {
+    let fs = view.fs();
+    if !fs.recoverable() {
+        tracing::info!(
+            "the backing file system has no file handles: a crash of this view cannot be recovered on its mount"
+        );
+        return;
+    }
+    let kept = journal::Journal::create().and_then(|j| {
+        let (snap, _) = fs.snapshot().map_err(|e| io::Error::other(e.to_string()))?;
+        j.write_state(view.passthrough(), &snap);
+        let j = Arc::new(j);
+        fs.set_journal(Arc::clone(&j));
+        holder.hold(mountpoint, dev.as_fd(), j.fd())
+    });
+    if let Err(e) = kept {
+        tracing::warn!(error = %e, "the keeper does not hold this view: a crash of it would cost a remount");
+    }
+}
+
+/// The absolute path of `path` without touching its last component (a mountpoint
+/// whose server is gone would not answer).
+fn absolute_untouched(path: &Path) -> Result<PathBuf, MountError> {
+    let err = |errno| MountError::Mountpoint {
+        path: path.into(),
+        errno,
+    };
+    let name = path.file_name().ok_or(err(Errno::EINVAL))?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let parent = std::fs::canonicalize(parent).map_err(|e| err(Errno::from_io(&e)))?;
+    Ok(parent.join(name))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -96,12 +96,18 @@ pub struct FileSnapshot {
 /// One open handle.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum HandleSnapshot {
-    /// A file: its shared descriptor (an index into [`ViewSnapshot::files`]).
-    File { fh: u64, file: usize, sync: bool },
+    /// A file opened on node id `ino`: its shared descriptor (an index into
+    /// [`ViewSnapshot::files`]).
+    File {
+        fh: u64,
+        ino: u64,
+        file: usize,
+        sync: bool,
+    },
     /// A directory stream: its descriptor (the successor seeks to whatever offset the
     /// kernel asks for next, so entries read ahead and not yet handed over are read
     /// again).
-    Dir { fh: u64, fd: usize },
+    Dir { fh: u64, ino: u64, fd: usize },
 }
 
 /// Everything a view's successor needs besides the descriptors.

@@ -83,6 +83,21 @@ impl Drop for Backing {
     }
 }
 
+/// `FUSE_NOTIFY_RESEND` (Linux 6.9+): the kernel puts every request that a server
+/// read and did not answer back in the queue, to be read again (its `unique` gets bit
+/// 63). For a process that took over the connection of one that died.
+///
+/// # Errors
+/// The error of writing the notification (`ENOSYS`-like errors on older kernels).
+pub fn notify_resend(dev: BorrowedFd<'_>) -> SysResult<()> {
+    // `struct fuse_out_header` { len, error = FUSE_NOTIFY_RESEND (7), unique = 0 }.
+    let mut header = [0u8; 16];
+    header[0..4].copy_from_slice(&16u32.to_ne_bytes());
+    header[4..8].copy_from_slice(&7i32.to_ne_bytes());
+    rustix::io::write(dev, &header).map_err(failed("write(FUSE_NOTIFY_RESEND)"))?;
+    Ok(())
+}
+
 /// Duplicates a descriptor (`fcntl(F_DUPFD_CLOEXEC)`).
 ///
 /// # Errors

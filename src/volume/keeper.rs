@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -39,9 +39,23 @@ const ADOPT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a keeper that stops waits for its views to be taken over.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The environment a keeper gives the views it runs: its socket, and whether the view
+/// recovers one whose process died.
+pub const SOCKET_ENV: &str = "MOUNTGROUP_KEEPER_SOCKET";
+pub const RECOVER_ENV: &str = "MOUNTGROUP_RECOVER";
+
 /// What the keeper is asked.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
+    /// Hold the connection and journal of the view on `mountpoint` (two descriptors
+    /// follow the frame), started as `instance`.
+    Hold {
+        mountpoint: PathBuf,
+        instance: String,
+    },
+    /// Give the connection and journal held for `mountpoint` (to the process that
+    /// recovers it; two descriptors follow the answer).
+    Recover { mountpoint: PathBuf },
     /// Run `mountgroup ARGS...`; `ARGS` must start with `mount`.
     Start { args: Vec<OsString> },
     /// Whether the view the keeper started as `pid` still runs.
@@ -73,7 +87,27 @@ pub enum Response {
     },
     Ready,
     NotReady,
+    Held,
+    Recover,
     Refused(String),
+}
+
+/// What the keeper holds of one view: its connection (so that the view's death does
+/// not end it) and its journal.
+struct Hold {
+    instance: String,
+    dev: OwnedFd,
+    journal: OwnedFd,
+    /// The process started to recover it, if one was.
+    recovery: Option<u32>,
+}
+
+/// A view the keeper started.
+struct ChildView {
+    instance: String,
+    args: Vec<OsString>,
+    /// `None` while running; then the exit code (`None` inside: a signal ended it).
+    exit: Option<Option<i32>>,
 }
 
 /// Where and how the keeper runs.
@@ -92,8 +126,10 @@ struct Keeper {
     /// [`INSTANCE_ENV`].
     instance: String,
     next: AtomicU64,
-    /// Views started: `None` while running, the exit code once reaped.
-    children: Mutex<HashMap<u32, Option<Option<i32>>>>,
+    /// Views started, by pid.
+    children: Mutex<HashMap<u32, ChildView>>,
+    /// What it holds, by mountpoint.
+    holds: Mutex<HashMap<PathBuf, Hold>>,
     ready: AtomicBool,
     /// One adoption at a time.
     adopting: Mutex<()>,
@@ -113,6 +149,10 @@ impl Keeper {
     /// Starts `binary ARGS...` as a view of this keeper, in its own process group, and
     /// reaps it when it ends.
     fn spawn(&'static self, args: &[OsString]) -> io::Result<(u32, String)> {
+        self.spawn_view(args, false)
+    }
+
+    fn spawn_view(&'static self, args: &[OsString], recover: bool) -> io::Result<(u32, String)> {
         if args.first().map(OsString::as_os_str) != Some("mount".as_ref()) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -125,23 +165,89 @@ impl Keeper {
             self.next.fetch_add(1, Ordering::Relaxed)
         );
         // A view points its standard error at its --log-file itself.
-        let mut child = Command::new(&self.cfg.binary)
-            .args(args)
+        let mut cmd = Command::new(&self.cfg.binary);
+        cmd.args(args)
             .env(INSTANCE_ENV, &id)
+            .env(SOCKET_ENV, &self.cfg.socket)
+            .env_remove(RECOVER_ENV);
+        if recover {
+            cmd.env(RECOVER_ENV, "1");
+        }
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .process_group(0)
             .spawn()?;
         let pid = child.id();
-        lock(&self.children).insert(pid, None);
+        lock(&self.children).insert(
+            pid,
+            ChildView {
+                instance: id.clone(),
+                args: args.to_vec(),
+                exit: None,
+            },
+        );
         std::thread::Builder::new()
             .name(format!("keeper-reaper-{pid}"))
             .spawn(move || {
-                let code = child.wait().ok().and_then(|s| s.code());
-                lock(&self.children).insert(pid, Some(code));
+                let status = child.wait().ok();
+                let code = status.and_then(|s| s.code());
+                let (instance, args) = {
+                    let mut children = lock(&self.children);
+                    let Some(c) = children.get_mut(&pid) else {
+                        return;
+                    };
+                    c.exit = Some(code);
+                    (c.instance.clone(), c.args.clone())
+                };
+                self.ended(pid, &instance, &args, code == Some(0));
             })?;
         Ok((pid, id))
+    }
+
+    /// A view ended. A clean end (unmounted, or handed to a successor) lets go of what
+    /// was held for it. A crash of a view whose connection is held starts a process
+    /// that recovers it from its journal; a recovery that fails lets go too, and the
+    /// connection ends (the driver then serves the target again, as after any dead
+    /// mount).
+    fn ended(&'static self, pid: u32, instance: &str, args: &[OsString], clean: bool) {
+        let mut holds = lock(&self.holds);
+        let own = holds
+            .iter()
+            .find(|(_, h)| h.instance == instance)
+            .map(|(m, _)| m.clone());
+        let recovered_by_it = holds
+            .iter()
+            .find(|(_, h)| h.recovery == Some(pid))
+            .map(|(m, _)| m.clone());
+        if clean {
+            if let Some(m) = own {
+                holds.remove(&m);
+            }
+            return;
+        }
+        if let Some(m) = recovered_by_it {
+            tracing::error!(mountpoint = %m.display(), pid, "recovering the view failed; its mount ends (the driver serves the target again)");
+            holds.remove(&m);
+            return;
+        }
+        let Some(m) = own else {
+            tracing::warn!(pid, "a view ended badly; nothing was held for it");
+            return;
+        };
+        match self.spawn_view(args, true) {
+            Ok((rpid, _)) => {
+                tracing::warn!(mountpoint = %m.display(), dead = pid, recovery = rpid, "a view died; recovering it on its connection");
+                if let Some(h) = holds.get_mut(&m) {
+                    h.recovery = Some(rpid);
+                }
+            }
+            Err(e) => {
+                tracing::error!(mountpoint = %m.display(), error = %e, "cannot start a process to recover a dead view");
+                holds.remove(&m);
+            }
+        }
     }
 
     /// Takes over every view in the control directory that another keeper started,
@@ -190,7 +296,7 @@ impl Keeper {
                 );
                 return Ok(());
             }
-            if let Some(Some(code)) = lock(&self.children).get(&pid) {
+            if let Some(code) = lock(&self.children).get(&pid).and_then(|c| c.exit) {
                 return Err(io::Error::other(format!(
                     "the successor exited with {code:?} (its view log says why)"
                 )));
@@ -219,11 +325,56 @@ impl Keeper {
                 Ok((pid, _)) => Response::Started { pid },
                 Err(e) => Response::Refused(e.to_string()),
             },
-            Request::Status { pid } => match lock(&self.children).get(&pid) {
+            Request::Status { pid } => match lock(&self.children).get(&pid).map(|c| c.exit) {
                 None => Response::Unknown,
                 Some(None) => Response::Running,
-                Some(Some(code)) => Response::Exited { code: *code },
+                Some(Some(code)) => Response::Exited { code },
             },
+            Request::Hold {
+                mountpoint,
+                instance,
+            } => {
+                let (_, mut fds) = fdpass::recv_fds(stream.as_fd())
+                    .map_err(|e| io::Error::from_raw_os_error(e.raw()))?;
+                if fds.len() != 2 {
+                    Response::Refused("a hold carries a connection and a journal".into())
+                } else {
+                    let journal = fds.pop().expect("two");
+                    let dev = fds.pop().expect("two");
+                    tracing::debug!(mountpoint = %mountpoint.display(), %instance, "holding a view's connection");
+                    lock(&self.holds).insert(
+                        mountpoint,
+                        Hold {
+                            instance,
+                            dev,
+                            journal,
+                            recovery: None,
+                        },
+                    );
+                    Response::Held
+                }
+            }
+            Request::Recover { mountpoint } => {
+                let fds = lock(&self.holds).get(&mountpoint).map(|h| {
+                    (
+                        crate::sys::fuse::dup(h.dev.as_fd()),
+                        crate::sys::fuse::dup(h.journal.as_fd()),
+                    )
+                });
+                match fds {
+                    Some((Ok(dev), Ok(journal))) => {
+                        write_frame(stream, &Response::Recover)?;
+                        return fdpass::send_fds(
+                            stream.as_fd(),
+                            b'F',
+                            &[dev.as_fd(), journal.as_fd()],
+                        )
+                        .map_err(|e| io::Error::from_raw_os_error(e.raw()));
+                    }
+                    Some(_) => Response::Refused("cannot duplicate the held descriptors".into()),
+                    None => Response::Refused(format!("nothing held for {}", mountpoint.display())),
+                }
+            }
             Request::Adopt => {
                 let (taken, failed) = self.adopt();
                 Response::Adopted { taken, failed }
@@ -242,8 +393,72 @@ impl Keeper {
     fn running(&self) -> usize {
         lock(&self.children)
             .values()
-            .filter(|s| s.is_none())
+            .filter(|c| c.exit.is_none())
             .count()
+    }
+}
+
+/// A view's line to the keeper that started it (`MOUNTGROUP_KEEPER_SOCKET`).
+pub struct KeeperClient {
+    pub socket: PathBuf,
+    pub recover: bool,
+}
+
+impl KeeperClient {
+    /// The keeper that started this process, if one did.
+    pub fn from_env() -> Option<KeeperClient> {
+        let socket = std::env::var_os(SOCKET_ENV)?;
+        Some(KeeperClient {
+            socket: socket.into(),
+            recover: std::env::var_os(RECOVER_ENV).is_some(),
+        })
+    }
+}
+
+impl handover::Holder for KeeperClient {
+    fn recovering(&self) -> bool {
+        self.recover
+    }
+
+    fn hold(
+        &self,
+        mountpoint: &Path,
+        dev: BorrowedFd<'_>,
+        journal: BorrowedFd<'_>,
+    ) -> io::Result<()> {
+        let stream = UnixStream::connect(&self.socket)?;
+        let request = Request::Hold {
+            mountpoint: mountpoint.to_path_buf(),
+            instance: std::env::var(INSTANCE_ENV).unwrap_or_default(),
+        };
+        write_frame(&stream, &request)?;
+        fdpass::send_fds(stream.as_fd(), b'F', &[dev, journal])
+            .map_err(|e| io::Error::from_raw_os_error(e.raw()))?;
+        match read_frame(&stream)? {
+            Response::Held => Ok(()),
+            other => Err(io::Error::other(format!("the keeper answered {other:?}"))),
+        }
+    }
+
+    fn recover(&self, mountpoint: &Path) -> io::Result<(OwnedFd, OwnedFd)> {
+        let stream = UnixStream::connect(&self.socket)?;
+        write_frame(
+            &stream,
+            &Request::Recover {
+                mountpoint: mountpoint.to_path_buf(),
+            },
+        )?;
+        match read_frame(&stream)? {
+            Response::Recover => {}
+            Response::Refused(why) => return Err(io::Error::new(io::ErrorKind::NotFound, why)),
+            other => return Err(io::Error::other(format!("the keeper answered {other:?}"))),
+        }
+        let (_, mut fds) =
+            fdpass::recv_fds(stream.as_fd()).map_err(|e| io::Error::from_raw_os_error(e.raw()))?;
+        match (fds.len(), fds.pop(), fds.pop()) {
+            (2, Some(journal), Some(dev)) => Ok((dev, journal)),
+            _ => Err(io::Error::other("the keeper sent no connection")),
+        }
     }
 }
 
@@ -293,6 +508,7 @@ pub fn run(cfg: KeeperConfig) -> io::Result<()> {
         cfg,
         next: AtomicU64::new(0),
         children: Mutex::new(HashMap::new()),
+        holds: Mutex::new(HashMap::new()),
         ready: AtomicBool::new(false),
         adopting: Mutex::new(()),
     }));

@@ -11,6 +11,7 @@ impl ViewFs {
         let inode = self.dir(ino)?;
         let fd = file::reopen(inode.fd()?.as_fd(), inode.kind, Access::Directory)?;
         let stream = DirStream {
+            ino: inode.id,
             fd,
             pos: 0,
             pending: VecDeque::new(),

@@ -2,14 +2,49 @@
 
 use std::collections::HashMap;
 
+use super::super::journal::{Entry, Journal, Replayed, file_entry};
 use super::super::snapshot::{FileSnapshot, HandleSnapshot, ViewSnapshot};
 use super::*;
 
 impl ViewFs {
     pub(super) fn add_handle(&self, h: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        if let Some(j) = self.journal.get() {
+            j.append(&match &h {
+                Handle::File(f) => Entry::File {
+                    fh,
+                    ino: f.ino,
+                    writable: f.data.writable,
+                    sync: f.sync,
+                },
+                Handle::Dir(d) => Entry::Dir {
+                    fh,
+                    ino: lock(d).ino,
+                },
+            });
+        }
         self.handles.insert(fh, h);
         fh
+    }
+
+    /// Journals changes from now on (a keeper holds the view): the journal must
+    /// already say the view's state (`Journal::write_state`).
+    pub fn set_journal(&self, journal: Arc<Journal>) {
+        self.inodes.set_journal(Arc::clone(&journal));
+        let _ = self.journal.set(journal);
+    }
+
+    /// Whether a process started after this one dies could reach every inode again
+    /// (the backing file system has file handles).
+    pub fn recoverable(&self) -> bool {
+        self.inodes.recoverable()
+    }
+
+    /// Journals a passthrough registration of an inode's shared descriptor.
+    pub fn journal_backing(&self, ino: u64, id: u32) {
+        if let Some(j) = self.journal.get() {
+            j.append(&Entry::Backing { ino, id });
+        }
     }
 
     /// The shared I/O descriptor of an inode, opened now if no handle holds one.
@@ -91,6 +126,7 @@ impl ViewFs {
         }
         let data = self.shared_data(&inode, wants_write)?;
         let fh = self.add_handle(Handle::File(OpenFile {
+            ino,
             data: Arc::clone(&data),
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
         }));
@@ -157,7 +193,7 @@ impl ViewFs {
     /// `EROFS`, `EBADF` for a read-only handle, or the error of `pwrite`.
     pub fn write(&self, fh: u64, offset: u64, bytes: &[u8]) -> FsResult<usize> {
         self.writable()?;
-        let OpenFile { data, sync } = self.data(fh)?;
+        let OpenFile { data, sync, .. } = self.data(fh)?;
         if !data.writable {
             return Err(FsError::Os(Errno::EBADF));
         }
@@ -237,7 +273,11 @@ impl ViewFs {
 
     /// Closes a file or directory handle.
     pub fn release(&self, fh: u64) {
-        self.handles.remove(&fh);
+        if self.handles.remove(&fh).is_some() {
+            if let Some(j) = self.journal.get() {
+                j.append(&Entry::Released { fh });
+            }
+        }
     }
 }
 
@@ -277,14 +317,17 @@ impl ViewFs {
                     });
                     handles.push(HandleSnapshot::File {
                         fh,
+                        ino: f.ino,
                         file,
                         sync: f.sync,
                     });
                 }
                 Handle::Dir(d) => {
-                    fds.push(Arc::new(crate::sys::fuse::dup(lock(d).fd.as_fd())?));
+                    let d = lock(d);
+                    fds.push(Arc::new(crate::sys::fuse::dup(d.fd.as_fd())?));
                     handles.push(HandleSnapshot::Dir {
                         fh,
+                        ino: d.ino,
                         fd: fds.len() - 1,
                     });
                 }
@@ -315,6 +358,16 @@ impl ViewFs {
     ) -> FsResult<()> {
         let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
         self.inodes.restore(&snap.table, &mut fds)?;
+        self.restore_handles(snap, &mut fds, dev)
+    }
+
+    /// The handles of `snap` (its table restored already), with their descriptors.
+    fn restore_handles(
+        &self,
+        snap: &ViewSnapshot,
+        fds: &mut [Option<OwnedFd>],
+        dev: &Arc<OwnedFd>,
+    ) -> FsResult<()> {
         let mut take = |i: usize| {
             fds.get_mut(i)
                 .and_then(Option::take)
@@ -331,20 +384,27 @@ impl ViewFs {
         }
         for h in &snap.handles {
             match *h {
-                HandleSnapshot::File { fh, file, sync } => {
+                HandleSnapshot::File {
+                    fh,
+                    ino,
+                    file,
+                    sync,
+                } => {
                     let data = files
                         .get(file)
                         .ok_or(FsError::Handover("a handle of an unknown file"))?;
                     self.handles.insert(
                         fh,
                         Handle::File(OpenFile {
+                            ino,
                             data: Arc::clone(data),
                             sync,
                         }),
                     );
                 }
-                HandleSnapshot::Dir { fh, fd } => {
+                HandleSnapshot::Dir { fh, ino, fd } => {
                     let stream = DirStream {
+                        ino,
                         fd: take(fd)?,
                         // No position matches: the next listing seeks where it asks.
                         pos: u64::MAX,
@@ -358,5 +418,84 @@ impl ViewFs {
         }
         self.next_fh.fetch_max(snap.next_fh, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Rebuilds the tables of a view whose process died, from its journal: the same
+    /// node ids, and the open handles with their shared descriptors reopened from the
+    /// inodes' handles (with the passthrough registrations they had, which the
+    /// connection kept). Returns how many handles could not be reopened (their file
+    /// was deleted while open): those answer `EBADF` from now on.
+    ///
+    /// # Errors
+    /// [`FsError::Handover`] when the journal is of another root or has none.
+    pub fn recover(&self, journal: &Replayed, dev: &Arc<OwnedFd>) -> FsResult<usize> {
+        let table = journal
+            .table()
+            .ok_or(FsError::Handover("a journal without its root"))?;
+        self.inodes.restore(&table, &mut [])?;
+        let mut fds = Vec::new();
+        let mut files = Vec::new();
+        let mut handles = Vec::new();
+        let mut shared: HashMap<(u64, bool), usize> = HashMap::new();
+        let mut lost = 0;
+        let reopen = |ino: u64, access: Access| -> Option<OwnedFd> {
+            let inode = self.inodes.get(ino).ok()?;
+            let path_fd = inode.fd().ok()?;
+            self.inodes
+                .with_fds(|| file::reopen(path_fd.as_fd(), inode.kind, access))
+                .ok()
+        };
+        for (&fh, &(ino, writable, sync)) in &journal.files {
+            let file = match shared.get(&(ino, writable)) {
+                Some(i) => *i,
+                None => {
+                    let access = if writable {
+                        Access::ReadWrite
+                    } else {
+                        Access::ReadOnly
+                    };
+                    let Some(fd) = reopen(ino, access) else {
+                        lost += 1;
+                        continue;
+                    };
+                    fds.push(fd);
+                    files.push(file_entry(
+                        ino,
+                        fds.len() - 1,
+                        writable,
+                        journal.passthrough_of(ino),
+                    ));
+                    shared.insert((ino, writable), files.len() - 1);
+                    files.len() - 1
+                }
+            };
+            handles.push(HandleSnapshot::File {
+                fh,
+                ino,
+                file,
+                sync,
+            });
+        }
+        for (&fh, &ino) in &journal.dirs {
+            let Some(fd) = reopen(ino, Access::Directory) else {
+                lost += 1;
+                continue;
+            };
+            fds.push(fd);
+            handles.push(HandleSnapshot::Dir {
+                fh,
+                ino,
+                fd: fds.len() - 1,
+            });
+        }
+        let snap = ViewSnapshot {
+            table,
+            files,
+            handles,
+            next_fh: journal.next_fh(),
+        };
+        let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
+        self.restore_handles(&snap, &mut fds, dev)?;
+        Ok(lost)
     }
 }

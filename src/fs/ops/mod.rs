@@ -104,12 +104,16 @@ pub struct Created {
 
 #[derive(Clone)]
 struct OpenFile {
+    /// The node id the handle was opened on.
+    ino: u64,
     data: Arc<DataFile>,
     /// O_SYNC/O_DSYNC: writes that go through the daemon are synced before the reply.
     sync: bool,
 }
 
 struct DirStream {
+    /// The node id of the directory.
+    ino: u64,
     fd: OwnedFd,
     /// The position the kernel will ask for next (the cookie of the front entry).
     pos: u64,
@@ -142,6 +146,9 @@ pub struct ViewFs {
     /// The btrfs quota group of the volume, when the root is a btrfs subvolume:
     /// statfs then reports the volume's limit and usage, not the whole file system.
     qgroup: Option<std::path::PathBuf>,
+    /// Where changes to the handles are journaled, when a keeper holds the view
+    /// (`fs/journal.rs`).
+    journal: std::sync::OnceLock<Arc<super::journal::Journal>>,
 }
 
 const DIR_BUF: usize = 32 * 1024;
@@ -192,6 +199,7 @@ impl ViewFs {
             checks_access: options.kernel_permission_checks(),
             noreplace_missing: AtomicBool::new(false),
             daemon_ids: crate::sys::process::effective_ids(),
+            journal: std::sync::OnceLock::new(),
         })
     }
 

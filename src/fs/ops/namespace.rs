@@ -256,6 +256,7 @@ impl ViewFs {
         *lock(&inode.data) = Arc::downgrade(&data);
         let attr = self.attr(&inode, &st)?;
         let fh = self.add_handle(Handle::File(OpenFile {
+            ino: inode.id,
             data: Arc::clone(&data),
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
         }));

@@ -1,0 +1,303 @@
+//! A view's tables as an append-only journal, kept in memory the keeper holds (a
+//! memfd): what a process needs to take over a view whose process died without a
+//! chance to hand it over (SIGKILL, an OOM kill, a bug). Each change a view makes to
+//! what the kernel holds is a line: an inode given a node id or forgotten, a handle
+//! opened or released, a passthrough registration. Replayed in order, the lines give
+//! the tables the dead process had, up to its last answered request.
+//!
+//! A line is JSON; a line cut short by the death of the writer is ignored. Appends are
+//! single `write(2)` calls on an `O_APPEND` descriptor, so lines from concurrent
+//! workers never interleave.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Seek, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use serde::{Deserialize, Serialize};
+
+use super::snapshot::{
+    FileSnapshot, HandleSnapshot, InodeSnapshot, KeySnapshot, Passthrough, TableSnapshot,
+    ViewSnapshot,
+};
+
+/// One change to what the kernel holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Entry {
+    /// What INIT negotiated (the first line).
+    Negotiated { passthrough: bool },
+    /// A node id given to an inode.
+    Inode {
+        id: u64,
+        mode: u32,
+        key: KeySnapshot,
+    },
+    /// A node id the kernel forgot.
+    Forgot { id: u64 },
+    /// A file handle opened.
+    File {
+        fh: u64,
+        ino: u64,
+        writable: bool,
+        sync: bool,
+    },
+    /// A directory handle opened.
+    Dir { fh: u64, ino: u64 },
+    /// A handle released.
+    Released { fh: u64 },
+    /// A passthrough backing id registered for an inode's shared descriptor.
+    Backing { ino: u64, id: u32 },
+    /// The root's identity (with the first line).
+    Root { key: KeySnapshot },
+}
+
+/// The journal a view appends to.
+pub struct Journal {
+    file: std::fs::File,
+}
+
+impl Journal {
+    /// A new, empty journal in memory (a memfd).
+    ///
+    /// # Errors
+    /// The error of `memfd_create`.
+    pub fn create() -> io::Result<Journal> {
+        let fd = rustix::fs::memfd_create("mountgroup-journal", rustix::fs::MemfdFlags::CLOEXEC)?;
+        let file = std::fs::File::from(fd);
+        // O_APPEND: each write lands whole at the end, whoever else writes.
+        rustix::fs::fcntl_setfl(&file, rustix::fs::OFlags::APPEND)?;
+        Ok(Journal { file })
+    }
+
+    /// Appends one record. A journal that cannot be written (out of memory) only
+    /// costs the view its crash recovery; it is logged, not answered to the kernel.
+    pub fn append(&self, r: &Entry) {
+        let mut line = match serde_json::to_vec(r) {
+            Ok(l) => l,
+            Err(_) => return,
+        };
+        line.push(b'\n');
+        if let Err(e) = (&self.file).write_all(&line) {
+            tracing::warn!(error = %e, "cannot write the view's journal: a crash of this view would cost a remount");
+        }
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// Writes the whole state of a view (its snapshot) as records: the start of a
+    /// journal for a view that was mounted, taken over or recovered just now.
+    pub fn write_state(&self, passthrough: bool, snap: &ViewSnapshot) {
+        self.append(&Entry::Negotiated { passthrough });
+        self.append(&Entry::Root {
+            key: snap.table.root.clone(),
+        });
+        for i in &snap.table.inodes {
+            self.append(&Entry::Inode {
+                id: i.id,
+                mode: i.mode,
+                key: i.key.clone(),
+            });
+        }
+        for h in &snap.handles {
+            match *h {
+                HandleSnapshot::File {
+                    fh,
+                    ino,
+                    file,
+                    sync,
+                } => {
+                    let f = &snap.files[file];
+                    self.append(&Entry::File {
+                        fh,
+                        ino,
+                        writable: f.writable,
+                        sync,
+                    });
+                    if let Passthrough::Id(id) = f.passthrough {
+                        self.append(&Entry::Backing { ino, id });
+                    }
+                }
+                HandleSnapshot::Dir { fh, ino, .. } => {
+                    self.append(&Entry::Dir { fh, ino });
+                }
+            }
+        }
+    }
+}
+
+/// What a journal says: the state a dead view left, as plain data.
+#[derive(Debug, Default)]
+pub struct Replayed {
+    pub passthrough: bool,
+    pub root: Option<KeySnapshot>,
+    /// Node id → (mode, key), for the ids the kernel still holds.
+    pub inodes: BTreeMap<u64, (u32, KeySnapshot)>,
+    /// Open file handles: fh → (ino, writable, sync).
+    pub files: BTreeMap<u64, (u64, bool, bool)>,
+    /// Open directory handles: fh → ino.
+    pub dirs: BTreeMap<u64, u64>,
+    /// The last backing id registered per inode.
+    pub backing: BTreeMap<u64, u32>,
+}
+
+impl Replayed {
+    /// Reads the journal behind `fd` from its start.
+    ///
+    /// # Errors
+    /// The error of reading it.
+    pub fn read(fd: &OwnedFd) -> io::Result<Replayed> {
+        let mut file = std::fs::File::from(fd.try_clone()?);
+        file.rewind()?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        let mut r = Replayed::default();
+        for line in bytes.split(|b| *b == b'\n') {
+            // The last line may be cut short by the writer's death.
+            let Ok(rec) = serde_json::from_slice::<Entry>(line) else {
+                continue;
+            };
+            r.apply(rec);
+        }
+        Ok(r)
+    }
+
+    fn apply(&mut self, rec: Entry) {
+        match rec {
+            Entry::Negotiated { passthrough } => self.passthrough = passthrough,
+            Entry::Root { key } => self.root = Some(key),
+            Entry::Inode { id, mode, key } => {
+                self.inodes.insert(id, (mode, key));
+            }
+            Entry::Forgot { id } => {
+                self.inodes.remove(&id);
+            }
+            Entry::File {
+                fh,
+                ino,
+                writable,
+                sync,
+            } => {
+                self.files.insert(fh, (ino, writable, sync));
+            }
+            Entry::Dir { fh, ino } => {
+                self.dirs.insert(fh, ino);
+            }
+            Entry::Released { fh } => {
+                self.files.remove(&fh);
+                self.dirs.remove(&fh);
+            }
+            Entry::Backing { ino, id } => {
+                self.backing.insert(ino, id);
+            }
+        }
+    }
+
+    /// The inode table it describes. Lookup counts were not journaled (a lookup is
+    /// the most frequent request): every inode gets a count no FORGET can exhaust, so
+    /// a recovered view keeps what the kernel might still name, at the price of
+    /// keeping it until the view ends.
+    pub fn table(&self) -> Option<TableSnapshot> {
+        Some(TableSnapshot {
+            root: self.root.clone()?,
+            inodes: self
+                .inodes
+                .iter()
+                .map(|(id, (mode, key))| InodeSnapshot {
+                    id: *id,
+                    mode: *mode,
+                    lookups: u64::MAX / 2,
+                    key: key.clone(),
+                    fd: None,
+                })
+                .collect(),
+            next_spare: self
+                .inodes
+                .keys()
+                .copied()
+                .filter(|id| *id >= 1 << 63)
+                .max()
+                .unwrap_or(1 << 63),
+        })
+    }
+
+    /// The next file handle number: above every one handed out.
+    pub fn next_fh(&self) -> u64 {
+        self.files
+            .keys()
+            .chain(self.dirs.keys())
+            .max()
+            .map_or(1, |m| m + 1)
+    }
+
+    /// The passthrough state of an inode's shared descriptor.
+    pub fn passthrough_of(&self, ino: u64) -> Passthrough {
+        self.backing
+            .get(&ino)
+            .map_or(Passthrough::Untried, |id| Passthrough::Id(*id))
+    }
+}
+
+/// A file snapshot entry for a reopened shared descriptor (used by recovery).
+pub fn file_entry(ino: u64, fd: usize, writable: bool, passthrough: Passthrough) -> FileSnapshot {
+    FileSnapshot {
+        ino: Some(ino),
+        fd,
+        writable,
+        passthrough,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    fn key(n: u32) -> KeySnapshot {
+        KeySnapshot::Handle {
+            dev: 1,
+            words: vec![4, 1, n],
+        }
+    }
+
+    #[test]
+    fn replay_gives_the_last_state_and_skips_a_torn_line() {
+        let j = Journal::create().unwrap();
+        j.append(&Entry::Negotiated { passthrough: true });
+        j.append(&Entry::Root { key: key(0) });
+        j.append(&Entry::Inode {
+            id: 10,
+            mode: libc::S_IFREG,
+            key: key(10),
+        });
+        j.append(&Entry::Inode {
+            id: 11,
+            mode: libc::S_IFDIR,
+            key: key(11),
+        });
+        j.append(&Entry::Forgot { id: 11 });
+        j.append(&Entry::File {
+            fh: 5,
+            ino: 10,
+            writable: true,
+            sync: false,
+        });
+        j.append(&Entry::Backing { ino: 10, id: 3 });
+        j.append(&Entry::Dir { fh: 6, ino: 1 });
+        j.append(&Entry::Released { fh: 6 });
+        // A writer killed in the middle of a line.
+        (&j.file).write_all(b"{\"Inode\":{\"id\":12,").unwrap();
+        let fd = rustix::io::dup(j.fd()).unwrap();
+        assert!(fd.as_raw_fd() >= 0);
+        let r = Replayed::read(&fd).unwrap();
+        assert!(r.passthrough);
+        assert_eq!(r.inodes.keys().copied().collect::<Vec<_>>(), [10]);
+        assert_eq!(r.files.get(&5), Some(&(10, true, false)));
+        assert!(r.dirs.is_empty());
+        assert_eq!(r.passthrough_of(10), Passthrough::Id(3));
+        assert_eq!(r.next_fh(), 6);
+        let table = r.table().unwrap();
+        assert_eq!(table.inodes.len(), 1);
+        assert!(table.inodes[0].lookups > 1 << 60);
+    }
+}
