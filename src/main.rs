@@ -311,9 +311,10 @@ fn main() -> ExitCode {
                 &options,
                 args.metrics_file.as_deref(),
                 Some(&args.control_dir),
-                mountgroup::volume::keeper::KeeperClient::from_env()
-                    .as_ref()
-                    .map(|k| k as &dyn mountgroup::fs::handover::Holder),
+                mountgroup::volume::keeper::KeeperClient::from_env().map(|k| {
+                    std::sync::Arc::new(k)
+                        as std::sync::Arc<dyn mountgroup::fs::handover::Holder + Send + Sync>
+                }),
             ) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

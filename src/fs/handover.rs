@@ -399,7 +399,7 @@ pub fn take_over(
 /// What runs a view and can outlive it (the keeper, `volume/keeper.rs`): it holds the
 /// view's connection and journal, so that when the view's process dies the connection
 /// lives on (requests wait) and a new process recovers the view from the journal.
-pub trait Holder {
+pub trait Holder: Send + Sync {
     /// Whether this process was started to recover a view whose process died.
     fn recovering(&self) -> bool;
     /// Hands the holder a duplicate of the connection and the journal (replacing what

@@ -20,7 +20,7 @@ use crate::sys::handle::{self, FileHandle};
 use crate::sys::{Errno, SysResult};
 
 use super::error::{FsError, FsResult};
-use super::journal::{Entry, Journal};
+use super::journal::{Entry, Journaling};
 use super::snapshot::{InodeSnapshot, KeySnapshot, Passthrough, TableSnapshot};
 
 /// The kernel's id of the root inode.
@@ -259,7 +259,7 @@ pub struct InodeTable {
     root: Arc<Inode>,
     shared: Arc<Shared>,
     /// Where node ids given and forgotten are journaled (a keeper holds the view).
-    journal: OnceLock<Arc<Journal>>,
+    journal: OnceLock<Arc<Journaling>>,
 }
 
 impl InodeTable {
@@ -309,8 +309,33 @@ impl InodeTable {
     }
 
     /// Journals node ids given and forgotten from now on.
-    pub fn set_journal(&self, journal: Arc<Journal>) {
+    pub fn set_journal(&self, journal: Arc<Journaling>) {
         let _ = self.journal.set(journal);
+    }
+
+    /// Runs `f` with the table as plain data while no node id can be given or
+    /// forgotten (a journal compaction). Inodes without handles are left out: they are
+    /// never journaled (such a view is not recoverable).
+    pub fn with_locked<R>(&self, f: impl FnOnce(TableSnapshot) -> R) -> R {
+        let maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
+        let inodes = maps
+            .by_id
+            .values()
+            .filter(|inode| inode.id != ROOT_ID)
+            .map(|inode| InodeSnapshot {
+                id: inode.id,
+                mode: inode.kind.mode_bits(),
+                lookups: inode.lookups.load(Ordering::Relaxed),
+                key: KeySnapshot::of(&inode.key),
+                fd: None,
+            })
+            .collect();
+        let snap = TableSnapshot {
+            root: KeySnapshot::of(&self.root.key),
+            inodes,
+            next_spare: maps.next_spare,
+        };
+        f(snap)
     }
 
     /// Whether a process that starts after this one dies can reach every inode again

@@ -12,13 +12,11 @@
 use std::collections::BTreeMap;
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde::{Deserialize, Serialize};
 
-use super::snapshot::{
-    FileSnapshot, HandleSnapshot, InodeSnapshot, KeySnapshot, Passthrough, TableSnapshot,
-    ViewSnapshot,
-};
+use super::snapshot::{FileSnapshot, InodeSnapshot, KeySnapshot, Passthrough, TableSnapshot};
 
 /// One change to what the kernel holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,44 +83,74 @@ impl Journal {
         self.file.as_fd()
     }
 
-    /// Writes the whole state of a view (its snapshot) as records: the start of a
-    /// journal for a view that was mounted, taken over or recovered just now.
-    pub fn write_state(&self, passthrough: bool, snap: &ViewSnapshot) {
+    /// How many bytes it holds.
+    pub fn size(&self) -> u64 {
+        self.file.metadata().map_or(0, |m| m.len())
+    }
+
+    /// Writes a view's tables as records: the start of a journal.
+    pub fn write_tables(&self, passthrough: bool, table: &TableSnapshot, handles: &[Entry]) {
         self.append(&Entry::Negotiated { passthrough });
         self.append(&Entry::Root {
-            key: snap.table.root.clone(),
+            key: table.root.clone(),
         });
-        for i in &snap.table.inodes {
+        for i in &table.inodes {
             self.append(&Entry::Inode {
                 id: i.id,
                 mode: i.mode,
                 key: i.key.clone(),
             });
         }
-        for h in &snap.handles {
-            match *h {
-                HandleSnapshot::File {
-                    fh,
-                    ino,
-                    file,
-                    sync,
-                } => {
-                    let f = &snap.files[file];
-                    self.append(&Entry::File {
-                        fh,
-                        ino,
-                        writable: f.writable,
-                        sync,
-                    });
-                    if let Passthrough::Id(id) = f.passthrough {
-                        self.append(&Entry::Backing { ino, id });
-                    }
-                }
-                HandleSnapshot::Dir { fh, ino, .. } => {
-                    self.append(&Entry::Dir { fh, ino });
-                }
-            }
+        for h in handles {
+            self.append(h);
         }
+    }
+}
+
+/// The journal a view appends to now. A compaction writes the view's tables to a fresh
+/// journal and switches to it under the write lock; appends take the read lock, so no
+/// change falls between the two. Lock order: the inode table's lock, then this one.
+pub struct Journaling {
+    current: RwLock<Arc<Journal>>,
+    /// The size right after the last compaction (or the start).
+    base: std::sync::atomic::AtomicU64,
+}
+
+impl Journaling {
+    pub fn new(first: Journal) -> Journaling {
+        Journaling {
+            base: std::sync::atomic::AtomicU64::new(first.size()),
+            current: RwLock::new(Arc::new(first)),
+        }
+    }
+
+    /// The journal, for appends (held across a change to the handle table, so that a
+    /// compaction sees the change or its record, never only one).
+    pub fn read(&self) -> RwLockReadGuard<'_, Arc<Journal>> {
+        self.current.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// For a compaction: no append until the guard goes.
+    pub fn write(&self) -> RwLockWriteGuard<'_, Arc<Journal>> {
+        self.current.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn append(&self, e: &Entry) {
+        self.read().append(e);
+    }
+
+    /// Whether the journal has grown enough to be worth writing anew: past `floor`
+    /// bytes and four times its size after the last compaction.
+    pub fn wants_compaction(&self, floor: u64) -> bool {
+        let size = self.read().size();
+        size > floor && size > 4 * self.base.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Installs a compacted journal (under the guard from [`Journaling::write`]).
+    pub fn install(&self, guard: &mut RwLockWriteGuard<'_, Arc<Journal>>, next: Journal) {
+        self.base
+            .store(next.size(), std::sync::atomic::Ordering::Relaxed);
+        **guard = Arc::new(next);
     }
 }
 

@@ -246,14 +246,14 @@ pub fn run_foreground(
     options: &ViewOptions,
     metrics_file: Option<&Path>,
     control_dir: Option<&Path>,
-    holder: Option<&dyn handover::Holder>,
+    holder: Option<Arc<dyn handover::Holder + Send + Sync>>,
 ) -> Result<(), MountError> {
     let root = open_source(source, options)?;
     let as_root = crate::sys::process::is_root();
     // Only root mounts itself, holds the connection and can hand it over.
     let control_dir = control_dir.filter(|_| as_root);
     let holder = holder.filter(|_| as_root);
-    let recovering = holder.is_some_and(|h| h.recovering());
+    let recovering = holder.as_ref().is_some_and(|h| h.recovering());
     // A view being recovered has no server: anything that touches the mountpoint
     // would wait for the very process that is to answer it.
     let busy = !recovering
@@ -314,7 +314,7 @@ pub fn run_foreground(
     // The connection: taken over from the view serving the mountpoint, or a new mount.
     // `template`: an adapter over the same core, which serves again if a handover fails.
     let (session, mut unmounter, dev, template, confirmation) = if let (true, Some(holder)) =
-        (recovering, holder)
+        (recovering, &holder)
     {
         let (dev, journal) = holder
             .recover(&mountpoint)
@@ -389,7 +389,7 @@ pub fn run_foreground(
     };
     // A view that ends with an error leaves no mount behind.
     let guard = dev.as_ref().map(|_| OwnMountGuard(mountpoint.clone()));
-    if let (Some(holder), Some(dev), Some(template)) = (holder, &dev, &template) {
+    if let (Some(holder), Some(dev), Some(template)) = (&holder, &dev, &template) {
         keep_journal(holder, &mountpoint, dev, template);
     }
     if recovering {
@@ -504,7 +504,7 @@ pub fn run_foreground(
 /// connection, to the holder. A view that cannot be journaled still serves; only its
 /// recovery after a crash is lost, and the log says so.
 fn keep_journal(
-    holder: &dyn handover::Holder,
+    holder: &Arc<dyn handover::Holder + Send + Sync>,
     mountpoint: &Path,
     dev: &Arc<OwnedFd>,
     view: &fuse::FuseView,
@@ -516,17 +516,42 @@ fn keep_journal(
         );
         return;
     }
-    let kept = journal::Journal::create().and_then(|j| {
-        let (snap, _) = fs.snapshot().map_err(|e| io::Error::other(e.to_string()))?;
-        j.write_state(view.passthrough(), &snap);
-        let j = Arc::new(j);
-        fs.set_journal(Arc::clone(&j));
-        holder.hold(mountpoint, dev.as_fd(), j.fd())
-    });
-    if let Err(e) = kept {
+    let passthrough = view.passthrough();
+    let keep = {
+        let (holder, mountpoint, dev) = (
+            Arc::clone(holder),
+            mountpoint.to_path_buf(),
+            Arc::clone(dev),
+        );
+        move |j: &journal::Journal| holder.hold(&mountpoint, dev.as_fd(), j.fd())
+    };
+    if let Err(e) = fs.journal_to(passthrough, &keep) {
         tracing::warn!(error = %e, "the keeper does not hold this view: a crash of it would cost a remount");
+        return;
+    }
+    // The journal grows with every node id given and forgotten: write it anew now and
+    // then, so that it stays a few times the size of what the kernel holds.
+    let spawned = std::thread::Builder::new()
+        .name("mountgroup-journal".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(COMPACT_EVERY);
+                if fs.journal_wants_compaction(COMPACT_FLOOR) {
+                    match fs.journal_to(passthrough, &keep) {
+                        Ok(()) => tracing::debug!("journal compacted"),
+                        Err(e) => tracing::warn!(error = %e, "cannot compact the journal; it keeps growing"),
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no journal compaction thread");
     }
 }
+
+/// How often the journal's size is looked at, and below what size it is left alone.
+const COMPACT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+const COMPACT_FLOOR: u64 = 8 << 20;
 
 /// The absolute path of `path` without touching its last component (a mountpoint
 /// whose server is gone would not answer).

@@ -19,6 +19,21 @@ pub struct Outcome {
     pub rounds: u64,
     pub failures: Vec<String>,
     pub longest: Duration,
+    /// When each round started and how long it took.
+    pub timeline: Vec<(Instant, Duration)>,
+}
+
+impl Outcome {
+    /// The longest round that overlapped `from..to`: the stall an event in that window
+    /// cost this loop.
+    pub fn stall_during(&self, from: Instant, to: Instant) -> Duration {
+        self.timeline
+            .iter()
+            .filter(|(start, took)| *start < to && *start + *took > from)
+            .map(|(_, took)| *took)
+            .max()
+            .unwrap_or_default()
+    }
 }
 
 /// Runs `round` until `stop`, recording failures and the longest round.
@@ -33,7 +48,9 @@ pub fn workload(
             if let Err(e) = round(out.rounds) {
                 out.failures.push(e);
             }
-            out.longest = out.longest.max(start.elapsed());
+            let took = start.elapsed();
+            out.longest = out.longest.max(took);
+            out.timeline.push((start, took));
             out.rounds += 1;
         }
         out

@@ -2,36 +2,72 @@
 
 use std::collections::HashMap;
 
-use super::super::journal::{Entry, Journal, Replayed, file_entry};
+use super::super::journal::{Entry, Journal, Journaling, Replayed, file_entry};
 use super::super::snapshot::{FileSnapshot, HandleSnapshot, ViewSnapshot};
 use super::*;
 
 impl ViewFs {
     pub(super) fn add_handle(&self, h: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        if let Some(j) = self.journal.get() {
-            j.append(&match &h {
-                Handle::File(f) => Entry::File {
-                    fh,
-                    ino: f.ino,
-                    writable: f.data.writable,
-                    sync: f.sync,
-                },
-                Handle::Dir(d) => Entry::Dir {
-                    fh,
-                    ino: lock(d).ino,
-                },
-            });
-        }
+        let Some(journaling) = self.journal.get() else {
+            self.handles.insert(fh, h);
+            return fh;
+        };
+        // The record and the change under one read lock: a compaction sees both.
+        let j = journaling.read();
+        j.append(&handle_entry(fh, &h));
         self.handles.insert(fh, h);
         fh
     }
 
-    /// Journals changes from now on (a keeper holds the view): the journal must
-    /// already say the view's state (`Journal::write_state`).
-    pub fn set_journal(&self, journal: Arc<Journal>) {
-        self.inodes.set_journal(Arc::clone(&journal));
-        let _ = self.journal.set(journal);
+    /// Writes the view's tables to a new journal and, once `keep` has handed it to the
+    /// keeper, journals every change from then on there. The first call starts the
+    /// journal; later ones compact it (it grows with every node id given and
+    /// forgotten). Node ids and handles are frozen meanwhile (milliseconds for
+    /// thousands of entries); `keep` failing leaves the old journal in use.
+    ///
+    /// # Errors
+    /// The error of making the journal, or of `keep`.
+    pub fn journal_to(
+        &self,
+        passthrough: bool,
+        keep: impl FnOnce(&Journal) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let next = Journal::create()?;
+        let journaling = self.journal.get().cloned();
+        self.inodes.with_locked(|table| {
+            let mut guard = journaling.as_ref().map(|j| j.write());
+            let handles: Vec<Entry> = self
+                .handles
+                .iter()
+                .flat_map(|e| {
+                    let mut v = vec![handle_entry(*e.key(), e.value())];
+                    if let (Handle::File(f), Some(Some(b))) = (e.value(), f_backing(e.value())) {
+                        v.push(Entry::Backing { ino: f.ino, id: b });
+                    }
+                    v
+                })
+                .collect();
+            next.write_tables(passthrough, &table, &handles);
+            keep(&next)?;
+            match (journaling.as_ref(), guard.as_mut()) {
+                (Some(j), Some(g)) => j.install(g, next),
+                _ => {
+                    let j = Arc::new(Journaling::new(next));
+                    self.inodes.set_journal(Arc::clone(&j));
+                    let _ = self.journal.set(j);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Whether the journal has grown past `floor` bytes and four times its compacted
+    /// size.
+    pub fn journal_wants_compaction(&self, floor: u64) -> bool {
+        self.journal
+            .get()
+            .is_some_and(|j| j.wants_compaction(floor))
     }
 
     /// Whether a process started after this one dies could reach every inode again
@@ -273,11 +309,41 @@ impl ViewFs {
 
     /// Closes a file or directory handle.
     pub fn release(&self, fh: u64) {
+        let Some(journaling) = self.journal.get() else {
+            self.handles.remove(&fh);
+            return;
+        };
+        let j = journaling.read();
         if self.handles.remove(&fh).is_some() {
-            if let Some(j) = self.journal.get() {
-                j.append(&Entry::Released { fh });
-            }
+            j.append(&Entry::Released { fh });
         }
+    }
+}
+
+/// The journal line of a new handle.
+fn handle_entry(fh: u64, h: &Handle) -> Entry {
+    match h {
+        Handle::File(f) => Entry::File {
+            fh,
+            ino: f.ino,
+            writable: f.data.writable,
+            sync: f.sync,
+        },
+        Handle::Dir(d) => Entry::Dir {
+            fh,
+            ino: lock(d).ino,
+        },
+    }
+}
+
+/// The backing id of a file handle's shared descriptor, if registered.
+fn f_backing(h: &Handle) -> Option<Option<u32>> {
+    match h {
+        Handle::File(f) => match f.data.passthrough_snapshot() {
+            super::super::snapshot::Passthrough::Id(id) => Some(Some(id)),
+            _ => Some(None),
+        },
+        Handle::Dir(_) => None,
     }
 }
 

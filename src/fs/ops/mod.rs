@@ -148,7 +148,7 @@ pub struct ViewFs {
     qgroup: Option<std::path::PathBuf>,
     /// Where changes to the handles are journaled, when a keeper holds the view
     /// (`fs/journal.rs`).
-    journal: std::sync::OnceLock<Arc<super::journal::Journal>>,
+    journal: std::sync::OnceLock<Arc<super::journal::Journaling>>,
 }
 
 const DIR_BUF: usize = 32 * 1024;
@@ -518,6 +518,73 @@ mod tests {
         gid: 1000,
         pid: 0,
     };
+
+    #[test]
+    fn a_compacted_journal_replays_to_the_live_tables() {
+        use super::super::journal::{Journal, Replayed};
+        use std::collections::BTreeSet;
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..20 {
+            std::fs::write(dir.path().join(format!("f{i}")), "x").unwrap();
+        }
+        let v = view(dir.path(), "gid=5");
+        // The keeper's side: the journal it was last handed.
+        let held: Mutex<Option<OwnedFd>> = Mutex::new(None);
+        let keep = |j: &Journal| {
+            *lock(&held) = Some(rustix::io::dup(j.fd())?);
+            Ok(())
+        };
+        v.journal_to(false, keep).unwrap();
+        let name = |i: usize| format!("f{i}");
+        let ids: Vec<u64> = (0..20)
+            .map(|i| v.lookup(ROOT, OsStr::new(&name(i))).unwrap().ino)
+            .collect();
+        for id in &ids[..10] {
+            v.forget(*id, 1);
+        }
+        let fhs: Vec<u64> = ids[10..15]
+            .iter()
+            .map(|id| v.open(*id, libc::O_RDONLY, ME).unwrap().fh)
+            .collect();
+        v.release(fhs[0]);
+        let d = v.opendir(ROOT).unwrap();
+        let before = lock(&held)
+            .as_ref()
+            .map(|fd| {
+                std::fs::File::from(fd.try_clone().unwrap())
+                    .metadata()
+                    .unwrap()
+                    .len()
+            })
+            .unwrap();
+        // Compacted: the new journal is what the keeper holds, and says only what is.
+        v.journal_to(false, keep).unwrap();
+        let after = lock(&held)
+            .as_ref()
+            .map(|fd| {
+                std::fs::File::from(fd.try_clone().unwrap())
+                    .metadata()
+                    .unwrap()
+                    .len()
+            })
+            .unwrap();
+        assert!(
+            after < before,
+            "{after} bytes after compaction, {before} before"
+        );
+        // Changes after the compaction go to the new journal.
+        v.forget(ids[19], 1);
+        let late = v.open(ids[18], libc::O_RDONLY, ME).unwrap().fh;
+        v.release(fhs[1]);
+        let r = Replayed::read(lock(&held).as_ref().unwrap()).unwrap();
+        let want: BTreeSet<u64> = ids[10..19].iter().copied().collect();
+        assert_eq!(r.inodes.keys().copied().collect::<BTreeSet<_>>(), want);
+        let mut open: Vec<u64> = fhs[2..].to_vec();
+        open.push(late);
+        assert_eq!(r.files.keys().copied().collect::<Vec<_>>(), open);
+        assert_eq!(r.dirs.keys().copied().collect::<Vec<_>>(), [d]);
+        assert!(r.next_fh() > late);
+    }
 
     #[test]
     fn names_that_leave_the_directory_are_refused() {
