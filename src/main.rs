@@ -78,12 +78,13 @@ struct ServeArgs {
     keeper_socket: Option<PathBuf>,
 }
 
+/// The views' control directory, shared by `mount` and `keeper`.
 #[derive(clap::Args)]
-struct KeeperArgs {
-    /// Where the driver (`serve --keeper-socket`) reaches the keeper.
-    #[arg(long, default_value = mountgroup::volume::keeper::DEFAULT_SOCKET)]
-    socket: PathBuf,
-    /// The views' control directory: where the keeper finds views to take over.
+struct ControlDir {
+    /// Where views listen for a process to hand themselves over to (a root-only
+    /// directory): running `mountgroup mount` again on a mountpoint a view serves, with
+    /// the same source and options, takes the view over live through it, and a keeper
+    /// finds there the views it takes over.
     #[arg(
         long,
         value_name = "DIR",
@@ -91,6 +92,15 @@ struct KeeperArgs {
         default_value = mountgroup::fs::handover::DEFAULT_CONTROL_DIR
     )]
     control_dir: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct KeeperArgs {
+    /// Where the driver (`serve --keeper-socket`) reaches the keeper.
+    #[arg(long, default_value = mountgroup::volume::keeper::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    #[command(flatten)]
+    control: ControlDir,
     /// Exit 0 if the keeper at --socket runs in this PID namespace and has taken over
     /// the views that were there when it started (a readiness probe), 1 otherwise.
     #[arg(long)]
@@ -173,7 +183,7 @@ fn keeper(args: KeeperArgs) -> ExitCode {
     };
     let cfg = keeper::KeeperConfig {
         socket: args.socket,
-        control_dir: args.control_dir,
+        control_dir: args.control.control_dir,
         binary,
     };
     match keeper::run(cfg) {
@@ -218,16 +228,8 @@ struct MountArgs {
     /// reaches --log-max-bytes: a view's log never takes more than twice that.
     #[arg(long, value_name = "PATH")]
     log_file: Option<PathBuf>,
-    /// Where the view listens for a new process to hand itself over to (a root-only
-    /// directory). Running `mountgroup mount` again on a mountpoint a view serves, with
-    /// the same source and options, takes the view over live through it.
-    #[arg(
-        long,
-        value_name = "DIR",
-        env = "MOUNTGROUP_CONTROL_DIR",
-        default_value = mountgroup::fs::handover::DEFAULT_CONTROL_DIR
-    )]
-    control_dir: PathBuf,
+    #[command(flatten)]
+    control: ControlDir,
     /// The size at which --log-file is rotated.
     #[arg(long, value_name = "BYTES", default_value_t = mountgroup::logfile::DEFAULT_MAX_BYTES)]
     log_max_bytes: u64,
@@ -310,7 +312,7 @@ fn main() -> ExitCode {
                 &args.mountpoint,
                 &options,
                 args.metrics_file.as_deref(),
-                Some(&args.control_dir),
+                Some(&args.control.control_dir),
                 mountgroup::volume::keeper::KeeperClient::from_env().map(|k| {
                     std::sync::Arc::new(k)
                         as std::sync::Arc<dyn mountgroup::fs::handover::Holder + Send + Sync>

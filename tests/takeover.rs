@@ -9,10 +9,8 @@ mod workload;
 
 use std::fs;
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::PathBuf;
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -52,41 +50,9 @@ fn a_view_taken_over_under_io_loses_nothing() {
     let opts = "gid=2000";
     let first = Mounted::start(&fx.src, &fx.mnt, &view_args(ctl, opts)).unwrap();
 
-    let listed = fx.mnt.join("listed");
-    fs::create_dir(&listed).unwrap();
-    for i in 0..200 {
-        fs::write(listed.join(format!("e{i}")), i.to_string()).unwrap();
-    }
-    let inos: Vec<(PathBuf, u64)> = (0..200)
-        .map(|i| {
-            let p = listed.join(format!("e{i}"));
-            let ino = fs::metadata(&p).unwrap().ino();
-            (p, ino)
-        })
-        .collect();
-    let writes = fx.mnt.join("writes");
-    fs::create_dir(&writes).unwrap();
-    let held = Arc::new(
-        fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .read(true)
-            .mode(0o644)
-            .open(fx.mnt.join("held.log"))
-            .unwrap(),
-    );
+    let running = Running::start(&fx.mnt, 200);
+    let held = Arc::clone(&running.held);
     let held_ino = held.metadata().unwrap().ino();
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let w = workload(Arc::clone(&stop), move |i| write_round(&writes, i));
-    let h = {
-        let held = Arc::clone(&held);
-        workload(Arc::clone(&stop), move |i| append_round(&held, i))
-    };
-    let l = {
-        let inos = inos.clone();
-        workload(Arc::clone(&stop), move |i| list_round(&listed, &inos, i))
-    };
 
     // Five takeovers, each by a new process, while the workload runs.
     let mut serving = vec![first];
@@ -98,16 +64,8 @@ fn a_view_taken_over_under_io_loses_nothing() {
         serving.push(next);
     }
     thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    let (w, h, l) = (w.join().unwrap(), h.join().unwrap(), l.join().unwrap());
-    for (name, o) in [("writer", &w), ("held file", &h), ("lister", &l)] {
-        eprintln!(
-            "{name}: {} rounds, longest {:?}, failures {:?}",
-            o.rounds, o.longest, o.failures
-        );
-        assert!(o.failures.is_empty(), "{name} failed: {:?}", o.failures);
-        assert!(o.rounds > 10, "{name} hardly ran: {} rounds", o.rounds);
-    }
+    let done = running.finish();
+    let h = outcome(&done, "held file");
 
     // The held descriptor still works, names the same inode, and the bytes on disk are
     // every append in order.

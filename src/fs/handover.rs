@@ -438,7 +438,8 @@ mod tests {
 
     #[test]
     fn keys_are_fnv1a() {
-        // Published FNV-1a test vectors.
+        // Published FNV-1a test vectors: these name files on nodes' disks (view logs,
+        // control sockets) and must stay what they are.
         assert_eq!(path_key(Path::new("")), "cbf29ce484222325");
         assert_eq!(path_key(Path::new("a")), "af63dc4c8601ec8c");
         assert_eq!(path_key(Path::new("foobar")), "85944171f73967e8");

@@ -332,11 +332,7 @@ pub fn run_foreground(
                 "open handles of files deleted while open could not be reopened; they answer EBADF"
             );
         }
-        view.set_negotiated(replayed.passthrough);
-        view.attach(Arc::clone(&dev));
-        let template = view.resume();
-        let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(session_err)?;
-        let session = ::fuser::Session::from_fd_initialized(view, fd, cfg.acl, cfg.clone());
+        let (session, template) = serve_adopted(view, &dev, replayed.passthrough, &cfg)?;
         let u = Unmounter::Own(mountpoint.clone());
         (session, u, Some(dev), Some(template), None)
     } else if busy {
@@ -351,11 +347,7 @@ pub fn run_foreground(
             confirmation.failed(&e.to_string());
             return Err(takeover_err(handover::HandoverError::Failed(e.to_string())));
         }
-        view.set_negotiated(incoming.passthrough);
-        view.attach(Arc::clone(&dev));
-        let template = view.resume();
-        let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(session_err)?;
-        let session = ::fuser::Session::from_fd_initialized(view, fd, cfg.acl, cfg.clone());
+        let (session, template) = serve_adopted(view, &dev, incoming.passthrough, &cfg)?;
         let u = Unmounter::Own(mountpoint.clone());
         (session, u, Some(dev), Some(template), Some(confirmation))
     } else if as_root {
@@ -498,6 +490,23 @@ pub fn run_foreground(
     }
     tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
     Ok(())
+}
+
+/// A session on a connection another process initialised (taken over, or recovered),
+/// and the adapter that serves again if a handover from this process fails.
+fn serve_adopted(
+    mut view: fuse::FuseView,
+    dev: &Arc<OwnedFd>,
+    passthrough: bool,
+    cfg: &::fuser::Config,
+) -> Result<(::fuser::Session<fuse::FuseView>, fuse::FuseView), MountError> {
+    view.set_negotiated(passthrough);
+    view.attach(Arc::clone(dev));
+    let template = view.resume();
+    let fd = crate::sys::fuse::dup(dev.as_fd())
+        .map_err(|e| MountError::Session(io::Error::from_raw_os_error(e.raw())))?;
+    let session = ::fuser::Session::from_fd_initialized(view, fd, cfg.acl, cfg.clone());
+    Ok((session, template))
 }
 
 /// Starts the view's journal with its state now and hands it, with a duplicate of the

@@ -123,3 +123,82 @@ pub fn list_round(dir: &Path, inos: &[(PathBuf, u64)], i: u64) -> Result<(), Str
     }
     Ok(())
 }
+
+/// The loops of a workload running in a directory of a view: a writer, an appender
+/// through one descriptor held throughout (`held.log`), and, if asked, a lister of a
+/// directory of known entries.
+pub struct Running {
+    stop: Arc<AtomicBool>,
+    loops: Vec<(&'static str, thread::JoinHandle<Outcome>)>,
+    pub held: Arc<fs::File>,
+}
+
+impl Running {
+    /// Starts the loops in `root` (with a lister of `listed` entries if not 0).
+    pub fn start(root: &Path, listed: usize) -> Running {
+        use std::os::unix::fs::OpenOptionsExt;
+        let stop = Arc::new(AtomicBool::new(false));
+        let writes = root.join("writes");
+        fs::create_dir(&writes).unwrap();
+        let held = Arc::new(
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .read(true)
+                .mode(0o644)
+                .open(root.join("held.log"))
+                .unwrap(),
+        );
+        let mut loops = vec![
+            (
+                "writer",
+                workload(Arc::clone(&stop), move |i| write_round(&writes, i)),
+            ),
+            ("held file", {
+                let held = Arc::clone(&held);
+                workload(Arc::clone(&stop), move |i| append_round(&held, i))
+            }),
+        ];
+        if listed > 0 {
+            let dir = root.join("listed");
+            fs::create_dir(&dir).unwrap();
+            let inos: Vec<(PathBuf, u64)> = (0..listed)
+                .map(|i| {
+                    let p = dir.join(format!("e{i}"));
+                    fs::write(&p, i.to_string()).unwrap();
+                    let ino = fs::metadata(&p).unwrap().ino();
+                    (p, ino)
+                })
+                .collect();
+            loops.push((
+                "lister",
+                workload(Arc::clone(&stop), move |i| list_round(&dir, &inos, i)),
+            ));
+        }
+        Running { stop, loops, held }
+    }
+
+    /// Stops the loops, says what each saw, and asserts that none failed and each ran.
+    pub fn finish(self) -> Vec<(&'static str, Outcome)> {
+        self.stop.store(true, Ordering::Relaxed);
+        let done: Vec<(&'static str, Outcome)> = self
+            .loops
+            .into_iter()
+            .map(|(name, h)| (name, h.join().unwrap()))
+            .collect();
+        for (name, o) in &done {
+            eprintln!(
+                "{name}: {} rounds, longest {:?}, failures {:?}",
+                o.rounds, o.longest, o.failures
+            );
+            assert!(o.failures.is_empty(), "{name} failed: {:?}", o.failures);
+            assert!(o.rounds > 10, "{name} hardly ran: {} rounds", o.rounds);
+        }
+        done
+    }
+}
+
+/// The outcome of the loop called `name`.
+pub fn outcome<'a>(done: &'a [(&'static str, Outcome)], name: &str) -> &'a Outcome {
+    &done.iter().find(|(n, _)| *n == name).unwrap().1
+}
