@@ -280,8 +280,12 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     // connection and journal, and a new process recovers it on the same mount.
     at = Instant::now();
     kill_view(&target);
-    // Recovered once a request is answered again.
+    // Recovered once a request is answered again. A file still open from before the
+    // crash opens again (the kernel binds one passthrough backing file to an inode
+    // while it is open: the recovered view must answer with the same one).
     fs::metadata(target.join("held.log")).unwrap();
+    fs::File::open(target.join("held.log"))
+        .expect("reopening a file held open across the view's crash");
     events.push(("4. view process SIGKILLed, recovered", at, Instant::now()));
     settle();
     let keeper1_log = fs::read_to_string(root.join("keeper1.log")).unwrap();

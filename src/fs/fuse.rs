@@ -305,8 +305,9 @@ impl FuseView {
         self.answer(op, ino, reply, |_| run(), |reply, ()| reply.ok());
     }
 
-    /// The backing id of a shared descriptor, registered on its first open.
-    fn backing(&self, data: &DataFile) -> Option<u32> {
+    /// The backing id of inode `ino`'s shared descriptor, registered (and journaled) on
+    /// its first open.
+    fn backing(&self, ino: u64, data: &DataFile) -> Option<u32> {
         if !self.passthrough() {
             return None;
         }
@@ -314,7 +315,13 @@ impl FuseView {
         let slot = data
             .passthrough
             .get_or_init(|| match Backing::open(dev, data.fd.as_fd()) {
-                Ok(b) => Some(b),
+                Ok(b) => {
+                    // A view recovered after a crash must answer later opens of this
+                    // inode with the same id: the kernel binds one backing file to an
+                    // inode while it is open.
+                    self.fs.journal_backing(ino, b.id());
+                    Some(b)
+                }
                 Err(e) => {
                     if !self.warned_backing.swap(true, Ordering::Relaxed) {
                         tracing::warn!(error = %e, "kernel passthrough refused a backing file; serving it through the daemon");
@@ -645,7 +652,7 @@ impl Filesystem for FuseView {
             ino.0,
             reply,
             |_| self.fs.open(ino.0, flags.0, caller(req)),
-            |reply, Opened { fh, data }| match self.backing(&data) {
+            |reply, Opened { fh, data }| match self.backing(ino.0, &data) {
                 Some(id) => reply.opened_passthrough_raw(FileHandle(fh), FopenFlags::empty(), id),
                 None => reply.opened(FileHandle(fh), FopenFlags::empty()),
             },
@@ -675,7 +682,7 @@ impl Filesystem for FuseView {
             },
             |reply, Created { attr, fh, data }| {
                 let fa = self.fattr(&attr);
-                match self.backing(&data) {
+                match self.backing(attr.ino, &data) {
                     Some(id) => reply.created_passthrough_raw(
                         &self.entry_ttl,
                         &fa,
