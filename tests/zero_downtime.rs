@@ -433,6 +433,27 @@ fn a_view_served_through_the_daemon_recovers_its_open_handles() {
         "the daemon served the I/O"
     );
     drop(held);
+
+    // A view that keeps dying is not recovered forever: after three recoveries within
+    // a minute, the keeper lets its connection go and the mount ends.
+    let now = view_processes(&f.mnt);
+    kill_process(Pid::from_raw(now[0].0 as i32).unwrap(), Signal::KILL).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let gone = view_processes(&f.mnt).is_empty();
+        let dead =
+            fs::metadata(&f.mnt).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN);
+        if gone && dead {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the view was recovered a fourth time"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    let keeper_log = fs::read_to_string(root.join("keeper.log")).unwrap();
+    assert!(keeper_log.contains("keeps dying"), "{keeper_log}");
     drop(_unmount);
     keeper.stop(Duration::from_secs(10));
 }

@@ -381,20 +381,36 @@ pub fn run_foreground(
     };
     // A view that ends with an error leaves no mount behind.
     let guard = dev.as_ref().map(|_| OwnMountGuard(mountpoint.clone()));
-    if let (Some(holder), Some(dev), Some(template)) = (&holder, &dev, &template) {
-        keep_journal(holder, &mountpoint, dev, template);
-    }
-    if recovering {
-        if let Some(dev) = &dev {
-            // The requests the dead process had read and not answered: read them again.
-            if let Err(e) = crate::sys::fuse::notify_resend(dev.as_fd()) {
-                tracing::warn!(error = %e, "the kernel cannot resend the dead view's requests; they fail");
+    match confirmation {
+        Some(confirmation) => {
+            if let Err(e) = confirmation.serving() {
+                // The predecessor serves again (it gave up waiting): leave it the view,
+                // its control socket and the keeper's hold.
+                std::mem::forget(guard);
+                return Err(takeover_err(handover::HandoverError::Io(e)));
             }
+            tracing::info!(
+                source = %source.display(),
+                mountpoint = %mountpoint.display(),
+                options = %options.to_option_string(),
+                "took the view over"
+            );
         }
+        None => tracing::info!(
+            source = %source.display(),
+            mountpoint = %mountpoint.display(),
+            options = %options.to_option_string(),
+            "{}",
+            if recovering {
+                "recovered the view on its connection"
+            } else {
+                "mounted"
+            }
+        ),
     }
-
-    // The control socket, bound before the predecessor is told to go: the name moves
-    // to this process atomically.
+    // Only now, with the predecessor gone, is the view this process's: its control
+    // socket takes the name over (atomically), and the keeper holds this process's
+    // connection and journal.
     let pending = Arc::new(Mutex::new(None));
     let stopper: Arc<Mutex<Option<::fuser::SessionStopper>>> = Arc::new(Mutex::new(None));
     let control = match control_dir {
@@ -422,30 +438,18 @@ pub fn run_foreground(
         },
         _ => None,
     };
-    match confirmation {
-        Some(confirmation) => {
-            if let Err(e) = confirmation.serving() {
-                // The predecessor serves again (it gave up waiting): leave it the view.
-                std::mem::forget(guard);
-                if let Some(c) = &control {
-                    c.remove();
-                }
-                return Err(takeover_err(handover::HandoverError::Io(e)));
-            }
-            tracing::info!(
-                source = %source.display(),
-                mountpoint = %mountpoint.display(),
-                options = %options.to_option_string(),
-                "took the view over"
-            );
-        }
-        None => tracing::info!(
-            source = %source.display(),
-            mountpoint = %mountpoint.display(),
-            options = %options.to_option_string(),
-            "mounted"
-        ),
+    if let (Some(holder), Some(dev), Some(template)) = (&holder, &dev, &template) {
+        keep_journal(holder, &mountpoint, dev, template);
     }
+    if recovering {
+        if let Some(dev) = &dev {
+            // The requests the dead process had read and not answered: read them again.
+            if let Err(e) = crate::sys::fuse::notify_resend(dev.as_fd()) {
+                tracing::warn!(error = %e, "the kernel cannot resend the dead view's requests; they fail");
+            }
+        }
+    }
+
     if let Some(path) = metrics_file {
         // The driver reads this snapshot for its metrics endpoint (fs/stats.rs); one
         // small file write a second.

@@ -38,6 +38,10 @@ pub const DEFAULT_SOCKET: &str = "/run/mountgroup/keeper.sock";
 const ADOPT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a keeper that stops waits for its views to be taken over.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(60);
+/// At most this many recoveries of one view in [`RECOVERY_WINDOW`]: a view that dies
+/// again at once every time (a bug its state triggers) is let go rather than looped.
+const MAX_RECOVERIES: usize = 3;
+const RECOVERY_WINDOW: Duration = Duration::from_secs(60);
 
 /// The environment a keeper gives the views it runs: its socket, and whether the view
 /// recovers one whose process died.
@@ -130,6 +134,8 @@ struct Keeper {
     children: Mutex<HashMap<u32, ChildView>>,
     /// What it holds, by mountpoint.
     holds: Mutex<HashMap<PathBuf, Hold>>,
+    /// When each mountpoint's view was last recovered.
+    recoveries: Mutex<HashMap<PathBuf, Vec<Instant>>>,
     ready: AtomicBool,
     /// One adoption at a time.
     adopting: Mutex<()>,
@@ -236,6 +242,17 @@ impl Keeper {
             tracing::warn!(pid, "a view ended badly; nothing was held for it");
             return;
         };
+        {
+            let mut recoveries = lock(&self.recoveries);
+            let recent = recoveries.entry(m.clone()).or_default();
+            recent.retain(|at| at.elapsed() < RECOVERY_WINDOW);
+            if recent.len() >= MAX_RECOVERIES {
+                tracing::error!(mountpoint = %m.display(), recoveries = recent.len(), "the view keeps dying; not recovering it again: its mount ends (the driver serves the target again)");
+                holds.remove(&m);
+                return;
+            }
+            recent.push(Instant::now());
+        }
         match self.spawn_view(args, true) {
             Ok((rpid, _)) => {
                 tracing::warn!(mountpoint = %m.display(), dead = pid, recovery = rpid, "a view died; recovering it on its connection");
@@ -509,6 +526,7 @@ pub fn run(cfg: KeeperConfig) -> io::Result<()> {
         next: AtomicU64::new(0),
         children: Mutex::new(HashMap::new()),
         holds: Mutex::new(HashMap::new()),
+        recoveries: Mutex::new(HashMap::new()),
         ready: AtomicBool::new(false),
         adopting: Mutex::new(()),
     }));
