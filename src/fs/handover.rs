@@ -136,10 +136,6 @@ enum Ack {
 #[derive(Serialize, Deserialize)]
 struct Bye;
 
-fn io_err(e: crate::sys::Errno) -> io::Error {
-    io::Error::from_raw_os_error(e.raw())
-}
-
 /// A view's control socket ([`socket_path`] in the control directory); a successor
 /// takes its name over atomically.
 pub struct ControlSocket(NamedSocket);
@@ -215,7 +211,7 @@ fn answer(
             tracing::warn!(uid, "handover request from a non-root process refused");
             return Ok(());
         }
-        Err(e) => return Err(io_err(e)),
+        Err(e) => return Err(e.into()),
     }
     stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     let request = match read_frame(stream)? {
@@ -284,7 +280,7 @@ pub fn hand_over(
         },
     )?;
     for batch in all.chunks(FDS_PER_MESSAGE) {
-        fdpass::send_fds(stream.as_fd(), b'F', batch).map_err(io_err)?;
+        fdpass::send_fds(stream.as_fd(), b'F', batch).map_err(io::Error::from)?;
     }
     stream.set_read_timeout(Some(ACK_TIMEOUT))?;
     match read_frame(&stream)? {
@@ -367,7 +363,7 @@ pub fn take_over(
     };
     let mut fds = Vec::with_capacity(count);
     while fds.len() < count {
-        let (_, got) = fdpass::recv_fds(stream.as_fd()).map_err(io_err)?;
+        let (_, got) = fdpass::recv_fds(stream.as_fd()).map_err(io::Error::from)?;
         if got.is_empty() {
             return Err(HandoverError::Failed(
                 "a descriptor message without descriptors".into(),

@@ -314,28 +314,11 @@ impl InodeTable {
     }
 
     /// Runs `f` with the table as plain data while no node id can be given or
-    /// forgotten (a journal compaction). Inodes without handles are left out: they are
-    /// never journaled (such a view is not recoverable).
+    /// forgotten (a journal compaction). No descriptors: a view whose inodes need them
+    /// (no handles) is never journaled.
     pub fn with_locked<R>(&self, f: impl FnOnce(TableSnapshot) -> R) -> R {
         let maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
-        let inodes = maps
-            .by_id
-            .values()
-            .filter(|inode| inode.id != ROOT_ID)
-            .map(|inode| InodeSnapshot {
-                id: inode.id,
-                mode: inode.kind.mode_bits(),
-                lookups: inode.lookups.load(Ordering::Relaxed),
-                key: KeySnapshot::of(&inode.key),
-                fd: None,
-            })
-            .collect();
-        let snap = TableSnapshot {
-            root: KeySnapshot::of(&self.root.key),
-            inodes,
-            next_spare: maps.next_spare,
-        };
-        f(snap)
+        f(self.table_of(&maps, None))
     }
 
     /// Whether a process that starts after this one dies can reach every inode again
@@ -501,18 +484,24 @@ impl InodeTable {
     /// for every node id the kernel holds. Call it while no request is being served.
     pub fn snapshot(&self, fds: &mut Vec<Arc<OwnedFd>>) -> TableSnapshot {
         let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
+        self.table_of(&maps, Some(fds))
+    }
+
+    /// The table as plain data, the root left out; with `fds`, the pinned descriptors
+    /// of inodes without handles are collected there and named by index.
+    fn table_of(&self, maps: &Maps, mut fds: Option<&mut Vec<Arc<OwnedFd>>>) -> TableSnapshot {
         let inodes = maps
             .by_id
             .values()
+            // The root is never forgotten and each view opens its own.
+            .filter(|inode| inode.id != ROOT_ID)
             .map(|inode| {
-                let fd = match &inode.source {
-                    // The successor opens its own root.
-                    Source::Pinned(_) if inode.id == ROOT_ID => None,
-                    Source::Pinned(fd) => {
+                let fd = match (&inode.source, fds.as_deref_mut()) {
+                    (Source::Pinned(fd), Some(fds)) => {
                         fds.push(Arc::clone(fd));
                         Some(fds.len() - 1)
                     }
-                    Source::Handle(_) => None,
+                    _ => None,
                 };
                 InodeSnapshot {
                     id: inode.id,

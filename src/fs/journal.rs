@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde::{Deserialize, Serialize};
 
-use super::snapshot::{FileSnapshot, InodeSnapshot, KeySnapshot, Passthrough, TableSnapshot};
+use super::snapshot::{InodeSnapshot, KeySnapshot, Passthrough, TableSnapshot};
 
 /// One change to what the kernel holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -263,16 +263,6 @@ impl Replayed {
         self.backing
             .get(&ino)
             .map_or(Passthrough::Untried, |id| Passthrough::Id(*id))
-    }
-}
-
-/// A file snapshot entry for a reopened shared descriptor (used by recovery).
-pub fn file_entry(ino: u64, fd: usize, writable: bool, passthrough: Passthrough) -> FileSnapshot {
-    FileSnapshot {
-        ino: Some(ino),
-        fd,
-        writable,
-        passthrough,
     }
 }
 

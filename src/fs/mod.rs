@@ -294,8 +294,7 @@ pub fn run_foreground(
     let stats = view.stats();
     // Block termination signals before fuser spawns its workers, so that only the
     // waiting thread below ever sees them.
-    let signals = TerminationSignals::block()
-        .map_err(|e| MountError::Session(io::Error::from_raw_os_error(e.raw())))?;
+    let signals = TerminationSignals::block().map_err(|e| MountError::Session(e.into()))?;
     file::set_umask(0);
     let mut cfg = session_config(&source, options);
     if holder.is_some() {
@@ -305,7 +304,7 @@ pub fn run_foreground(
         cfg.clone_fd = false;
     }
     let fsname = source.display().to_string();
-    let session_err = |e: Errno| MountError::Session(io::Error::from_raw_os_error(e.raw()));
+    let session_err = |e: Errno| MountError::Session(e.into());
     let takeover_err = |e: handover::HandoverError| MountError::Takeover {
         mountpoint: mountpoint.clone(),
         source: e,
@@ -358,7 +357,7 @@ pub fn run_foreground(
             noexec: options.noexec,
         };
         let dev = crate::sys::mount::mount_fuse(&fsname, &mountpoint, "mountgroup", how)
-            .map_err(|e| mount_err(io::Error::from_raw_os_error(e.raw())))?;
+            .map_err(|e| mount_err(e.into()))?;
         let guard = OwnMountGuard(mountpoint.clone());
         let dev = Arc::new(dev);
         view.attach(Arc::clone(&dev));
@@ -507,8 +506,7 @@ fn serve_adopted(
     view.set_negotiated(passthrough);
     view.attach(Arc::clone(dev));
     let template = view.resume();
-    let fd = crate::sys::fuse::dup(dev.as_fd())
-        .map_err(|e| MountError::Session(io::Error::from_raw_os_error(e.raw())))?;
+    let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(|e| MountError::Session(e.into()))?;
     let session = ::fuser::Session::from_fd_initialized(view, fd, cfg.acl, cfg.clone());
     Ok((session, template))
 }
@@ -629,7 +627,7 @@ fn serve(
             Err(e) => {
                 tracing::warn!(error = %e, "handover failed; serving the view again");
                 let fd = crate::sys::fuse::dup(dev.as_fd())
-                    .map_err(|e| MountError::Session(io::Error::from_raw_os_error(e.raw())))?;
+                    .map_err(|e| MountError::Session(e.into()))?;
                 session = ::fuser::Session::from_fd_initialized(
                     template.resume(),
                     fd,

@@ -85,6 +85,12 @@ impl From<std::io::Error> for Errno {
     }
 }
 
+impl From<Errno> for std::io::Error {
+    fn from(e: Errno) -> Self {
+        std::io::Error::from_raw_os_error(e.raw())
+    }
+}
+
 impl From<rustix::io::Errno> for Errno {
     fn from(e: rustix::io::Errno) -> Self {
         Errno(e.raw_os_error())

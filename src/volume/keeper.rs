@@ -335,7 +335,7 @@ impl Keeper {
                 );
                 return Ok(());
             }
-            Err(e) => return Err(io::Error::from_raw_os_error(e.raw())),
+            Err(e) => return Err(e.into()),
         }
         let response = match read_frame(stream)? {
             Request::Start { args } => match self.spawn(&args) {
@@ -351,8 +351,7 @@ impl Keeper {
                 mountpoint,
                 instance,
             } => {
-                let (_, mut fds) = fdpass::recv_fds(stream.as_fd())
-                    .map_err(|e| io::Error::from_raw_os_error(e.raw()))?;
+                let (_, mut fds) = fdpass::recv_fds(stream.as_fd())?;
                 if fds.len() != 2 {
                     Response::Refused("a hold carries a connection and a journal".into())
                 } else {
@@ -386,7 +385,7 @@ impl Keeper {
                             b'F',
                             &[dev.as_fd(), journal.as_fd()],
                         )
-                        .map_err(|e| io::Error::from_raw_os_error(e.raw()));
+                        .map_err(io::Error::from);
                     }
                     Some(_) => Response::Refused("cannot duplicate the held descriptors".into()),
                     None => Response::Refused(format!("nothing held for {}", mountpoint.display())),
@@ -449,8 +448,7 @@ impl handover::Holder for KeeperClient {
             instance: std::env::var(INSTANCE_ENV).unwrap_or_default(),
         };
         write_frame(&stream, &request)?;
-        fdpass::send_fds(stream.as_fd(), b'F', &[dev, journal])
-            .map_err(|e| io::Error::from_raw_os_error(e.raw()))?;
+        fdpass::send_fds(stream.as_fd(), b'F', &[dev, journal])?;
         match read_frame(&stream)? {
             Response::Held => Ok(()),
             other => Err(io::Error::other(format!("the keeper answered {other:?}"))),
@@ -470,8 +468,7 @@ impl handover::Holder for KeeperClient {
             Response::Refused(why) => return Err(io::Error::new(io::ErrorKind::NotFound, why)),
             other => return Err(io::Error::other(format!("the keeper answered {other:?}"))),
         }
-        let (_, mut fds) =
-            fdpass::recv_fds(stream.as_fd()).map_err(|e| io::Error::from_raw_os_error(e.raw()))?;
+        let (_, mut fds) = fdpass::recv_fds(stream.as_fd())?;
         match (fds.len(), fds.pop(), fds.pop()) {
             (2, Some(journal), Some(dev)) => Ok((dev, journal)),
             _ => Err(io::Error::other("the keeper sent no connection")),
@@ -518,7 +515,7 @@ pub fn probe(socket: &Path) -> Result<(), String> {
 /// # Errors
 /// The error of binding the socket.
 pub fn run(cfg: KeeperConfig) -> io::Result<()> {
-    let signals = TerminationSignals::block().map_err(|e| io::Error::from_raw_os_error(e.raw()))?;
+    let signals = TerminationSignals::block()?;
     // Lives as long as the process: its threads hold it.
     let keeper: &'static Keeper = Box::leak(Box::new(Keeper {
         instance: random_instance(),
@@ -555,9 +552,7 @@ pub fn run(cfg: KeeperConfig) -> io::Result<()> {
     keeper.ready.store(true, Ordering::Release);
     tracing::info!(taken, failed = failed.len(), "keeper ready");
 
-    let sig = signals
-        .wait()
-        .map_err(|e| io::Error::from_raw_os_error(e.raw()))?;
+    let sig = signals.wait()?;
     tracing::info!(signal = crate::sys::signal::name(sig), "keeper stopping");
     if socket.owns_name() {
         socket.remove();

@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 
-use super::super::journal::{Entry, Journal, Journaling, Replayed, file_entry};
-use super::super::snapshot::{FileSnapshot, HandleSnapshot, ViewSnapshot};
+use super::super::journal::{Entry, Journal, Journaling, Replayed};
+use super::super::snapshot::{FileSnapshot, HandleSnapshot, Passthrough, ViewSnapshot};
 use super::*;
 
 impl ViewFs {
@@ -42,8 +42,10 @@ impl ViewFs {
                 .iter()
                 .flat_map(|e| {
                     let mut v = vec![handle_entry(*e.key(), e.value())];
-                    if let (Handle::File(f), Some(Some(b))) = (e.value(), f_backing(e.value())) {
-                        v.push(Entry::Backing { ino: f.ino, id: b });
+                    if let Handle::File(f) = e.value() {
+                        if let Passthrough::Id(id) = f.data.passthrough_snapshot() {
+                            v.push(Entry::Backing { ino: f.ino, id });
+                        }
                     }
                     v
                 })
@@ -336,17 +338,6 @@ fn handle_entry(fh: u64, h: &Handle) -> Entry {
     }
 }
 
-/// The backing id of a file handle's shared descriptor, if registered.
-fn f_backing(h: &Handle) -> Option<Option<u32>> {
-    match h {
-        Handle::File(f) => match f.data.passthrough_snapshot() {
-            super::super::snapshot::Passthrough::Id(id) => Some(Some(id)),
-            _ => Some(None),
-        },
-        Handle::Dir(_) => None,
-    }
-}
-
 impl ViewFs {
     /// The view's tables as plain data, with the descriptors they refer to by index:
     /// what a process that takes this view over needs. Call it while no request is
@@ -525,12 +516,12 @@ impl ViewFs {
                         continue;
                     };
                     fds.push(fd);
-                    files.push(file_entry(
-                        ino,
-                        fds.len() - 1,
+                    files.push(FileSnapshot {
+                        ino: Some(ino),
+                        fd: fds.len() - 1,
                         writable,
-                        journal.passthrough_of(ino),
-                    ));
+                        passthrough: journal.passthrough_of(ino),
+                    });
                     shared.insert((ino, writable), files.len() - 1);
                     files.len() - 1
                 }
