@@ -193,6 +193,22 @@ fn kill_view(target: &Path) {
     }
 }
 
+/// The node's `/run/mountgroup` under `root`: the keeper's socket, and the arguments
+/// of a keeper that uses it and the views' control directory beside it.
+fn node_run(root: &Path) -> (PathBuf, Vec<String>) {
+    let run = root.join("run");
+    fs::create_dir_all(&run).unwrap();
+    let socket = run.join("keeper.sock");
+    let args = vec![
+        "keeper".into(),
+        "--socket".into(),
+        socket.to_str().unwrap().into(),
+        "--control-dir".into(),
+        run.join("views").to_str().unwrap().into(),
+    ];
+    (socket, args)
+}
+
 /// A copy of the binary under `dir`: a "version" of its own, told apart by its path.
 fn version(root: &Path, name: &str) -> PathBuf {
     let dir = root.join(name);
@@ -207,19 +223,10 @@ fn version(root: &Path, name: &str) -> PathBuf {
 async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     let f = Fixture::new();
     let root = f.dir.path();
-    // The node's /run/mountgroup, shared by the old and the new pod (a hostPath).
-    let run = root.join("run");
-    fs::create_dir_all(&run).unwrap();
-    let keeper_socket = run.join("keeper.sock");
-    let control = run.join("views");
+    // Shared by the old and the new pod (a hostPath).
+    let (keeper_socket, keeper_args) = node_run(root);
+    let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
     let (v1, v2) = (version(root, "v1"), version(root, "v2"));
-    let keeper_args = [
-        "keeper",
-        "--socket",
-        keeper_socket.to_str().unwrap(),
-        "--control-dir",
-        control.to_str().unwrap(),
-    ];
     let serve_args = [
         "--share-key-file",
         "none",
@@ -366,23 +373,24 @@ fn a_view_served_through_the_daemon_recovers_its_open_handles() {
     use mountgroup::volume::keeper::{Request, Response, ask};
     let f = Fixture::new();
     let root = f.dir.path();
-    let run = root.join("run");
-    fs::create_dir_all(&run).unwrap();
-    let socket = run.join("keeper.sock");
-    let control = run.join("views");
+    let (socket, keeper_args) = node_run(root);
+    let control = root.join("run/views");
     let bin = Path::new(BIN);
-    let mut keeper = Container::start(
-        bin,
-        &[
-            "keeper",
-            "--socket",
-            socket.to_str().unwrap(),
-            "--control-dir",
-            control.to_str().unwrap(),
-        ],
-        &root.join("keeper.log"),
-    );
+    let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
+    let mut keeper = Container::start(bin, &keeper_args, &root.join("keeper.log"));
     wait_ready(bin, &socket);
+    // The probe in another container (PID namespace) does not count this keeper as its
+    // own: the new pod of an update is not ready because the old pod's keeper is.
+    let elsewhere = Command::new(CONTAINER[0])
+        .args(&CONTAINER[1..])
+        .arg(bin)
+        .args(["keeper", "--probe", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(!elsewhere.status.success());
+    let said = String::from_utf8_lossy(&elsewhere.stderr);
+    assert!(said.contains("another container's"), "{said}");
     let _unmount = Unmount(f.mnt.clone());
     // Reads and writes of open files go through the daemon: recovered handles must
     // really work, not just be known.
