@@ -1,79 +1,40 @@
 //! Extended attributes of an inode reached through a descriptor, never a path.
 //!
-//! `getxattrat(2)` (Linux 6.13) works on the descriptor itself; elsewhere the call goes
-//! through the descriptor's own `/proc/self/fd/N` magic link, which names exactly that
-//! inode (see [`super::file`]).
+//! The calls go through the descriptor's own `/proc/self/fd/N` magic link, which names
+//! exactly that inode (see [`super::file`]). `getxattrat(2)` (Linux 6.13) cannot
+//! replace them: with `AT_EMPTY_PATH` it refuses an `O_PATH` descriptor (`EBADF`), and
+//! the inode table's descriptors are all `O_PATH`; with a name it would resolve a path
+//! a second time.
 
 use std::ffi::CStr;
-use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::BorrowedFd;
 
 use rustix::fs::XattrFlags;
 
 use super::file::ProcPath;
 use super::{Errno, SysResult, failed};
 
-static GETXATTRAT_MISSING: AtomicBool = AtomicBool::new(false);
-
-/// `getxattrat(2)` (Linux 6.13) on the descriptor itself (`AT_EMPTY_PATH`): no
-/// `/proc` path to resolve. `Err(ENOSYS)` on older kernels.
-fn getxattrat(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> SysResult<usize> {
-    /// `struct xattr_args` of the uapi.
-    #[repr(C)]
-    struct XattrArgs {
-        value: u64,
-        size: u32,
-        flags: u32,
-    }
-    // Syscall numbers from 424 on are the same on every architecture.
-    const SYS_GETXATTRAT: libc::c_long = 464;
-    let mut args = XattrArgs {
-        value: buf.as_mut_ptr() as u64,
-        size: u32::try_from(buf.len()).unwrap_or(u32::MAX),
-        flags: 0,
-    };
-    // SAFETY: getxattrat reads the NUL-terminated `name` and the empty path, and
-    // writes at most `args.size` bytes to `args.value`, which points into `buf`; all
-    // of them outlive the call. `args` is passed with its exact size.
-    #[allow(unsafe_code)]
-    let rc = unsafe {
-        libc::syscall(
-            SYS_GETXATTRAT,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH as libc::c_uint,
-            name.as_ptr(),
-            &mut args as *mut XattrArgs,
-            std::mem::size_of::<XattrArgs>(),
-        )
-    };
-    if rc < 0 {
-        return Err(failed("getxattrat")(std::io::Error::last_os_error()));
-    }
-    Ok(rc as usize)
-}
+/// Values up to this size are read in one call; larger ones take a size query first.
+/// Ownership records are far smaller.
+const FIRST_TRY: usize = 256;
 
 /// Reads an extended attribute of the inode (any kind, symlinks included).
 /// Returns `Ok(None)` when the attribute does not exist.
 ///
+/// One system call when the value is absent or small (every ownership record), so a
+/// lookup pays one call for its record.
+///
 /// # Errors
 /// The error of `getxattr(2)` other than `ENODATA`.
 pub fn get(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<Option<Vec<u8>>> {
-    if !GETXATTRAT_MISSING.load(Ordering::Relaxed) {
-        // Records are small: one call with a buffer that fits them answers most lookups.
-        let mut buf = vec![0u8; 64];
-        match getxattrat(fd, name, &mut buf) {
-            Ok(n) => {
-                buf.truncate(n);
-                return Ok(Some(buf));
-            }
-            Err(Errno::ENODATA) => return Ok(None),
-            Err(Errno::ENOSYS) => GETXATTRAT_MISSING.store(true, Ordering::Relaxed),
-            // Larger values, and anything unexpected: the path-based call below.
-            Err(_) => {}
-        }
-    }
     let path = ProcPath::new(fd);
+    let mut small = [0u8; FIRST_TRY];
+    match rustix::fs::getxattr(path.as_cstr(), name, &mut small[..]) {
+        Ok(n) => return Ok(Some(small[..n].to_vec())),
+        Err(rustix::io::Errno::NODATA) => return Ok(None),
+        Err(rustix::io::Errno::RANGE) => {}
+        Err(e) => return Err(failed("getxattr")(e)),
+    }
     loop {
         let size = match rustix::fs::getxattr_query(path.as_cstr(), name) {
             Ok(n) => n,
@@ -132,4 +93,25 @@ pub fn set(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: u32) -> SysResu
 pub fn remove(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<()> {
     let path = ProcPath::new(fd);
     rustix::fs::removexattr(path.as_cstr(), name).map_err(failed("removexattr"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::file;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn values_of_every_size_read_back_whole_through_an_o_path_descriptor() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"").unwrap();
+        let root = file::open_root(dir.path()).unwrap();
+        let f = file::open_child(root.as_fd(), std::ffi::OsStr::new("f"), None).unwrap();
+        assert_eq!(get(f.as_fd(), c"user.absent").unwrap(), None);
+        for len in [0, 1, FIRST_TRY - 1, FIRST_TRY, FIRST_TRY + 1, 4000] {
+            let value: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            set(f.as_fd(), c"user.v", &value, 0).unwrap();
+            assert_eq!(get(f.as_fd(), c"user.v").unwrap(), Some(value), "{len} bytes");
+        }
+    }
 }
