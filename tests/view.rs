@@ -700,3 +700,73 @@ fn listings_show_files_created_behind_the_views_back() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// Lookups the view has answered so far, from its `--metrics-file` (written every
+/// second: waits for a snapshot written after `since`).
+fn lookups(metrics: &std::path::Path, since: std::time::SystemTime) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Ok(m) = std::fs::metadata(metrics) {
+            if m.modified().unwrap() > since {
+                if let Ok(text) = std::fs::read_to_string(metrics) {
+                    if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
+                        return v["ops"]["lookup"]["count"].as_u64().unwrap_or(0);
+                    }
+                }
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "no metrics snapshot");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_walk_stats_what_it_lists_without_a_lookup_per_entry_and_a_listing_looks_nothing_up() {
+    let f = Fixture::new();
+    for d in ["a", "b", "names"] {
+        fs::create_dir(f.src.join(d)).unwrap();
+        for i in 0..800 {
+            fs::write(f.src.join(d).join(format!("f{i:03}")), "").unwrap();
+        }
+    }
+    let metrics = f.dir.path().join("metrics.json");
+    let _m = Mounted::start(
+        &f.src,
+        &f.mnt,
+        &[
+            "-o",
+            &format!("gid={G}"),
+            "--metrics-file",
+            metrics.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let walk = |d: &str| {
+        let mut n = 0;
+        for e in fs::read_dir(f.mnt.join(d)).unwrap() {
+            let e = e.unwrap();
+            // Like find -printf '%m %G': the entry's own attributes.
+            assert_eq!(e.metadata().unwrap().gid(), G);
+            n += 1;
+        }
+        assert_eq!(n, 800);
+    };
+    // Names only: a listing that stats nothing costs no lookup.
+    let t = std::time::SystemTime::now();
+    let before = lookups(&metrics, t);
+    assert_eq!(fs::read_dir(f.mnt.join("names")).unwrap().count(), 800);
+    let t = std::time::SystemTime::now();
+    assert!(lookups(&metrics, t) - before < 5);
+    // The first directory of a walk is a lookup per entry (nothing told the view yet);
+    // from the second on, the listing carries what the walk stats.
+    walk("a");
+    let t = std::time::SystemTime::now();
+    let after_a = lookups(&metrics, t);
+    walk("b");
+    let t = std::time::SystemTime::now();
+    let for_b = lookups(&metrics, t) - after_a;
+    assert!(
+        for_b <= 800 / 8,
+        "{for_b} lookups for a walk of 800 listed entries"
+    );
+}

@@ -39,6 +39,12 @@ use super::view::Caller;
 /// Largest write the kernel sends in one request.
 const MAX_WRITE: u32 = 1 << 20;
 
+/// The block size a directory shows. glibc sizes `readdir`'s buffer by it (32 KiB to
+/// 1 MiB), and the kernel asks the view for as much as that buffer holds: a listing
+/// of 20,000 names is 4 requests instead of 100. (Entries of a READDIRPLUS reply are
+/// about 160 bytes, names only or not.)
+const DIR_BLKSIZE: u32 = MAX_WRITE;
+
 /// A [`ViewFs`] served over FUSE.
 pub struct FuseView {
     fs: Arc<ViewFs>,
@@ -266,7 +272,11 @@ impl FuseView {
             uid: a.uid,
             gid: a.gid,
             rdev: encode_dev(a.rdev),
-            blksize: a.blksize,
+            blksize: if a.kind == Kind::Directory {
+                DIR_BLKSIZE
+            } else {
+                a.blksize
+            },
             flags: 0,
         }
     }
@@ -442,8 +452,9 @@ impl Filesystem for FuseView {
         // program stats the entries (ls -l), not for a plain listing.
         // HANDLE_KILLPRIV_V2: no security.capability lookup per write (see ops::open).
         let wanted = InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            // Every listing is READDIRPLUS, without the kernel's AUTO rule: the view
+            // decides which entries carry attributes (fs/listing.rs).
             | InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_AUTO_INVAL_DATA
             | InitFlags::FUSE_ASYNC_DIO
@@ -844,43 +855,28 @@ impl Filesystem for FuseView {
             ino.0,
             reply,
             |reply| {
-                self.fs.readdir(
-                    ino.0,
-                    fh.0,
-                    offset,
-                    Listing::WithAttributes,
-                    |item, next| {
-                        let fa = match &item.attr {
-                            Some(a) => self.fattr(a),
-                            // `.` and `..`: the kernel takes only the name, number and type.
-                            None => FileAttr {
-                                ino: INodeNo(item.ino),
-                                size: 0,
-                                blocks: 0,
-                                atime: UNIX_EPOCH,
-                                mtime: UNIX_EPOCH,
-                                ctime: UNIX_EPOCH,
-                                crtime: UNIX_EPOCH,
-                                kind: file_type(item.kind),
-                                perm: 0,
-                                nlink: 0,
-                                uid: 0,
-                                gid: 0,
-                                rdev: 0,
-                                blksize: 0,
-                                flags: 0,
-                            },
-                        };
-                        reply.add(
-                            INodeNo(item.ino),
-                            next,
-                            OsStr::from_bytes(&item.name),
-                            &self.entry_ttl,
-                            &fa,
-                            Generation(0),
-                        )
-                    },
-                )
+                self.fs
+                    .readdir(ino.0, fh.0, offset, Listing::AsNeeded, |item, next| {
+                        let name = OsStr::from_bytes(&item.name);
+                        match &item.attr {
+                            Some(a) => reply.add(
+                                INodeNo(item.ino),
+                                next,
+                                name,
+                                &self.entry_ttl,
+                                &self.fattr(a),
+                                Generation(0),
+                            ),
+                            // `.`, `..` and names the view lists without attributes:
+                            // node id 0, no dentry, a lookup when stated.
+                            None => reply.add_name_only(
+                                INodeNo(item.ino),
+                                next,
+                                file_type(item.kind),
+                                name,
+                            ),
+                        }
+                    })
             },
             |reply, ()| reply.ok(),
         );

@@ -9,6 +9,7 @@ pub mod fuse;
 pub mod handover;
 pub mod inode;
 pub mod journal;
+pub mod listing;
 pub mod ops;
 pub mod ratelimit;
 pub mod record;

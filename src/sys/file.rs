@@ -126,6 +126,29 @@ impl ProcPath {
     pub(super) fn as_cstr(&self) -> &CStr {
         CStr::from_bytes_until_nul(&self.buf).expect("ProcPath always holds a NUL")
     }
+
+    /// The last component alone (`N`), to resolve beneath [`proc_fd_dir`]: one
+    /// component instead of five (`proc`, `self`, the pid, `fd`, `N`), which is most of
+    /// what a record read cost a lookup.
+    pub(super) fn name(&self) -> &CStr {
+        let all = self.as_cstr().to_bytes_with_nul();
+        CStr::from_bytes_with_nul(&all["/proc/self/fd/".len()..]).expect("ends with the NUL")
+    }
+}
+
+/// This process's `/proc/self/fd`, opened once (`O_PATH`); `None` without `/proc`.
+pub(super) fn proc_fd_dir() -> Option<BorrowedFd<'static>> {
+    static DIR: std::sync::OnceLock<Option<OwnedFd>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        rustix::fs::open(
+            "/proc/self/fd",
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()
+    })
+    .as_ref()
+    .map(|fd| fd.as_fd())
 }
 
 /// Opens the directory the view mirrors. The administrator's path is resolved once,
@@ -270,8 +293,11 @@ pub fn reopen(fd: BorrowedFd<'_>, kind: Kind, access: Access) -> SysResult<Owned
             Access::Path => OFlags::PATH,
         };
     let path = ProcPath::new(fd);
-    let new = rustix::fs::open(path.as_cstr(), flags, Mode::empty()).map_err(failed("open"))?;
-    Ok(new)
+    let new = match proc_fd_dir() {
+        Some(dir) => rustix::fs::openat(dir, path.name(), flags, Mode::empty()),
+        None => rustix::fs::open(path.as_cstr(), flags, Mode::empty()),
+    };
+    new.map_err(failed("open"))
 }
 
 /// Creates a regular file (`O_CREAT|O_EXCL|O_NOFOLLOW`) and returns it open read-write.

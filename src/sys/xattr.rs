@@ -1,18 +1,70 @@
 //! Extended attributes of an inode reached through a descriptor, never a path.
 //!
 //! The calls go through the descriptor's own `/proc/self/fd/N` magic link, which names
-//! exactly that inode (see [`super::file`]). `getxattrat(2)` (Linux 6.13) cannot
-//! replace them: with `AT_EMPTY_PATH` it refuses an `O_PATH` descriptor (`EBADF`), and
-//! the inode table's descriptors are all `O_PATH`; with a name it would resolve a path
-//! a second time.
+//! exactly that inode (see [`super::file`]). A read resolves only `N`, beneath an open
+//! `/proc/self/fd`, with `getxattrat(2)` (Linux 6.13; the full path elsewhere): with
+//! `AT_EMPTY_PATH` that call refuses an `O_PATH` descriptor (`EBADF`), and the inode
+//! table's descriptors are all `O_PATH`.
 
 use std::ffi::CStr;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::XattrFlags;
 
-use super::file::ProcPath;
+use super::file::{ProcPath, proc_fd_dir};
 use super::{Errno, SysResult, failed};
+
+static GETXATTRAT_MISSING: AtomicBool = AtomicBool::new(false);
+
+/// `getxattrat(dir, name, 0, attr)`: the value of `attr` of what `name` beneath `dir`
+/// resolves to (following a final magic link). `Err(ENOSYS)` before Linux 6.13.
+fn getxattrat(dir: BorrowedFd<'_>, path: &CStr, attr: &CStr, buf: &mut [u8]) -> SysResult<usize> {
+    /// `struct xattr_args` of the uapi.
+    #[repr(C)]
+    struct XattrArgs {
+        value: u64,
+        size: u32,
+        flags: u32,
+    }
+    // Syscall numbers from 424 on are the same on every architecture.
+    const SYS_GETXATTRAT: libc::c_long = 464;
+    let mut args = XattrArgs {
+        value: buf.as_mut_ptr() as u64,
+        size: u32::try_from(buf.len()).unwrap_or(u32::MAX),
+        flags: 0,
+    };
+    // SAFETY: getxattrat reads the NUL-terminated `path` and `attr` and writes at most
+    // `args.size` bytes to `args.value`, which points into `buf`; all of them outlive
+    // the call. `args` is passed with its exact size.
+    #[allow(unsafe_code)]
+    let rc = unsafe {
+        libc::syscall(
+            SYS_GETXATTRAT,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            0 as libc::c_uint,
+            attr.as_ptr(),
+            &mut args as *mut XattrArgs,
+            std::mem::size_of::<XattrArgs>(),
+        )
+    };
+    if rc < 0 {
+        return Err(failed("getxattrat")(std::io::Error::last_os_error()));
+    }
+    Ok(rc as usize)
+}
+
+/// The first, one-call read of [`get`] into `buf`.
+fn get_small(path: &ProcPath, name: &CStr, buf: &mut [u8]) -> SysResult<usize> {
+    if let Some(dir) = proc_fd_dir().filter(|_| !GETXATTRAT_MISSING.load(Ordering::Relaxed)) {
+        match getxattrat(dir, path.name(), name, buf) {
+            Err(Errno::ENOSYS) => GETXATTRAT_MISSING.store(true, Ordering::Relaxed),
+            r => return r,
+        }
+    }
+    rustix::fs::getxattr(path.as_cstr(), name, buf).map_err(failed("getxattr"))
+}
 
 /// Values up to this size are read in one call; larger ones take a size query first.
 /// Ownership records are far smaller.
@@ -29,11 +81,11 @@ const FIRST_TRY: usize = 256;
 pub fn get(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<Option<Vec<u8>>> {
     let path = ProcPath::new(fd);
     let mut small = [0u8; FIRST_TRY];
-    match rustix::fs::getxattr(path.as_cstr(), name, &mut small[..]) {
+    match get_small(&path, name, &mut small) {
         Ok(n) => return Ok(Some(small[..n].to_vec())),
-        Err(rustix::io::Errno::NODATA) => return Ok(None),
-        Err(rustix::io::Errno::RANGE) => {}
-        Err(e) => return Err(failed("getxattr")(e)),
+        Err(Errno::ENODATA) => return Ok(None),
+        Err(Errno::ERANGE) => {}
+        Err(e) => return Err(e),
     }
     loop {
         let size = match rustix::fs::getxattr_query(path.as_cstr(), name) {
@@ -111,7 +163,11 @@ mod tests {
         for len in [0, 1, FIRST_TRY - 1, FIRST_TRY, FIRST_TRY + 1, 4000] {
             let value: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
             set(f.as_fd(), c"user.v", &value, 0).unwrap();
-            assert_eq!(get(f.as_fd(), c"user.v").unwrap(), Some(value), "{len} bytes");
+            assert_eq!(
+                get(f.as_fd(), c"user.v").unwrap(),
+                Some(value),
+                "{len} bytes"
+            );
         }
     }
 }

@@ -21,9 +21,11 @@ impl ViewFs {
     }
 
     /// Lists a directory from `offset`, handing entries to `add` until it reports the
-    /// reply full (returns `true`). With [`Listing::WithAttributes`], each entry but `.`/`..` is looked up
-    /// (and counted) like [`ViewFs::lookup`]; an entry that is not handed over is
-    /// forgotten again.
+    /// reply full (returns `true`). With [`Listing::WithAttributes`], each entry but
+    /// `.`/`..` is looked up (and counted) like [`ViewFs::lookup`]; an entry that is not
+    /// handed over is forgotten again. With [`Listing::AsNeeded`], so are the entries
+    /// of a chunk listed while the view sees a walk ([`super::super::listing`]), but for
+    /// its probes; otherwise names only.
     ///
     /// # Errors
     /// `EBADF` for an unknown handle, or the error of `getdents64`.
@@ -40,6 +42,12 @@ impl ViewFs {
             _ => return Err(FsError::UnknownHandle(fh)),
         };
         let mut s = lock(&stream);
+        // Decided once per chunk: a walk that starts midway shows in the next one.
+        let attributes = match listing {
+            Listing::Names => false,
+            Listing::WithAttributes => true,
+            Listing::AsNeeded => self.listing.walking(),
+        };
         if offset != s.pos {
             dir::seek(s.fd.as_fd(), offset)?;
             s.pending.clear();
@@ -64,8 +72,12 @@ impl ViewFs {
                 continue;
             }
             let dot = e.name == b"." || e.name == b"..";
-            let item = if listing == Listing::WithAttributes && !dot {
-                match self.lookup(ino, OsStr::from_bytes(&e.name)) {
+            let probe = listing == Listing::AsNeeded && !dot && self.listing.next_is_probe();
+            if probe {
+                self.listing.listed(ino, &e.name);
+            }
+            let item = if attributes && !dot && !probe {
+                match self.lookup_entry(ino, OsStr::from_bytes(&e.name)) {
                     Ok(attr) => DirItem {
                         name: e.name.clone(),
                         ino: attr.ino,

@@ -76,6 +76,9 @@ pub enum Listing {
     Names,
     /// Full attributes too, each entry counted as a lookup (READDIRPLUS).
     WithAttributes,
+    /// READDIRPLUS where the view decides, per chunk, whether entries carry
+    /// attributes ([`super::listing`]); those that do not are probes or plain names.
+    AsNeeded,
 }
 
 /// One entry of a directory listing handed to the adapter.
@@ -84,8 +87,8 @@ pub struct DirItem {
     pub name: Vec<u8>,
     pub ino: u64,
     pub kind: Kind,
-    /// Full attributes (readdirplus), counted as a kernel lookup; `None` for `.`/`..`
-    /// and for plain readdir.
+    /// Full attributes (readdirplus), counted as a kernel lookup; `None` for `.`/`..`,
+    /// for plain readdir, and for entries a listing hands out as names only.
     pub attr: Option<Attr>,
 }
 
@@ -149,6 +152,8 @@ pub struct ViewFs {
     /// Where changes to the handles are journaled, when a keeper holds the view
     /// (`fs/journal.rs`).
     journal: std::sync::OnceLock<Arc<super::journal::Journaling>>,
+    /// What decides whether a listing carries attributes.
+    listing: super::listing::ListingHints,
 }
 
 const DIR_BUF: usize = 32 * 1024;
@@ -200,6 +205,7 @@ impl ViewFs {
             noreplace_missing: AtomicBool::new(false),
             daemon_ids: crate::sys::process::effective_ids(),
             journal: std::sync::OnceLock::new(),
+            listing: super::listing::ListingHints::default(),
         })
     }
 
@@ -327,6 +333,12 @@ impl ViewFs {
     /// # Errors
     /// `ENOENT` when absent, `ENOTDIR` when `parent` is not a directory.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        self.listing.looked_up(parent, name.as_bytes());
+        self.lookup_entry(parent, name)
+    }
+
+    /// [`ViewFs::lookup`] made by the view itself (a listing's attributes).
+    pub(super) fn lookup_entry(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
         if namespace::is_reserved_name(name.as_bytes()) {
             return Err(FsError::Os(Errno::ENOENT));
         }
@@ -657,6 +669,55 @@ mod tests {
         assert!(rest.iter().all(|n| !seen.contains(n)));
         v.release(fh);
         assert_eq!(v.handle_count(), 0);
+    }
+
+    #[test]
+    fn a_listing_carries_attributes_only_while_listed_names_are_looked_up() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..64 {
+            std::fs::write(dir.path().join(format!("f{i:02}")), "x").unwrap();
+        }
+        let v = view(dir.path(), "gid=5");
+        let list = |v: &ViewFs| {
+            let fh = v.opendir(ROOT).unwrap();
+            let mut items = Vec::new();
+            v.readdir(ROOT, fh, 0, Listing::AsNeeded, |item, _| {
+                if item.name.starts_with(b"f") {
+                    items.push(item.clone());
+                }
+                false
+            })
+            .unwrap();
+            v.release(fh);
+            items
+        };
+        // Nobody has stated a listed name yet: names only, nothing registered.
+        let first = list(&v);
+        assert_eq!(first.len(), 64);
+        assert!(
+            first
+                .iter()
+                .all(|i| i.attr.is_none() && i.kind == Kind::Regular)
+        );
+        assert_eq!(v.inode_count(), 1);
+        // A lookup of a name not listed (a path walk, a create) is no evidence.
+        let _ = v.lookup(ROOT, OsStr::new("absent"));
+        assert!(list(&v).iter().all(|i| i.attr.is_none()));
+        // A walker: it stats what it listed. The next listing carries attributes, but
+        // for one entry in sixteen (probes that keep the evidence coming).
+        for i in &first {
+            v.lookup(ROOT, OsStr::from_bytes(&i.name)).unwrap();
+        }
+        let looked_up = v.inode_count();
+        let second = list(&v);
+        let with = second.iter().filter(|i| i.attr.is_some()).count();
+        assert!((56..=61).contains(&with), "{with} of 64 carried attributes");
+        for i in second.iter().filter(|i| i.attr.is_some()) {
+            let a = i.attr.unwrap();
+            assert_eq!((a.ino, a.gid), (i.ino, 5));
+        }
+        // Each entry handed with attributes is one more kernel lookup of its inode.
+        assert_eq!(v.inode_count(), looked_up);
     }
 
     #[test]

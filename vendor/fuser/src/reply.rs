@@ -814,6 +814,46 @@ impl ReplyDirectoryPlus {
         ))
     }
 
+    /// Add an entry without attributes: the kernel lists the name, of inode number
+    /// `ino` and type `kind`, and makes no dentry for it (node id 0), so a later
+    /// `stat` of it is a `lookup`. Lets a filesystem that negotiated readdirplus
+    /// without `FUSE_READDIRPLUS_AUTO` decide per entry what a listing costs. Returns
+    /// true if the buffer is full.
+    pub fn add_name_only<T: AsRef<OsStr>>(
+        &mut self,
+        ino: INodeNo,
+        offset: u64,
+        kind: FileType,
+        name: T,
+    ) -> bool {
+        let attr = FileAttr {
+            ino,
+            size: 0,
+            blocks: 0,
+            atime: std::time::UNIX_EPOCH,
+            mtime: std::time::UNIX_EPOCH,
+            ctime: std::time::UNIX_EPOCH,
+            crtime: std::time::UNIX_EPOCH,
+            kind,
+            perm: 0,
+            nlink: 0,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 0,
+            flags: 0,
+        };
+        self.buf.push_name_only(&DirEntryPlus::new(
+            ino,
+            Generation(0),
+            DirEntOffset(offset),
+            name.as_ref(),
+            Duration::ZERO,
+            (&attr).into(),
+            Duration::ZERO,
+        ))
+    }
+
     /// Reply to a request with the filled directory buffer
     pub fn ok(self) {
         let response: ll::ResponseData = self.buf.into();

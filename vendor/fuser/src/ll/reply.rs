@@ -464,7 +464,8 @@ impl DirEntList {
 
 #[derive(Debug)]
 pub(crate) struct DirEntryPlus<T: AsRef<Path>> {
-    #[allow(unused)] // We use `attr.ino` instead
+    /// The entry's inode number for [`DirEntPlusList::push_name_only`]; `push` uses
+    /// `attr.ino`.
     ino: INodeNo,
     generation: Generation,
     offset: DirEntOffset,
@@ -528,6 +529,32 @@ impl DirEntPlusList {
             },
             dirent: abi::fuse_dirent {
                 ino: x.attr.attr.ino,
+                off: x.offset.0,
+                namelen: name.len().try_into().expect("Name too long"),
+                typ: x.attr.attr.mode >> 12,
+            },
+        };
+        self.0.push([header.as_bytes(), name])
+    }
+
+    /// Like [`DirEntPlusList::push`], for an entry whose attributes the filesystem
+    /// does not give: node id 0, which the kernel takes as "list the name only" (no
+    /// dentry, no lookup counted), and `x.ino` as the entry's inode number.
+    #[must_use]
+    pub(crate) fn push_name_only<T: AsRef<Path>>(&mut self, x: &DirEntryPlus<T>) -> bool {
+        let name = x.name.as_ref().as_os_str().as_bytes();
+        let header = abi::fuse_direntplus {
+            entry_out: abi::fuse_entry_out {
+                nodeid: 0,
+                generation: 0,
+                entry_valid: 0,
+                attr_valid: 0,
+                entry_valid_nsec: 0,
+                attr_valid_nsec: 0,
+                attr: x.attr.attr,
+            },
+            dirent: abi::fuse_dirent {
+                ino: x.ino.0,
                 off: x.offset.0,
                 namelen: name.len().try_into().expect("Name too long"),
                 typ: x.attr.attr.mode >> 12,
