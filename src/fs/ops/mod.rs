@@ -524,6 +524,15 @@ mod tests {
         ViewFs::new(root, &ViewOptions::parse(options).unwrap()).unwrap()
     }
 
+    /// A directory holding `n` small files named `f0` to `f{n-1}`.
+    fn populated(n: usize) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..n {
+            std::fs::write(dir.path().join(format!("f{i}")), "x").unwrap();
+        }
+        dir
+    }
+
     const ROOT: u64 = 1;
     const ME: Caller = Caller {
         uid: 1000,
@@ -535,10 +544,7 @@ mod tests {
     fn a_compacted_journal_replays_to_the_live_tables() {
         use super::super::journal::{Journal, Replayed};
         use std::collections::BTreeSet;
-        let dir = tempfile::tempdir().unwrap();
-        for i in 0..20 {
-            std::fs::write(dir.path().join(format!("f{i}")), "x").unwrap();
-        }
+        let dir = populated(20);
         let v = view(dir.path(), "gid=5");
         // The keeper's side: the journal it was last handed.
         let held: Mutex<Option<OwnedFd>> = Mutex::new(None);
@@ -628,10 +634,7 @@ mod tests {
 
     #[test]
     fn readdirplus_counts_only_what_it_hands_over() {
-        let dir = tempfile::tempdir().unwrap();
-        for i in 0..10 {
-            std::fs::write(dir.path().join(format!("f{i}")), "x").unwrap();
-        }
+        let dir = populated(10);
         let v = view(dir.path(), "gid=5");
         let fh = v.opendir(ROOT).unwrap();
         let mut seen = Vec::new();
@@ -673,10 +676,7 @@ mod tests {
 
     #[test]
     fn a_listing_carries_attributes_only_while_listed_names_are_looked_up() {
-        let dir = tempfile::tempdir().unwrap();
-        for i in 0..64 {
-            std::fs::write(dir.path().join(format!("f{i:02}")), "x").unwrap();
-        }
+        let dir = populated(64);
         let v = view(dir.path(), "gid=5");
         let list = |v: &ViewFs| {
             let fh = v.opendir(ROOT).unwrap();

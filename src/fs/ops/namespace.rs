@@ -81,7 +81,7 @@ impl ViewFs {
         caller: Caller,
         make: impl FnOnce(std::os::fd::BorrowedFd<'_>, &OsStr) -> crate::sys::SysResult<T>,
         open: impl FnOnce(std::os::fd::BorrowedFd<'_>, &OsStr, T) -> FsResult<(OwnedFd, T)>,
-    ) -> FsResult<(OwnedFd, T)> {
+    ) -> FsResult<(OwnedFd, T, Option<Record>)> {
         let pfd = parent.fd()?;
         let dir = pfd.as_fd();
         match self.placement(caller) {
@@ -89,7 +89,8 @@ impl ViewFs {
                 let made = make(dir, name)?;
                 #[cfg(test)]
                 race_hook::run(dir, name);
-                open(dir, name, made)
+                let (fd, extra) = open(dir, name, made)?;
+                Ok((fd, extra, None))
             }
             Placement::Staged => {
                 let temp = staging_name();
@@ -98,9 +99,9 @@ impl ViewFs {
                 #[cfg(test)]
                 race_hook::run(dir, name);
                 let result = open(dir, &temp, made).and_then(|(fd, extra)| {
-                    self.adopt(parent, &fd, new, caller)?;
+                    let record = self.adopt(parent, &fd, new, caller)?;
                     self.put_in_place(dir, &temp, name)?;
-                    Ok((fd, extra))
+                    Ok((fd, extra, record))
                 });
                 if result.is_err() {
                     // Only the daemon can name the reserved entry: this removes what
@@ -152,16 +153,17 @@ impl ViewFs {
 
     /// Gives a new entry its ownership through the descriptor that reaches it: in a
     /// plain view, the disk's (created by root, handed to the caller as far as the
-    /// backend allows); in a recording view, its record.
+    /// backend allows); in a recording view, its record, which it returns (a new
+    /// entry has no other, so it need not be read back).
     fn adopt(
         &self,
         parent: &Arc<Inode>,
         fd: &OwnedFd,
         new: NewEntry,
         caller: Caller,
-    ) -> FsResult<()> {
+    ) -> FsResult<Option<Record>> {
         match self.policy {
-            Policy::Plain => self.give_to_caller(parent, fd, new, caller),
+            Policy::Plain => self.give_to_caller(parent, fd, new, caller).map(|()| None),
             _ => {
                 // Only fsgroup inherits from the parent; spare the stat otherwise.
                 let parent_shown = match self.policy {
@@ -174,8 +176,11 @@ impl ViewFs {
                 };
                 match view::new_entry_record(&self.policy, caller, parent_shown, new.kind, new.perm)
                 {
-                    Some(rec) => self.write_record(fd.as_fd(), &rec),
-                    None => Ok(()),
+                    Some(rec) => {
+                        self.write_record(fd.as_fd(), &rec)?;
+                        Ok(Some(rec))
+                    }
+                    None => Ok(None),
                 }
             }
         }
@@ -243,7 +248,7 @@ impl ViewFs {
                 Ok((path_fd, data_fd))
             },
         );
-        let (path_fd, data_fd) = match made {
+        let (path_fd, data_fd, record) = match made {
             Ok(m) => m,
             Err(FsError::Os(Errno::EEXIST)) if flags & libc::O_EXCL == 0 => {
                 return self.open_existing(parent, name, flags, caller);
@@ -254,7 +259,7 @@ impl ViewFs {
         let inode = self.inodes.lookup(path_fd, &st);
         let data = Arc::new(DataFile::new(data_fd, true));
         *lock(&inode.data) = Arc::downgrade(&data);
-        let attr = self.attr(&inode, &st)?;
+        let attr = self.attr_of_new(&inode, &st, record);
         let fh = self.add_handle(Handle::File(OpenFile {
             ino: inode.id,
             data: Arc::clone(&data),
@@ -378,7 +383,7 @@ impl ViewFs {
         refuse_reserved(name)?;
         let p = self.dir(parent)?;
         let root_mnt = self.root_mnt;
-        let (fd, ()) = self.make_entry(&p, name, new, caller, make, |dir, n, ()| {
+        let (fd, (), record) = self.make_entry(&p, name, new, caller, make, |dir, n, ()| {
             let fd = file::open_child(dir, n, root_mnt)?;
             if file::stat(fd.as_fd())?.kind != new.kind {
                 // Replaced between creation and open (direct placement only: a staged
@@ -387,7 +392,15 @@ impl ViewFs {
             }
             Ok((fd, ()))
         })?;
-        self.register(fd)
+        let st = file::stat(fd.as_fd())?;
+        let inode = self.inodes.lookup(fd, &st);
+        Ok(self.attr_of_new(&inode, &st, record))
+    }
+
+    /// The attributes of an entry this call made, whose record (if any) it wrote.
+    fn attr_of_new(&self, inode: &Arc<Inode>, st: &Stat, written: Option<Record>) -> Attr {
+        let record = written.filter(|_| self.policy.reads_record(st.kind));
+        self.attr_with(inode, st, record.as_ref())
     }
 
     /// Makes a hard link of `ino` named `name` in `new_parent`.
