@@ -566,26 +566,15 @@ mod tests {
             .collect();
         v.release(fhs[0]);
         let d = v.opendir(ROOT).unwrap();
-        let before = lock(&held)
-            .as_ref()
-            .map(|fd| {
-                std::fs::File::from(fd.try_clone().unwrap())
-                    .metadata()
-                    .unwrap()
-                    .len()
-            })
-            .unwrap();
+        // The size of the journal the keeper holds now.
+        let held_len = || {
+            let fd = lock(&held).as_ref().unwrap().try_clone().unwrap();
+            std::fs::File::from(fd).metadata().unwrap().len()
+        };
+        let before = held_len();
         // Compacted: the new journal is what the keeper holds, and says only what is.
         v.journal_to(false, keep).unwrap();
-        let after = lock(&held)
-            .as_ref()
-            .map(|fd| {
-                std::fs::File::from(fd.try_clone().unwrap())
-                    .metadata()
-                    .unwrap()
-                    .len()
-            })
-            .unwrap();
+        let after = held_len();
         assert!(
             after < before,
             "{after} bytes after compaction, {before} before"
