@@ -41,7 +41,7 @@ const MAX_WRITE: u32 = 1 << 20;
 
 /// The block size a directory shows. glibc sizes `readdir`'s buffer by it (32 KiB to
 /// 1 MiB), and the kernel asks the view for as much as that buffer holds: a listing
-/// of 20,000 names is 4 requests instead of 100. (Entries of a READDIRPLUS reply are
+/// of 20,000 names is 5 requests instead of 100. (Entries of a READDIRPLUS reply are
 /// about 160 bytes, names only or not.)
 const DIR_BLKSIZE: u32 = MAX_WRITE;
 
@@ -448,8 +448,6 @@ impl Filesystem for FuseView {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
         let caps = config.capabilities();
-        // READDIRPLUS_AUTO: the kernel asks for attributes with the names only when the
-        // program stats the entries (ls -l), not for a plain listing.
         // HANDLE_KILLPRIV_V2: no security.capability lookup per write (see ops::open).
         let wanted = InitFlags::FUSE_HANDLE_KILLPRIV_V2
             // Every listing is READDIRPLUS, without the kernel's AUTO rule: the view

@@ -105,7 +105,9 @@ impl ListingHints {
         let key = self.key(dir, name);
         let hit = {
             let mut p = self.probes.lock().unwrap_or_else(|e| e.into_inner());
-            // Its place in `order` goes when it comes to the front.
+            // Its place in `order` goes when it comes to the front. (Listed again
+            // before then, it is pending twice in `order`, and the older place ends it
+            // early: a probe lost, never a walk made up.)
             p.pending.remove(&key)
         };
         if hit {
