@@ -62,13 +62,14 @@ impl ViewFs {
                 }
                 s.pending.extend(batch);
             }
-            let Some(e) = s.pending.front().cloned() else {
+            let Some(e) = s.pending.front() else {
                 return Ok(());
             };
-            if namespace::is_reserved_name(&e.name) {
+            let (next, reserved) = (e.next, namespace::is_reserved_name(&e.name));
+            if reserved {
                 // The daemon's own (an entry under construction): not part of the view.
                 s.pending.pop_front();
-                s.pos = e.next;
+                s.pos = next;
                 continue;
             }
             let dot = e.name == b"." || e.name == b"..";
@@ -76,18 +77,15 @@ impl ViewFs {
             if probe {
                 self.listing.listed(ino, &e.name);
             }
-            let item = if attributes && !dot && !probe {
+            // What can fail is decided while the entry is still queued, so that an error
+            // leaves it there for the next call.
+            let (shown_ino, kind, attr) = if attributes && !dot && !probe {
                 match self.lookup_entry(ino, OsStr::from_bytes(&e.name)) {
-                    Ok(attr) => DirItem {
-                        name: e.name.clone(),
-                        ino: attr.ino,
-                        kind: attr.kind,
-                        attr: Some(attr),
-                    },
+                    Ok(attr) => (attr.ino, attr.kind, Some(attr)),
                     // Gone since the listing, or a mount point: not part of the view.
                     Err(FsError::Os(Errno::ENOENT)) => {
                         s.pending.pop_front();
-                        s.pos = e.next;
+                        s.pos = next;
                         continue;
                     }
                     Err(err) => return Err(err),
@@ -97,21 +95,27 @@ impl ViewFs {
                     Some(k) => k,
                     None => self.kind_of(ino, &e.name)?,
                 };
-                DirItem {
-                    name: e.name.clone(),
-                    ino: if e.name == b"." { ino } else { e.ino },
-                    kind,
-                    attr: None,
-                }
+                (if e.name == b"." { ino } else { e.ino }, kind, None)
             };
-            if add(&item, e.next) {
+            // The name moves into the item and back, never copied.
+            let e = s.pending.pop_front().expect("the entry just looked at");
+            let item = DirItem {
+                name: e.name,
+                ino: shown_ino,
+                kind,
+                attr,
+            };
+            if add(&item, next) {
                 if let Some(a) = item.attr {
                     self.forget(a.ino, 1);
                 }
+                s.pending.push_front(dir::DirEntry {
+                    name: item.name,
+                    ..e
+                });
                 return Ok(());
             }
-            s.pending.pop_front();
-            s.pos = e.next;
+            s.pos = next;
         }
     }
 

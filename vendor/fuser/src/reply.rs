@@ -826,30 +826,13 @@ impl ReplyDirectoryPlus {
         kind: FileType,
         name: T,
     ) -> bool {
-        let attr = FileAttr {
-            ino,
-            size: 0,
-            blocks: 0,
-            atime: std::time::UNIX_EPOCH,
-            mtime: std::time::UNIX_EPOCH,
-            ctime: std::time::UNIX_EPOCH,
-            crtime: std::time::UNIX_EPOCH,
-            kind,
-            perm: 0,
-            nlink: 0,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            blksize: 0,
-            flags: 0,
-        };
         self.buf.push_name_only(&DirEntryPlus::new(
             ino,
             Generation(0),
             DirEntOffset(offset),
             name.as_ref(),
             Duration::ZERO,
-            (&attr).into(),
+            ll::reply::Attr::name_only(ino, kind),
             Duration::ZERO,
         ))
     }

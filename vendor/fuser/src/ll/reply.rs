@@ -360,6 +360,39 @@ pub(crate) fn fuse_attr_from_attr(attr: &crate::FileAttr) -> abi::fuse_attr {
 pub(crate) struct Attr {
     pub(crate) attr: abi::fuse_attr,
 }
+impl Attr {
+    /// The attributes of a name-only READDIRPLUS entry, which the kernel ignores but for
+    /// the type: built directly, without converting times nobody reads.
+    pub(crate) fn name_only(ino: INodeNo, kind: FileType) -> Self {
+        Self {
+            attr: abi::fuse_attr {
+                ino: ino.0,
+                size: 0,
+                blocks: 0,
+                atime: 0,
+                mtime: 0,
+                ctime: 0,
+                #[cfg(target_os = "macos")]
+                crtime: 0,
+                atimensec: 0,
+                mtimensec: 0,
+                ctimensec: 0,
+                #[cfg(target_os = "macos")]
+                crtimensec: 0,
+                mode: mode_from_kind_and_perm(kind, 0),
+                nlink: 0,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                #[cfg(target_os = "macos")]
+                flags: 0,
+                blksize: 0,
+                padding: 0,
+            },
+        }
+    }
+}
+
 impl From<&crate::FileAttr> for Attr {
     fn from(attr: &crate::FileAttr) -> Self {
         Self {
