@@ -319,6 +319,45 @@ pub fn create_file(dir: BorrowedFd<'_>, name: &OsStr, perm: u32) -> SysResult<Ow
     .map_err(failed("openat"))
 }
 
+/// Creates an unnamed regular file in `dir` (`O_TMPFILE`) and returns it open
+/// read-write. Nothing can reach it by name until [`link_unnamed`] gives it one, and if
+/// that never happens it disappears with its last descriptor.
+///
+/// # Errors
+/// The error of `openat(2)`: `EOPNOTSUPP` (or `EISDIR`, `EINVAL`) where the file system
+/// cannot make unnamed files.
+pub fn create_unnamed(dir: BorrowedFd<'_>, perm: u32) -> SysResult<OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        c".",
+        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::from_raw_mode(perm & PERM_MASK),
+    )
+    .map_err(failed("openat(O_TMPFILE)"))
+}
+
+/// Gives the unnamed file `fd` made by [`create_unnamed`] the name `name` in `dir`,
+/// never replacing anything: `linkat(2)` of the descriptor's `/proc/self/fd` entry with
+/// `AT_SYMLINK_FOLLOW`, which (unlike `AT_EMPTY_PATH`) needs no `CAP_DAC_READ_SEARCH`.
+/// The link the kernel follows is this process's own descriptor.
+///
+/// # Errors
+/// `EEXIST` when the name exists, otherwise the error of the call.
+pub fn link_unnamed(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &OsStr) -> SysResult<()> {
+    let path = ProcPath::new(fd);
+    match proc_fd_dir() {
+        Some(proc) => rustix::fs::linkat(proc, path.name(), dir, name, AtFlags::SYMLINK_FOLLOW),
+        None => rustix::fs::linkat(
+            rustix::fs::CWD,
+            path.as_cstr(),
+            dir,
+            name,
+            AtFlags::SYMLINK_FOLLOW,
+        ),
+    }
+    .map_err(failed("linkat"))
+}
+
 /// `mkdirat(2)`.
 ///
 /// # Errors

@@ -143,6 +143,9 @@ pub struct ViewFs {
     checks_access: bool,
     /// Set once the backing file system answered `RENAME_NOREPLACE` with `EINVAL`.
     noreplace_missing: AtomicBool,
+    /// The backing file system cannot make unnamed files (`O_TMPFILE`): new files are
+    /// staged under a reserved name instead.
+    tmpfile_missing: AtomicBool,
     /// The daemon's effective uid and gid (what a new entry gets before it is given
     /// to its caller), read once rather than on every create.
     daemon_ids: (u32, u32),
@@ -203,6 +206,7 @@ impl ViewFs {
             warned_bad_record: AtomicBool::new(false),
             checks_access: options.kernel_permission_checks(),
             noreplace_missing: AtomicBool::new(false),
+            tmpfile_missing: AtomicBool::new(false),
             daemon_ids: crate::sys::process::effective_ids(),
             journal: std::sync::OnceLock::new(),
             listing: super::listing::ListingHints::default(),
@@ -858,8 +862,20 @@ mod tests {
     /// window after the entry was made: the creator's record must not land on it.
     #[test]
     fn a_name_swapped_during_a_create_never_takes_the_record() {
+        name_swap_during_create(false);
+    }
+
+    /// The same where the backing file system cannot make unnamed files, so that new
+    /// files are staged under a reserved name as directories are.
+    #[test]
+    fn a_name_swapped_during_a_staged_create_never_takes_the_record() {
+        name_swap_during_create(true);
+    }
+
+    fn name_swap_during_create(no_tmpfile: bool) {
         let dir = tempfile::tempdir().unwrap();
         let v = view(dir.path(), "gid=5");
+        v.tmpfile_missing.store(no_tmpfile, Ordering::Relaxed);
         let victim = Caller {
             uid: 3000,
             gid: 5,
@@ -891,6 +907,47 @@ mod tests {
                 (3000, vattr.perm),
                 "{kind}: the victim's record changed"
             );
+        }
+    }
+
+    /// A new file gets its name only once its record is on it: a reader of the backing
+    /// directory (another view, the backend itself) finds no entry for it before, under
+    /// any name, and a create that fails there leaves nothing behind. Where the backing
+    /// file system cannot make unnamed files, the file waits under a reserved name.
+    #[test]
+    fn a_new_file_has_no_name_on_disk_until_it_has_its_record() {
+        for no_tmpfile in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let v = view(dir.path(), "gid=5");
+            v.tmpfile_missing.store(no_tmpfile, Ordering::Relaxed);
+            let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::new(Mutex::new(Vec::new()));
+            let s = Arc::clone(&seen);
+            let backing = dir.path().to_path_buf();
+            namespace::race_hook::set(move |_, _| {
+                let names = std::fs::read_dir(&backing)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+                    .collect::<Vec<_>>();
+                *lock(&s) = names;
+            });
+            let c = v
+                .create(ROOT, OsStr::new("f"), 0o100600, libc::O_RDWR, ME)
+                .unwrap();
+            v.release(c.fh);
+            let seen = lock(&seen).clone();
+            if no_tmpfile {
+                assert_eq!(seen.len(), 1, "{seen:?}");
+                assert!(namespace::is_reserved_name(&seen[0]), "{seen:?}");
+            } else {
+                assert!(seen.is_empty(), "named before its record: {seen:?}");
+            }
+            let names = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect::<Vec<_>>();
+            assert_eq!(names, ["f"]);
+            let a = v.lookup(ROOT, OsStr::new("f")).unwrap();
+            assert_eq!((a.uid, a.perm), (ME.uid, 0o600), "its record");
         }
     }
 

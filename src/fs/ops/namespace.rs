@@ -118,6 +118,47 @@ impl ViewFs {
         }
     }
 
+    /// Makes a regular file the way [`Placement::Staged`] asks, where the backing file
+    /// system can make unnamed files: with `O_TMPFILE` in its parent, adopted through
+    /// its descriptor, then linked under its name (`linkat`, which never replaces).
+    /// Until the link it has no name at all, so no view and no reader of the backing
+    /// directory ever sees it without its record, and a failure leaves nothing behind.
+    /// It costs one change of the directory where the reserved name costs two (the
+    /// entry made, then renamed). `None` where the file system has no `O_TMPFILE`
+    /// (remembered: the reserved name is used from then on).
+    fn create_unnamed(
+        &self,
+        parent: &Arc<Inode>,
+        name: &OsStr,
+        new: NewEntry,
+        caller: Caller,
+        disk_perm: u32,
+    ) -> FsResult<Option<(OwnedFd, OwnedFd, Option<Record>)>> {
+        if self.tmpfile_missing.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let pfd = parent.fd()?;
+        let dir = pfd.as_fd();
+        let data_fd = match file::create_unnamed(dir, disk_perm) {
+            Ok(fd) => fd,
+            Err(Errno::EOPNOTSUPP | Errno::EISDIR | Errno::EINVAL) => {
+                tracing::info!(
+                    "the backing file system cannot make unnamed files (O_TMPFILE); new files are staged under a reserved name"
+                );
+                self.tmpfile_missing.store(true, Ordering::Relaxed);
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let path_fd = file::reopen(data_fd.as_fd(), Kind::Regular, Access::Path)?;
+        let record = self.adopt(parent, &path_fd, new, caller)?;
+        // What another view can do now: only the final name is within reach.
+        #[cfg(test)]
+        race_hook::run(dir, name);
+        file::link_unnamed(data_fd.as_fd(), dir, name)?;
+        Ok(Some((path_fd, data_fd, record)))
+    }
+
     /// Renames the staged entry `temp` to `name`, never replacing what holds the name:
     /// `renameat2(RENAME_NOREPLACE)`. Where the backend lacks that flag (FUSE backends
     /// such as bindfs answer `EINVAL`), the name is checked to be free and a plain
@@ -237,17 +278,25 @@ impl ViewFs {
             kind: Kind::Regular,
             perm,
         };
-        let made = self.make_entry(
-            &p,
-            name,
-            new,
-            caller,
-            |dir, n| file::create_file(dir, n, disk_perm),
-            |_, _, data_fd| {
-                let path_fd = file::reopen(data_fd.as_fd(), Kind::Regular, Access::Path)?;
-                Ok((path_fd, data_fd))
-            },
-        );
+        let unnamed = match self.placement(caller) {
+            Placement::Staged => self
+                .create_unnamed(&p, name, new, caller, disk_perm)
+                .transpose(),
+            Placement::Direct => None,
+        };
+        let made = unnamed.unwrap_or_else(|| {
+            self.make_entry(
+                &p,
+                name,
+                new,
+                caller,
+                |dir, n| file::create_file(dir, n, disk_perm),
+                |_, _, data_fd| {
+                    let path_fd = file::reopen(data_fd.as_fd(), Kind::Regular, Access::Path)?;
+                    Ok((path_fd, data_fd))
+                },
+            )
+        });
         let (path_fd, data_fd, record) = match made {
             Ok(m) => m,
             Err(FsError::Os(Errno::EEXIST)) if flags & libc::O_EXCL == 0 => {
