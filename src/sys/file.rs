@@ -338,8 +338,9 @@ pub fn create_unnamed(dir: BorrowedFd<'_>, perm: u32) -> SysResult<OwnedFd> {
 
 /// Gives the unnamed file `fd` made by [`create_unnamed`] the name `name` in `dir`,
 /// never replacing anything: `linkat(2)` of the descriptor's `/proc/self/fd` entry with
-/// `AT_SYMLINK_FOLLOW`, which (unlike `AT_EMPTY_PATH`) needs no `CAP_DAC_READ_SEARCH`.
-/// The link the kernel follows is this process's own descriptor.
+/// `AT_SYMLINK_FOLLOW`, which (unlike `AT_EMPTY_PATH`, used only without `/proc`) needs
+/// no `CAP_DAC_READ_SEARCH`. The link the kernel follows is this process's own
+/// descriptor.
 ///
 /// # Errors
 /// `EEXIST` when the name exists, otherwise the error of the call.
@@ -347,13 +348,8 @@ pub fn link_unnamed(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &OsStr) -> Sy
     let path = ProcPath::new(fd);
     match proc_fd_dir() {
         Some(proc) => rustix::fs::linkat(proc, path.name(), dir, name, AtFlags::SYMLINK_FOLLOW),
-        None => rustix::fs::linkat(
-            rustix::fs::CWD,
-            path.as_cstr(),
-            dir,
-            name,
-            AtFlags::SYMLINK_FOLLOW,
-        ),
+        // Without /proc: the descriptor itself, which takes CAP_DAC_READ_SEARCH.
+        None => rustix::fs::linkat(fd, c"", dir, name, AtFlags::EMPTY_PATH),
     }
     .map_err(failed("linkat"))
 }
