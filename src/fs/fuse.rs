@@ -39,6 +39,13 @@ use super::view::Caller;
 /// Largest write the kernel sends in one request.
 const MAX_WRITE: u32 = 1 << 20;
 
+/// What each worker reads `/dev/fuse` with: the largest write plus a page for its
+/// header, as the kernel requires, and no more. The kernel packs as many pending
+/// FORGETs into one read as fit, so after the kernel drops a million cached inodes
+/// fuser's default 16 MiB buffer was touched whole in every worker, and the daemon's
+/// RSS stayed up to 32 MiB above idle after the walk it had served was forgotten.
+pub const READ_BUFFER: usize = MAX_WRITE as usize + 4096;
+
 /// The block size a directory shows. glibc sizes `readdir`'s buffer by it (32 KiB to
 /// 1 MiB), and the kernel asks the view for as much as that buffer holds: a listing
 /// of 20,000 names is 5 requests instead of 100. (Entries of a READDIRPLUS reply are

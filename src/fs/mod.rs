@@ -249,6 +249,8 @@ pub fn run_foreground(
     control_dir: Option<&Path>,
     holder: Option<Arc<dyn handover::Holder + Send + Sync>>,
 ) -> Result<(), MountError> {
+    // A view process: its memory should follow the kernel's cache down (see there).
+    crate::sys::process::use_one_heap();
     let root = open_source(source, options)?;
     let as_root = crate::sys::process::is_root();
     // Only root mounts itself, holds the connection and can hand it over.
@@ -364,8 +366,9 @@ pub fn run_foreground(
         view.attach(Arc::clone(&dev));
         let template = view.resume();
         let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(session_err)?;
-        let session =
+        let mut session =
             ::fuser::Session::from_fd(view, fd, cfg.acl, cfg.clone()).map_err(mount_err)?;
+        session.set_read_buffer_size(fuse::READ_BUFFER);
         // Initialised: the guard below takes over.
         std::mem::forget(guard);
         let u = Unmounter::Own(mountpoint.clone());
@@ -376,6 +379,7 @@ pub fn run_foreground(
         crate::sys::file::check_read_write(Path::new("/dev/fuse"))
             .map_err(|errno| MountError::DevFuse { errno })?;
         let mut session = ::fuser::Session::new(view, &mountpoint, &cfg).map_err(mount_err)?;
+        session.set_read_buffer_size(fuse::READ_BUFFER);
         let u = Unmounter::Fuser(session.unmount_callable());
         (session, u, None, None, None)
     };
@@ -508,7 +512,8 @@ fn serve_adopted(
     view.attach(Arc::clone(dev));
     let template = view.resume();
     let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(|e| MountError::Session(e.into()))?;
-    let session = ::fuser::Session::from_fd_initialized(view, fd, cfg.acl, cfg.clone());
+    let mut session = ::fuser::Session::from_fd_initialized(view, fd, cfg.acl, cfg.clone());
+    session.set_read_buffer_size(fuse::READ_BUFFER);
     Ok((session, template))
 }
 
@@ -635,6 +640,7 @@ fn serve(
                     cfg.acl,
                     cfg.clone(),
                 );
+                session.set_read_buffer_size(fuse::READ_BUFFER);
             }
         }
     }

@@ -5,7 +5,10 @@ use crate::session::MAX_WRITE_SIZE;
 
 /// Size of the buffer for reading a request from the kernel. Since the kernel may send
 /// up to `MAX_WRITE_SIZE` bytes in a write request, we use that value plus some extra space.
-const BUFFER_SIZE: usize = MAX_WRITE_SIZE + 4096;
+pub(crate) const BUFFER_SIZE: usize = MAX_WRITE_SIZE + 4096;
+
+/// The smallest read the kernel accepts (`FUSE_MIN_READ_BUFFER`).
+pub(crate) const MIN_BUFFER_SIZE: usize = 8192;
 
 /// A buffer that provides an aligned sub-slice for FUSE operations.
 ///
@@ -17,12 +20,12 @@ pub(crate) struct FuseReadBuf {
 }
 
 impl FuseReadBuf {
-    /// Creates a new `FuseReadBuf` with the default buffer size.
+    /// Creates a new `FuseReadBuf` of `size` bytes.
     ///
-    /// The actual buffer may be slightly larger to accommodate alignment requirements.
-    pub(crate) fn new() -> Self {
+    /// The aligned portion may be slightly smaller than `size`.
+    pub(crate) fn new(size: usize) -> Self {
         Self {
-            buffer: vec![0; BUFFER_SIZE],
+            buffer: vec![0; size],
         }
     }
 

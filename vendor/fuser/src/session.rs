@@ -143,6 +143,8 @@ pub struct Session<FS: Filesystem> {
     pub(crate) config: Config,
     /// Set once [`Session::stopper`] was called: the workers can then be stopped.
     stop: Option<StopState>,
+    /// Bytes each worker reads the device with ([`Session::set_read_buffer_size`]).
+    read_buf_size: usize,
 }
 
 /// What the workers of a stoppable session watch.
@@ -217,6 +219,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config: options.clone(),
             stop: None,
+            read_buf_size: crate::read_buf::BUFFER_SIZE,
         };
 
         session.handshake()?;
@@ -246,6 +249,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config,
             stop: None,
+            read_buf_size: crate::read_buf::BUFFER_SIZE,
         };
 
         session.handshake()?;
@@ -277,7 +281,18 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config,
             stop: None,
+            read_buf_size: crate::read_buf::BUFFER_SIZE,
         }
+    }
+
+    /// Sets how many bytes each worker reads the device with (default: the largest
+    /// write fuser can negotiate, 16 MiB, plus a page). It must hold the largest write
+    /// the filesystem negotiated in `init` plus a page, or the kernel refuses the reads.
+    /// The kernel fills a read with as many pending FORGETs as fit, so after a large
+    /// cache drop a 16 MiB buffer is touched whole in every worker; a filesystem that
+    /// negotiates a smaller `max_write` keeps that memory with a smaller buffer.
+    pub fn set_read_buffer_size(&mut self, bytes: usize) {
+        self.read_buf_size = bytes.max(crate::read_buf::MIN_BUFFER_SIZE);
     }
 
     /// Returns a handle that ends the session's workers between requests (see
@@ -329,6 +344,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: _,
             config,
             stop,
+            read_buf_size,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -381,6 +397,7 @@ impl<FS: Filesystem> Session<FS> {
                 allowed,
                 session_owner,
                 stop: stop.clone(),
+                read_buf_size,
             };
             threads.push(
                 thread::Builder::new()
@@ -416,7 +433,7 @@ impl<FS: Filesystem> Session<FS> {
     }
 
     fn handshake(&mut self) -> io::Result<()> {
-        let mut buf = FuseReadBuf::new();
+        let mut buf = FuseReadBuf::new(self.read_buf_size);
         let buf = buf.as_mut();
 
         loop {
@@ -602,13 +619,14 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
     stop: Option<StopState>,
+    read_buf_size: usize,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
     fn event_loop(&self) -> io::Result<()> {
         // Buffer for receiving requests from the kernel. Only one is allocated and
         // it is reused immediately after dispatching to conserve memory and allocations.
-        let mut buf = FuseReadBuf::new();
+        let mut buf = FuseReadBuf::new(self.read_buf_size);
         let buf = buf.as_mut();
         loop {
             // Read the next request from the given channel to kernel driver
