@@ -60,6 +60,25 @@ pub fn trim_heap() {
     }
 }
 
+/// Makes every thread allocate from the one main heap (`mallopt(M_ARENA_MAX, 1)`);
+/// call it before the threads that should share it are started. glibc gives threads
+/// heaps of their own, and gives back the free memory of those only from their top:
+/// after a walk of a million files was forgotten, a view's RSS stayed at 29 to 36 MiB
+/// (idle: 6), in pages `malloc_trim` could not return; with the main heap alone it
+/// came back to 10 MiB, and the walk took as long. A no-op where the C library is not
+/// glibc.
+pub fn use_one_heap() {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: mallopt only changes the allocator's tuning; it reads and writes no
+        // memory of the program.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 1);
+        }
+    }
+}
+
 /// 128 random bits from the kernel (`getrandom(2)`), for names nobody can guess.
 pub fn random_u128() -> u128 {
     let mut buf = [0u8; 16];
