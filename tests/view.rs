@@ -784,3 +784,46 @@ fn a_walk_stats_what_it_lists_without_a_lookup_per_entry_and_a_listing_looks_not
         "{for_b} lookups for a walk of 800 listed entries"
     );
 }
+
+/// A name that is not there is remembered as absent for the entry timeout, as a name
+/// that is there is remembered: stats of a missing file after the first ask the daemon
+/// nothing. A file made through this view shows at once; one made behind its back
+/// (another view, the backend) once the timeout has passed.
+#[test]
+fn a_missing_name_is_remembered_for_the_entry_timeout() {
+    let f = Fixture::new();
+    let metrics = f.dir.path().join("metrics.json");
+    let _m = Mounted::start(
+        &f.src,
+        &f.mnt,
+        &[
+            "-o",
+            &format!("gid={G},entry_timeout=3"),
+            "--metrics-file",
+            metrics.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let before = count(&metrics, "lookup");
+    for _ in 0..5 {
+        let e = fs::symlink_metadata(f.mnt.join("absent")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+    }
+    assert_eq!(
+        count(&metrics, "lookup") - before,
+        1,
+        "one lookup for five stats of a missing name"
+    );
+    fs::write(f.mnt.join("absent"), "x").unwrap();
+    assert_eq!(fs::read(f.mnt.join("absent")).unwrap(), b"x");
+    assert!(fs::symlink_metadata(f.mnt.join("later")).is_err());
+    fs::write(f.src.join("later"), "x").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while fs::symlink_metadata(f.mnt.join("later")).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a file made behind the view never showed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

@@ -46,6 +46,27 @@ const MAX_WRITE: u32 = 1 << 20;
 /// RSS stayed up to 32 MiB above idle after the walk it had served was forgotten.
 pub const READ_BUFFER: usize = MAX_WRITE as usize + 4096;
 
+/// The attributes of a negative entry (node id 0), which the kernel does not read.
+fn absent() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 /// The block size a directory shows. glibc sizes `readdir`'s buffer by it (32 KiB to
 /// 1 MiB), and the kernel asks the view for as much as that buffer holds: a listing
 /// of 20,000 names is 5 requests instead of 100. (Entries of a READDIRPLUS reply are
@@ -492,9 +513,31 @@ impl Filesystem for FuseView {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(Op::Lookup, parent.0, reply, || {
-            self.fs.lookup(parent.0, name)
-        });
+        let start = Instant::now();
+        crate::sys::take_failed_call();
+        let r = self.fs.lookup(parent.0, name);
+        self.stats
+            .record(Op::Lookup, start, r.as_ref().err().map(FsError::errno));
+        match r {
+            Ok(a) => reply.entry_with_ttls(
+                &self.attr_ttl,
+                &self.entry_ttl,
+                &self.fattr(&a),
+                Generation(0),
+            ),
+            // A name that is not there: node id 0 with the entry timeout, which the
+            // kernel keeps as a negative dentry for as long as it keeps a name that is
+            // there. A path search, an import or a build probing for files it expects
+            // to miss asks once per timeout instead of once per probe; this view's own
+            // creates replace the negative entry at once.
+            Err(FsError::Os(crate::sys::Errno::ENOENT)) => {
+                reply.entry_with_ttls(&Duration::ZERO, &self.entry_ttl, &absent(), Generation(0))
+            }
+            Err(e) => {
+                self.log_failure(Op::Lookup, parent.0, &e);
+                reply.error(errno(&e));
+            }
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
