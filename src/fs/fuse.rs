@@ -530,8 +530,10 @@ impl Filesystem for FuseView {
             // there. A path search, an import or a build probing for files it expects
             // to miss asks once per timeout instead of once per probe; this view's own
             // creates replace the negative entry at once.
-            Err(FsError::Os(crate::sys::Errno::ENOENT)) => {
-                reply.entry_with_ttls(&Duration::ZERO, &self.entry_ttl, &absent(), Generation(0))
+            Err(e @ FsError::Os(crate::sys::Errno::ENOENT)) => {
+                // Still an ENOENT for the counters and the (debug) log.
+                self.log_failure(Op::Lookup, parent.0, &e);
+                reply.entry_with_ttls(&Duration::ZERO, &self.entry_ttl, &absent(), Generation(0));
             }
             Err(e) => {
                 self.log_failure(Op::Lookup, parent.0, &e);
