@@ -156,6 +156,7 @@ pub fn session_config(source: &Path, options: &ViewOptions) -> ::fuser::Config {
     cfg.acl = ::fuser::SessionACL::All;
     cfg.n_threads = Some(options.threads);
     cfg.clone_fd = true;
+    cfg.read_buffer_size = Some(fuse::READ_BUFFER);
     cfg
 }
 
@@ -366,9 +367,8 @@ pub fn run_foreground(
         view.attach(Arc::clone(&dev));
         let template = view.resume();
         let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(session_err)?;
-        let mut session =
+        let session =
             ::fuser::Session::from_fd(view, fd, cfg.acl, cfg.clone()).map_err(mount_err)?;
-        session.set_read_buffer_size(fuse::READ_BUFFER);
         // Initialised: the guard below takes over.
         std::mem::forget(guard);
         let u = Unmounter::Own(mountpoint.clone());
@@ -379,7 +379,6 @@ pub fn run_foreground(
         crate::sys::file::check_read_write(Path::new("/dev/fuse"))
             .map_err(|errno| MountError::DevFuse { errno })?;
         let mut session = ::fuser::Session::new(view, &mountpoint, &cfg).map_err(mount_err)?;
-        session.set_read_buffer_size(fuse::READ_BUFFER);
         let u = Unmounter::Fuser(session.unmount_callable());
         (session, u, None, None, None)
     };
@@ -512,8 +511,7 @@ fn serve_adopted(
     view.attach(Arc::clone(dev));
     let template = view.resume();
     let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(|e| MountError::Session(e.into()))?;
-    let mut session = ::fuser::Session::from_fd_initialized(view, fd, cfg.acl, cfg.clone());
-    session.set_read_buffer_size(fuse::READ_BUFFER);
+    let session = ::fuser::Session::from_fd_initialized(view, fd, cfg.acl, cfg.clone());
     Ok((session, template))
 }
 
@@ -640,7 +638,6 @@ fn serve(
                     cfg.acl,
                     cfg.clone(),
                 );
-                session.set_read_buffer_size(fuse::READ_BUFFER);
             }
         }
     }

@@ -1,14 +1,23 @@
 use std::mem::align_of;
 
 use crate::ll::fuse_abi as abi;
+use crate::Config;
 use crate::session::MAX_WRITE_SIZE;
 
 /// Size of the buffer for reading a request from the kernel. Since the kernel may send
 /// up to `MAX_WRITE_SIZE` bytes in a write request, we use that value plus some extra space.
-pub(crate) const BUFFER_SIZE: usize = MAX_WRITE_SIZE + 4096;
+const BUFFER_SIZE: usize = MAX_WRITE_SIZE + 4096;
 
 /// The smallest read the kernel accepts (`FUSE_MIN_READ_BUFFER`).
-pub(crate) const MIN_BUFFER_SIZE: usize = 8192;
+const MIN_BUFFER_SIZE: usize = 8192;
+
+/// The size workers read the device with: [`Config::read_buffer_size`], or
+/// [`BUFFER_SIZE`].
+pub(crate) fn size(config: &Config) -> usize {
+    config
+        .read_buffer_size
+        .map_or(BUFFER_SIZE, |n| n.max(MIN_BUFFER_SIZE))
+}
 
 /// A buffer that provides an aligned sub-slice for FUSE operations.
 ///

@@ -143,8 +143,6 @@ pub struct Session<FS: Filesystem> {
     pub(crate) config: Config,
     /// Set once [`Session::stopper`] was called: the workers can then be stopped.
     stop: Option<StopState>,
-    /// Bytes each worker reads the device with ([`Session::set_read_buffer_size`]).
-    read_buf_size: usize,
 }
 
 /// What the workers of a stoppable session watch.
@@ -219,7 +217,6 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config: options.clone(),
             stop: None,
-            read_buf_size: crate::read_buf::BUFFER_SIZE,
         };
 
         session.handshake()?;
@@ -249,7 +246,6 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config,
             stop: None,
-            read_buf_size: crate::read_buf::BUFFER_SIZE,
         };
 
         session.handshake()?;
@@ -281,18 +277,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config,
             stop: None,
-            read_buf_size: crate::read_buf::BUFFER_SIZE,
         }
-    }
-
-    /// Sets how many bytes each worker reads the device with (default: the largest
-    /// write fuser can negotiate, 16 MiB, plus a page). It must hold the largest write
-    /// the filesystem negotiated in `init` plus a page, or the kernel refuses the reads.
-    /// The kernel fills a read with as many pending FORGETs as fit, so after a large
-    /// cache drop a 16 MiB buffer is touched whole in every worker; a filesystem that
-    /// negotiates a smaller `max_write` keeps that memory with a smaller buffer.
-    pub fn set_read_buffer_size(&mut self, bytes: usize) {
-        self.read_buf_size = bytes.max(crate::read_buf::MIN_BUFFER_SIZE);
     }
 
     /// Returns a handle that ends the session's workers between requests (see
@@ -344,8 +329,8 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: _,
             config,
             stop,
-            read_buf_size,
         } = self;
+        let read_buf_size = crate::read_buf::size(&config);
 
         let n_threads = config.n_threads.unwrap_or(1);
 
@@ -433,7 +418,7 @@ impl<FS: Filesystem> Session<FS> {
     }
 
     fn handshake(&mut self) -> io::Result<()> {
-        let mut buf = FuseReadBuf::new(self.read_buf_size);
+        let mut buf = FuseReadBuf::new(crate::read_buf::size(&self.config));
         let buf = buf.as_mut();
 
         loop {

@@ -18,6 +18,13 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Bytes each worker reads the device with. If unspecified, the largest write
+    /// fuser can negotiate (16 MiB) plus a page. It must hold the largest write the
+    /// filesystem negotiates in `init` plus a page, or the kernel refuses the reads.
+    /// The kernel fills a read with as many pending FORGETs as fit, so after a large
+    /// cache drop a 16 MiB buffer is touched whole in every worker; a filesystem that
+    /// negotiates a smaller `max_write` keeps that memory with a smaller buffer.
+    pub read_buffer_size: Option<usize>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
