@@ -46,6 +46,36 @@ const MAX_WRITE: u32 = 1 << 20;
 /// RSS stayed up to 32 MiB above idle after the walk it had served was forgotten.
 pub const READ_BUFFER: usize = MAX_WRITE as usize + 4096;
 
+/// A LOOKUP's reply. A name that is not there is answered with node id 0 and the
+/// entry timeout (still counted and logged as ENOENT), which the kernel keeps as a
+/// negative dentry for as long as it keeps a name that is there: a path search, an
+/// import or a build probing for files it expects to miss asks once per timeout
+/// instead of once per probe. This view's own creates replace the negative entry at
+/// once.
+struct LookupReply {
+    reply: ReplyEntry,
+    entry_ttl: Duration,
+}
+
+impl Fail for LookupReply {
+    fn fail(self, errno: Errno) {
+        if errno == Errno::ENOENT {
+            let absent = absent();
+            let ttl = self.entry_ttl;
+            self.reply
+                .entry_with_ttls(&Duration::ZERO, &ttl, &absent, Generation(0));
+        } else {
+            self.reply.error(errno);
+        }
+    }
+}
+
+impl From<LookupReply> for ReplyEntry {
+    fn from(r: LookupReply) -> ReplyEntry {
+        r.reply
+    }
+}
+
 /// The attributes of a negative entry (node id 0), which the kernel does not read.
 fn absent() -> FileAttr {
     FileAttr {
@@ -309,11 +339,11 @@ impl FuseView {
         }
     }
 
-    fn entry(
+    fn entry<R: Fail + Into<ReplyEntry>>(
         &self,
         op: Op,
         parent: u64,
-        reply: ReplyEntry,
+        reply: R,
         run: impl FnOnce() -> Result<Attr, FsError>,
     ) {
         self.answer(
@@ -322,7 +352,7 @@ impl FuseView {
             reply,
             |_| run(),
             |reply, a| {
-                reply.entry_with_ttls(
+                reply.into().entry_with_ttls(
                     &self.attr_ttl,
                     &self.entry_ttl,
                     &self.fattr(&a),
@@ -513,33 +543,13 @@ impl Filesystem for FuseView {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let start = Instant::now();
-        crate::sys::take_failed_call();
-        let r = self.fs.lookup(parent.0, name);
-        self.stats
-            .record(Op::Lookup, start, r.as_ref().err().map(FsError::errno));
-        match r {
-            Ok(a) => reply.entry_with_ttls(
-                &self.attr_ttl,
-                &self.entry_ttl,
-                &self.fattr(&a),
-                Generation(0),
-            ),
-            // A name that is not there: node id 0 with the entry timeout, which the
-            // kernel keeps as a negative dentry for as long as it keeps a name that is
-            // there. A path search, an import or a build probing for files it expects
-            // to miss asks once per timeout instead of once per probe; this view's own
-            // creates replace the negative entry at once.
-            Err(e @ FsError::Os(crate::sys::Errno::ENOENT)) => {
-                // Still an ENOENT for the counters and the (debug) log.
-                self.log_failure(Op::Lookup, parent.0, &e);
-                reply.entry_with_ttls(&Duration::ZERO, &self.entry_ttl, &absent(), Generation(0));
-            }
-            Err(e) => {
-                self.log_failure(Op::Lookup, parent.0, &e);
-                reply.error(errno(&e));
-            }
-        }
+        let reply = LookupReply {
+            reply,
+            entry_ttl: self.entry_ttl,
+        };
+        self.entry(Op::Lookup, parent.0, reply, || {
+            self.fs.lookup(parent.0, name)
+        });
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
