@@ -948,6 +948,26 @@ mod tests {
             assert_eq!(names, ["f"]);
             let a = v.lookup(ROOT, OsStr::new("f")).unwrap();
             assert_eq!((a.uid, a.perm), (ME.uid, 0o600), "its record");
+            // A create that fails at that point (the name taken meanwhile) leaves
+            // nothing behind: no reserved entry, no second name.
+            namespace::race_hook::set(|dir, _| {
+                rustix::fs::mkdirat(dir, "g", rustix::fs::Mode::from_raw_mode(0o755)).unwrap();
+            });
+            let r = v.create(
+                ROOT,
+                OsStr::new("g"),
+                0o100600,
+                libc::O_RDWR | libc::O_EXCL,
+                ME,
+            );
+            assert!(matches!(r, Err(FsError::Os(Errno::EEXIST))), "{no_tmpfile}");
+            let mut names = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect::<Vec<_>>();
+            names.sort();
+            assert_eq!(names, ["f", "g"], "{no_tmpfile}");
+            assert!(std::fs::metadata(dir.path().join("g")).unwrap().is_dir());
         }
     }
 
