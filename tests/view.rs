@@ -701,6 +701,19 @@ fn listings_show_files_created_behind_the_views_back() {
     }
 }
 
+/// Mounts the fixture's view with `options`, writing its counters to the returned file
+/// (read with [`op_counts`] and [`count`]).
+fn mount_counted(f: &Fixture, options: &str) -> (Mounted, std::path::PathBuf) {
+    let metrics = f.dir.path().join("metrics.json");
+    let m = Mounted::start(
+        &f.src,
+        &f.mnt,
+        &["-o", options, "--metrics-file", metrics.to_str().unwrap()],
+    )
+    .unwrap();
+    (m, metrics)
+}
+
 /// The view's operation counters from its `--metrics-file`, once a snapshot written
 /// after `since` is there (one is written every second).
 fn op_counts(metrics: &std::path::Path, since: std::time::SystemTime) -> serde_json::Value {
@@ -734,18 +747,7 @@ fn a_walk_stats_what_it_lists_without_a_lookup_per_entry_and_a_listing_looks_not
             fs::write(f.src.join(d).join(format!("f{i:03}")), "").unwrap();
         }
     }
-    let metrics = f.dir.path().join("metrics.json");
-    let _m = Mounted::start(
-        &f.src,
-        &f.mnt,
-        &[
-            "-o",
-            &format!("gid={G}"),
-            "--metrics-file",
-            metrics.to_str().unwrap(),
-        ],
-    )
-    .unwrap();
+    let (_m, metrics) = mount_counted(&f, &format!("gid={G}"));
     let walk = |d: &str| {
         // Like find: the whole directory is read first, then every entry stated (a stat
         // between reads would make the kernel itself ask for attributes next).
@@ -792,18 +794,7 @@ fn a_walk_stats_what_it_lists_without_a_lookup_per_entry_and_a_listing_looks_not
 #[test]
 fn a_missing_name_is_remembered_for_the_entry_timeout() {
     let f = Fixture::new();
-    let metrics = f.dir.path().join("metrics.json");
-    let _m = Mounted::start(
-        &f.src,
-        &f.mnt,
-        &[
-            "-o",
-            &format!("gid={G},entry_timeout=3"),
-            "--metrics-file",
-            metrics.to_str().unwrap(),
-        ],
-    )
-    .unwrap();
+    let (_m, metrics) = mount_counted(&f, &format!("gid={G},entry_timeout=3"));
     let before = count(&metrics, "lookup");
     for _ in 0..5 {
         let e = fs::symlink_metadata(f.mnt.join("absent")).unwrap_err();
