@@ -900,6 +900,8 @@ impl Filesystem for FuseView {
             },
             |reply, ()| reply.ok(),
         );
+        // After the answer: the caller consumes the chunk while the next is read.
+        self.fs.read_ahead(fh.0);
     }
 
     fn readdirplus(
@@ -940,6 +942,8 @@ impl Filesystem for FuseView {
             },
             |reply, ()| reply.ok(),
         );
+        // After the answer: the caller consumes the chunk while the next is read.
+        self.fs.read_ahead(fh.0);
     }
 
     fn releasedir(

@@ -1,6 +1,100 @@
 //! Directory streams and listings.
+//!
+//! A listing is read from the backing directory in batches (one `getdents64` each)
+//! and handed to the kernel in chunks. The two are pipelined: a chunk ends where the
+//! entries already read end (if it holds any), and once it is answered the daemon reads
+//! the next batches ahead while the caller consumes it, on the other core. A listing
+//! that asks for its next chunk while that read is under way takes the stream after
+//! the batch in hand, with what has been read so far.
+//!
+//! What is read and not yet handed over is bounded per stream ([`AHEAD_PER_STREAM`])
+//! and per view ([`AHEAD_PER_VIEW`]): a pod that opens many directories and lists a
+//! chunk of each cannot make the daemon hold more than that. Beyond the bounds, a
+//! listing reads a batch when it needs one, as it did without read-ahead.
+
+use std::collections::VecDeque;
 
 use super::*;
+
+/// The most a stream reads ahead of what it handed over, in bytes of entries.
+pub(super) const AHEAD_PER_STREAM: usize = 512 * 1024;
+/// The most all of a view's streams hold read ahead together.
+pub(super) const AHEAD_PER_VIEW: usize = 4 * 1024 * 1024;
+
+/// Entries read from a backing directory and not yet handed to the kernel, counted
+/// (with what their names hold) against their view's total.
+pub(super) struct Pending {
+    entries: VecDeque<dir::DirEntry>,
+    bytes: usize,
+    total: Arc<AtomicUsize>,
+}
+
+fn cost(e: &dir::DirEntry) -> usize {
+    std::mem::size_of::<dir::DirEntry>() + e.name.capacity()
+}
+
+impl Pending {
+    fn new(total: &Arc<AtomicUsize>) -> Pending {
+        Pending {
+            entries: VecDeque::new(),
+            bytes: 0,
+            total: Arc::clone(total),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn front(&self) -> Option<&dir::DirEntry> {
+        self.entries.front()
+    }
+
+    fn add(&mut self, n: usize) {
+        self.bytes += n;
+        self.total.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn sub(&mut self, n: usize) {
+        self.bytes -= n;
+        self.total.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    fn extend(&mut self, batch: Vec<dir::DirEntry>) {
+        self.add(batch.iter().map(cost).sum());
+        self.entries.extend(batch);
+    }
+
+    fn pop_front(&mut self) -> Option<dir::DirEntry> {
+        let e = self.entries.pop_front()?;
+        self.sub(cost(&e));
+        Some(e)
+    }
+
+    fn push_front(&mut self, e: dir::DirEntry) {
+        self.add(cost(&e));
+        self.entries.push_front(e);
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.sub(self.bytes);
+    }
+
+    /// Whether another batch may be read ahead.
+    fn has_room(&self) -> bool {
+        self.bytes < AHEAD_PER_STREAM && self.total.load(Ordering::Relaxed) < AHEAD_PER_VIEW
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// Batches one read ahead takes at most before it looks whether a listing waits.
+const AHEAD_BATCHES: usize = 16;
 
 impl ViewFs {
     /// Opens a directory for listing.
@@ -10,18 +104,35 @@ impl ViewFs {
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
         let inode = self.dir(ino)?;
         let fd = file::reopen(inode.fd()?.as_fd(), inode.kind, Access::Directory)?;
-        let stream = DirStream {
-            ino: inode.id,
-            fd,
-            pos: 0,
-            pending: VecDeque::new(),
-            buf: vec![MaybeUninit::uninit(); DIR_BUF].into_boxed_slice(),
-        };
-        Ok(self.add_handle(Handle::Dir(Arc::new(Mutex::new(stream)))))
+        Ok(self.add_handle(self.dir_handle(inode.id, fd, 0)))
+    }
+
+    /// The handle of a directory `ino` open as `fd`, whose listing is at `pos`.
+    pub(super) fn dir_handle(&self, ino: u64, fd: OwnedFd, pos: u64) -> Handle {
+        Handle::Dir(Arc::new(DirHandle {
+            asked: AtomicUsize::new(0),
+            stream: Mutex::new(DirStream {
+                ino,
+                fd,
+                pos,
+                pending: Pending::new(&self.pending_dir_bytes),
+                at_end: false,
+                buf: vec![MaybeUninit::uninit(); DIR_BUF].into_boxed_slice(),
+            }),
+        }))
+    }
+
+    fn open_dir(&self, fh: u64) -> FsResult<Arc<DirHandle>> {
+        match self.handles.get(&fh).as_deref() {
+            Some(Handle::Dir(d)) => Ok(Arc::clone(d)),
+            _ => Err(FsError::UnknownHandle(fh)),
+        }
     }
 
     /// Lists a directory from `offset`, handing entries to `add` until it reports the
-    /// reply full (returns `true`). With [`Listing::WithAttributes`], each entry but
+    /// reply full (returns `true`), or until the entries already read are handed over
+    /// (if there were any: the next batches are then read ahead, see the module
+    /// documentation). With [`Listing::WithAttributes`], each entry but
     /// `.`/`..` is looked up (and counted) like [`ViewFs::lookup`]; an entry that is not
     /// handed over is forgotten again. With [`Listing::AsNeeded`], so are the entries
     /// of a chunk listed while the view sees a walk ([`super::super::listing`]), but for
@@ -37,11 +148,10 @@ impl ViewFs {
         listing: Listing,
         mut add: impl FnMut(&DirItem, u64) -> bool,
     ) -> FsResult<()> {
-        let stream = match self.handles.get(&fh).as_deref() {
-            Some(Handle::Dir(d)) => Arc::clone(d),
-            _ => return Err(FsError::UnknownHandle(fh)),
-        };
-        let mut s = lock(&stream);
+        let dir = self.open_dir(fh)?;
+        dir.asked.fetch_add(1, Ordering::Relaxed);
+        let mut s = lock(&dir.stream);
+        dir.asked.fetch_sub(1, Ordering::Relaxed);
         // Decided once per chunk: a walk that starts midway shows in the next one.
         let attributes = match listing {
             Listing::Names => false,
@@ -52,12 +162,19 @@ impl ViewFs {
             dir::seek(s.fd.as_fd(), offset)?;
             s.pending.clear();
             s.pos = offset;
+            s.at_end = false;
         }
+        let mut handed = false;
         loop {
             if s.pending.is_empty() {
+                if handed {
+                    // The rest is read ahead while this chunk is consumed.
+                    return Ok(());
+                }
                 let DirStream { fd, buf, .. } = &mut *s;
                 let batch = dir::read_batch(fd.as_fd(), buf)?;
-                if batch.is_empty() {
+                s.at_end = batch.is_empty();
+                if s.at_end {
                     return Ok(());
                 }
                 s.pending.extend(batch);
@@ -115,7 +232,35 @@ impl ViewFs {
                 });
                 return Ok(());
             }
+            handed = true;
             s.pos = next;
+        }
+    }
+
+    /// Reads the next batches of a listing ahead, after a chunk of it was answered:
+    /// until the stream's or the view's bound, the end of the directory, or a listing
+    /// that asks for the stream. A failure is left for the listing to meet.
+    pub fn read_ahead(&self, fh: u64) {
+        let Ok(dir) = self.open_dir(fh) else {
+            return;
+        };
+        for _ in 0..AHEAD_BATCHES {
+            if dir.asked.load(Ordering::Relaxed) > 0 {
+                return;
+            }
+            let mut s = lock(&dir.stream);
+            if s.at_end || !s.pending.has_room() {
+                return;
+            }
+            let DirStream { fd, buf, .. } = &mut *s;
+            match dir::read_batch(fd.as_fd(), buf) {
+                Ok(batch) if !batch.is_empty() => s.pending.extend(batch),
+                Ok(_) => {
+                    s.at_end = true;
+                    return;
+                }
+                Err(_) => return,
+            }
         }
     }
 

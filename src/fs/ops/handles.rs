@@ -251,7 +251,7 @@ impl ViewFs {
             Some(Handle::File(f)) => Arc::clone(&f.data),
             Some(Handle::Dir(d)) => {
                 let d = Arc::clone(d);
-                let stream = lock(&d);
+                let stream = lock(&d.stream);
                 return Ok(file::sync(stream.fd.as_fd(), how)?);
             }
             None => return Err(FsError::UnknownHandle(fh)),
@@ -333,7 +333,7 @@ fn handle_entry(fh: u64, h: &Handle) -> Entry {
         },
         Handle::Dir(d) => Entry::Dir {
             fh,
-            ino: lock(d).ino,
+            ino: lock(&d.stream).ino,
         },
     }
 }
@@ -380,7 +380,7 @@ impl ViewFs {
                     });
                 }
                 Handle::Dir(d) => {
-                    let d = lock(d);
+                    let d = lock(&d.stream);
                     fds.push(Arc::new(crate::sys::fuse::dup(d.fd.as_fd())?));
                     handles.push(HandleSnapshot::Dir {
                         fh,
@@ -460,16 +460,9 @@ impl ViewFs {
                     );
                 }
                 HandleSnapshot::Dir { fh, ino, fd } => {
-                    let stream = DirStream {
-                        ino,
-                        fd: take(fd)?,
-                        // No position matches: the next listing seeks where it asks.
-                        pos: u64::MAX,
-                        pending: VecDeque::new(),
-                        buf: vec![MaybeUninit::uninit(); DIR_BUF].into_boxed_slice(),
-                    };
-                    self.handles
-                        .insert(fh, Handle::Dir(Arc::new(Mutex::new(stream))));
+                    // No position matches: the next listing seeks where it asks.
+                    let handle = self.dir_handle(ino, take(fd)?, u64::MAX);
+                    self.handles.insert(fh, handle);
                 }
             }
         }

@@ -6,12 +6,11 @@
 //! know: the view's read-only state, the CIFS read-only attribute, the hidden record,
 //! and the refusal of anything that could reach outside the backing tree.
 
-use std::collections::VecDeque;
 use std::ffi::{CString, OsStr};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dashmap::DashMap;
@@ -120,13 +119,23 @@ struct DirStream {
     fd: OwnedFd,
     /// The position the kernel will ask for next (the cookie of the front entry).
     pos: u64,
-    pending: VecDeque<dir::DirEntry>,
+    pending: dirs::Pending,
+    /// The backing stream gave nothing the last time it was read: nothing to read ahead.
+    at_end: bool,
     buf: Box<[MaybeUninit<u8>]>,
+}
+
+/// An open directory.
+struct DirHandle {
+    /// Listings that asked for the stream and do not hold it yet: reading ahead gives
+    /// way to them (`dirs.rs`).
+    asked: AtomicUsize,
+    stream: Mutex<DirStream>,
 }
 
 enum Handle {
     File(OpenFile),
-    Dir(Arc<Mutex<DirStream>>),
+    Dir(Arc<DirHandle>),
 }
 
 /// One group view over one backing directory.
@@ -157,6 +166,9 @@ pub struct ViewFs {
     journal: std::sync::OnceLock<Arc<super::journal::Journaling>>,
     /// What decides whether a listing carries attributes.
     listing: super::listing::ListingHints,
+    /// Bytes of directory entries read and not yet handed to the kernel, over all open
+    /// directories (`dirs::Pending`).
+    pending_dir_bytes: Arc<AtomicUsize>,
 }
 
 const DIR_BUF: usize = 32 * 1024;
@@ -210,6 +222,7 @@ impl ViewFs {
             daemon_ids: crate::sys::process::effective_ids(),
             journal: std::sync::OnceLock::new(),
             listing: super::listing::ListingHints::default(),
+            pending_dir_bytes: Arc::default(),
         })
     }
 
@@ -665,6 +678,91 @@ mod tests {
         assert!(rest.iter().all(|n| !seen.contains(n)));
         v.release(fh);
         assert_eq!(v.handle_count(), 0);
+    }
+
+    /// Every entry of `fh` from `offset` that one `readdir` call hands over.
+    fn chunk(v: &ViewFs, fh: u64, offset: u64) -> (Vec<Vec<u8>>, u64) {
+        let (mut names, mut last) = (Vec::new(), offset);
+        v.readdir(ROOT, fh, offset, Listing::Names, |item, next| {
+            names.push(item.name.clone());
+            last = next;
+            false
+        })
+        .unwrap();
+        (names, last)
+    }
+
+    #[test]
+    fn a_listing_chunk_ends_where_the_entries_read_end_and_the_rest_is_read_ahead() {
+        let dir = populated(5000);
+        let v = view(dir.path(), "gid=5");
+        let fh = v.opendir(ROOT).unwrap();
+        // One batch, not the whole directory: the caller gets to work on it at once.
+        let (first, at) = chunk(&v, fh, 0);
+        assert!(first.len() > 100 && first.len() < 2500, "{}", first.len());
+        // The next batches are read ahead of the next chunk, which hands them all over.
+        v.read_ahead(fh);
+        assert!(v.pending_dir_bytes.load(Ordering::Relaxed) > 0);
+        let (second, at) = chunk(&v, fh, at);
+        assert!(
+            second.len() > first.len(),
+            "{} after {}",
+            second.len(),
+            first.len()
+        );
+        assert_eq!(v.pending_dir_bytes.load(Ordering::Relaxed), 0);
+        // Read ahead or not, the listing is whole and names every entry once.
+        let mut all: Vec<Vec<u8>> = first.into_iter().chain(second).collect();
+        let mut at = at;
+        loop {
+            let (more, next) = chunk(&v, fh, at);
+            if more.is_empty() {
+                break;
+            }
+            all.extend(more);
+            at = next;
+        }
+        let mut files: Vec<_> = all.iter().filter(|n| n.starts_with(b"f")).collect();
+        files.sort();
+        files.dedup();
+        assert_eq!(files.len(), 5000);
+        assert_eq!(all.len(), 5002, "each entry once, `.` and `..` included");
+        // A listing that starts over (rewinddir) drops what was read ahead.
+        let (again, _) = chunk(&v, fh, 0);
+        v.read_ahead(fh);
+        assert_eq!(chunk(&v, fh, 0).0, again);
+        v.release(fh);
+        assert_eq!(v.pending_dir_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn what_listings_read_ahead_is_bounded_per_stream_and_per_view() {
+        let dir = populated(20_000);
+        let v = view(dir.path(), "gid=5");
+        let batch = 64 * 1024; // a batch of short names, more than enough
+        let one = v.opendir(ROOT).unwrap();
+        chunk(&v, one, 0);
+        for _ in 0..10 {
+            v.read_ahead(one);
+        }
+        let held = v.pending_dir_bytes.load(Ordering::Relaxed);
+        assert!(held >= dirs::AHEAD_PER_STREAM, "{held}");
+        assert!(held < dirs::AHEAD_PER_STREAM + batch, "{held}");
+        // Streams left unfinished cannot make the daemon hold more than the view's bound.
+        let mut streams = vec![one];
+        for _ in 0..(dirs::AHEAD_PER_VIEW / dirs::AHEAD_PER_STREAM) * 2 {
+            let fh = v.opendir(ROOT).unwrap();
+            chunk(&v, fh, 0);
+            v.read_ahead(fh);
+            streams.push(fh);
+        }
+        let held = v.pending_dir_bytes.load(Ordering::Relaxed);
+        assert!(held >= dirs::AHEAD_PER_VIEW, "{held}");
+        assert!(held < dirs::AHEAD_PER_VIEW + batch, "{held}");
+        for fh in streams {
+            v.release(fh);
+        }
+        assert_eq!(v.pending_dir_bytes.load(Ordering::Relaxed), 0);
     }
 
     #[test]
