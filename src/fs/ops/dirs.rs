@@ -96,6 +96,39 @@ impl Drop for Pending {
 /// Batches one read ahead takes at most before it looks whether a listing waits.
 const AHEAD_BATCHES: usize = 16;
 
+/// Entries a walk's listing looks up at a time, ahead of handing them over.
+const LOOK_AHEAD: usize = 256;
+/// Fewer lookups than this per thread are not worth another thread.
+const PARALLEL_MIN: usize = 32;
+
+/// Entries of a listing looked up ahead of their turn: `(cookie, lookup)`, with no
+/// lookup for a probe. What a listing does not hand over is forgotten when it ends.
+struct LookedUp<'a> {
+    view: &'a ViewFs,
+    items: VecDeque<(u64, Option<FsResult<Attr>>)>,
+}
+
+trait ClearInto {
+    fn clear_into(&mut self, view: &ViewFs);
+}
+
+impl ClearInto for VecDeque<(u64, Option<FsResult<Attr>>)> {
+    /// Forgets every lookup not handed over.
+    fn clear_into(&mut self, view: &ViewFs) {
+        for (_, looked) in self.drain(..) {
+            if let Some(Ok(a)) = looked {
+                view.forget(a.ino, 1);
+            }
+        }
+    }
+}
+
+impl Drop for LookedUp<'_> {
+    fn drop(&mut self) {
+        self.items.clear_into(self.view);
+    }
+}
+
 impl ViewFs {
     /// Opens a directory for listing.
     ///
@@ -165,6 +198,11 @@ impl ViewFs {
             s.at_end = false;
         }
         let mut handed = false;
+        // Entries looked up ahead of their turn; what is not handed over is forgotten.
+        let mut looked_up = LookedUp {
+            view: self,
+            items: VecDeque::new(),
+        };
         loop {
             if s.pending.is_empty() {
                 if handed {
@@ -190,14 +228,22 @@ impl ViewFs {
                 continue;
             }
             let dot = e.name == b"." || e.name == b"..";
-            let probe = listing == Listing::AsNeeded && !dot && self.listing.next_is_probe();
-            if probe {
-                self.listing.listed(ino, &e.name);
-            }
+            let looked = if attributes && !dot {
+                if looked_up.items.front().map(|l| l.0) != Some(next) {
+                    looked_up.items.clear_into(self);
+                    self.look_ahead(ino, listing, &s.pending, &mut looked_up.items);
+                }
+                looked_up.items.pop_front().and_then(|l| l.1)
+            } else {
+                if listing == Listing::AsNeeded && !dot && self.listing.next_is_probe() {
+                    self.listing.listed(ino, &e.name);
+                }
+                None
+            };
             // What can fail is decided while the entry is still queued, so that an error
             // leaves it there for the next call.
-            let (shown_ino, kind, attr) = if attributes && !dot && !probe {
-                match self.lookup_entry(ino, OsStr::from_bytes(&e.name)) {
+            let (shown_ino, kind, attr) = if let Some(looked) = looked {
+                match looked {
                     Ok(attr) => (attr.ino, attr.kind, Some(attr)),
                     // Gone since the listing, or a mount point: not part of the view.
                     Err(FsError::Os(Errno::ENOENT)) => {
@@ -234,6 +280,60 @@ impl ViewFs {
             }
             handed = true;
             s.pos = next;
+        }
+    }
+
+    /// Decides for the entries at the front of `pending` (up to [`LOOK_AHEAD`] of
+    /// them, from the first) which are looked up and which are probes, and looks the
+    /// former up, spread over the cores: a walk's listings are the daemon's work alone
+    /// while the walker waits for them. An entry `.`, `..` or reserved is left out, as
+    /// the listing skips or lists it without a lookup.
+    fn look_ahead(
+        &self,
+        dir: u64,
+        listing: Listing,
+        pending: &Pending,
+        out: &mut VecDeque<(u64, Option<FsResult<Attr>>)>,
+    ) {
+        let mut names = Vec::new();
+        for e in pending.entries.iter().take(LOOK_AHEAD) {
+            let skipped = e.name == b"." || e.name == b".." || namespace::is_reserved_name(&e.name);
+            if skipped {
+                continue;
+            }
+            if listing == Listing::AsNeeded && self.listing.next_is_probe() {
+                // Listed without attributes, to see whether it is looked up (`listing.rs`).
+                self.listing.listed(dir, &e.name);
+                out.push_back((e.next, None));
+            } else {
+                names.push(e);
+                out.push_back((e.next, Some(Err(FsError::Os(Errno::ENOENT)))));
+            }
+        }
+        let look = |part: &[&dir::DirEntry]| -> Vec<FsResult<Attr>> {
+            part.iter()
+                .map(|e| self.lookup_entry(dir, OsStr::from_bytes(&e.name)))
+                .collect()
+        };
+        let threads = self.lookup_threads.min(names.len() / PARALLEL_MIN).max(1);
+        let results: Vec<FsResult<Attr>> = if threads == 1 {
+            look(&names)
+        } else {
+            let per = names.len().div_ceil(threads);
+            std::thread::scope(|scope| {
+                let mut parts = names.chunks(per);
+                let mine = parts.next().unwrap_or(&[]);
+                let helpers: Vec<_> = parts.map(|part| scope.spawn(move || look(part))).collect();
+                let mut all = look(mine);
+                for h in helpers {
+                    all.extend(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+                }
+                all
+            })
+        };
+        let mut results = results.into_iter();
+        for slot in out.iter_mut().filter(|l| l.1.is_some()) {
+            slot.1 = results.next();
         }
     }
 

@@ -169,6 +169,8 @@ pub struct ViewFs {
     /// Bytes of directory entries read and not yet handed to the kernel, over all open
     /// directories (`dirs::Pending`).
     pending_dir_bytes: Arc<AtomicUsize>,
+    /// Threads a walk's listing spreads its lookups over (`dirs.rs`): the cores, up to 4.
+    lookup_threads: usize,
 }
 
 const DIR_BUF: usize = 32 * 1024;
@@ -223,6 +225,7 @@ impl ViewFs {
             journal: std::sync::OnceLock::new(),
             listing: super::listing::ListingHints::default(),
             pending_dir_bytes: Arc::default(),
+            lookup_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
         })
     }
 
@@ -733,6 +736,51 @@ mod tests {
         assert_eq!(chunk(&v, fh, 0).0, again);
         v.release(fh);
         assert_eq!(v.pending_dir_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_walk_listing_looked_up_ahead_counts_only_what_it_hands_over() {
+        let dir = populated(1000);
+        let v = view(dir.path(), "gid=5");
+        let fh = v.opendir(ROOT).unwrap();
+        let list = |offset: u64, stop_after: usize| {
+            let (mut items, mut last) = (Vec::new(), offset);
+            v.readdir(ROOT, fh, offset, Listing::WithAttributes, |item, next| {
+                if items.len() == stop_after {
+                    return true; // full
+                }
+                items.push(item.clone());
+                last = next;
+                false
+            })
+            .unwrap();
+            (items, last)
+        };
+        // The lookups run ahead of the reply, over several threads; the ones the
+        // reply had no room for are forgotten again.
+        let (first, at) = list(0, 300);
+        assert_eq!(first.len(), 300);
+        let files = |items: &[DirItem]| items.iter().filter(|i| i.name.starts_with(b"f")).count();
+        assert_eq!(v.inode_count(), 1 + files(&first));
+        let mut all = first;
+        let mut at = at;
+        loop {
+            let (more, next) = list(at, usize::MAX);
+            if more.is_empty() {
+                break;
+            }
+            all.extend(more);
+            at = next;
+        }
+        assert_eq!(files(&all), 1000);
+        assert_eq!(v.inode_count(), 1 + 1000);
+        // Each file with its own attributes, under its own name.
+        for item in all.iter().filter(|i| i.name.starts_with(b"f")) {
+            let attr = item.attr.expect("a walk's entry carries attributes");
+            assert_eq!(attr.gid, 5);
+            assert_eq!(attr, v.lookup(ROOT, OsStr::from_bytes(&item.name)).unwrap());
+        }
+        v.release(fh);
     }
 
     #[test]
