@@ -235,7 +235,7 @@ impl ViewFs {
                 }
                 looked_up.items.pop_front().and_then(|l| l.1)
             } else {
-                if listing == Listing::AsNeeded && !dot && self.listing.next_is_probe() {
+                if listing == Listing::AsNeeded && !dot && self.listing.next_is_probe(false) {
                     self.listing.listed(ino, &e.name);
                 }
                 None
@@ -301,7 +301,7 @@ impl ViewFs {
             if skipped {
                 continue;
             }
-            if listing == Listing::AsNeeded && self.listing.next_is_probe() {
+            if listing == Listing::AsNeeded && self.listing.next_is_probe(true) {
                 // Listed without attributes, to see whether it is looked up (`listing.rs`).
                 self.listing.listed(dir, &e.name);
                 out.push_back((e.next, None));
