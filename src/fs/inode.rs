@@ -137,6 +137,15 @@ impl Shared {
         }
     }
 
+    /// Drops the descriptor queue's places of forgotten inodes. Each keeps its inode's
+    /// allocation (a `Weak`), and after a forget storm tens of thousands of them were
+    /// scattered over the heap, pinning pages that `malloc_trim` could not return.
+    fn sweep(&self) {
+        let mut queue = lock(&self.queue);
+        queue.retain(|w| w.strong_count() > 0);
+        queue.shrink_to_fit();
+    }
+
     /// Closes the older half of the cached descriptors. Called when a call ran out of
     /// descriptors: files that a pod holds open then squeeze the cache instead of
     /// failing every lookup of the view for everyone.
@@ -460,6 +469,7 @@ impl InodeTable {
             if maps.by_id.capacity() > 1024 && maps.by_id.len() * 4 < maps.by_id.capacity() {
                 maps.by_id.shrink_to_fit();
                 maps.by_key.shrink_to_fit();
+                self.shared.sweep();
                 crate::sys::process::trim_heap();
             }
         }
@@ -623,6 +633,32 @@ mod tests {
         assert!(table.is_empty());
         table.forget(ROOT_ID, 100);
         assert!(table.get(ROOT_ID).is_ok(), "the root is never forgotten");
+    }
+
+    #[test]
+    fn a_forget_storm_leaves_no_places_of_forgotten_inodes_in_the_descriptor_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..3000 {
+            std::fs::write(dir.path().join(format!("f{i}")), "").unwrap();
+        }
+        let (rfd, rst) = open(dir.path());
+        let table = InodeTable::new(rfd, &rst, 10_000);
+        let ids: Vec<u64> = (0..3000)
+            .map(|i| {
+                let (fd, st) = open(&dir.path().join(format!("f{i}")));
+                table.lookup(fd, &st).id
+            })
+            .collect();
+        assert_eq!(lock(&table.shared.queue).len(), 3000);
+        for id in ids {
+            table.forget(id, 1);
+        }
+        assert!(table.is_empty());
+        // Each place kept its inode's allocation alive (a `Weak`): after the table
+        // shrank they are gone, so the heap can be given back.
+        let queue = lock(&table.shared.queue);
+        assert!(queue.len() < 1024, "{} places left", queue.len());
+        assert_eq!(table.shared.cached.load(Ordering::Relaxed), 0);
     }
 
     #[test]
