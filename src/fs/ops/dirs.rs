@@ -323,10 +323,25 @@ impl ViewFs {
             std::thread::scope(|scope| {
                 let mut parts = names.chunks(per);
                 let mine = parts.next().unwrap_or(&[]);
-                let helpers: Vec<_> = parts.map(|part| scope.spawn(move || look(part))).collect();
+                let helpers: Vec<_> = parts
+                    .map(|part| {
+                        let helper = std::thread::Builder::new()
+                            .name("mountgroup-lookup".into())
+                            .spawn_scoped(scope, move || look(part));
+                        (part, helper)
+                    })
+                    .collect();
                 let mut all = look(mine);
-                for h in helpers {
-                    all.extend(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+                for (part, helper) in helpers {
+                    match helper {
+                        Ok(h) => {
+                            all.extend(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                        }
+                        // No thread to be had (a pids limit, memory): this one does the
+                        // part, where `scope.spawn` would have panicked the worker and
+                        // left its request unanswered.
+                        Err(_) => all.extend(look(part)),
+                    }
                 }
                 all
             })
