@@ -108,16 +108,12 @@ struct LookedUp<'a> {
     items: VecDeque<(u64, Option<FsResult<Attr>>)>,
 }
 
-trait ClearInto {
-    fn clear_into(&mut self, view: &ViewFs);
-}
-
-impl ClearInto for VecDeque<(u64, Option<FsResult<Attr>>)> {
+impl LookedUp<'_> {
     /// Forgets every lookup not handed over.
-    fn clear_into(&mut self, view: &ViewFs) {
-        for (_, looked) in self.drain(..) {
+    fn clear(&mut self) {
+        for (_, looked) in self.items.drain(..) {
             if let Some(Ok(a)) = looked {
-                view.forget(a.ino, 1);
+                self.view.forget(a.ino, 1);
             }
         }
     }
@@ -125,7 +121,7 @@ impl ClearInto for VecDeque<(u64, Option<FsResult<Attr>>)> {
 
 impl Drop for LookedUp<'_> {
     fn drop(&mut self) {
-        self.items.clear_into(self.view);
+        self.clear();
     }
 }
 
@@ -230,7 +226,7 @@ impl ViewFs {
             let dot = e.name == b"." || e.name == b"..";
             let looked = if attributes && !dot {
                 if looked_up.items.front().map(|l| l.0) != Some(next) {
-                    looked_up.items.clear_into(self);
+                    looked_up.clear();
                     self.look_ahead(ino, listing, &s.pending, &mut looked_up.items);
                 }
                 looked_up.items.pop_front().and_then(|l| l.1)
