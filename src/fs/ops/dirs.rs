@@ -108,6 +108,20 @@ struct LookedUp<'a> {
     items: VecDeque<(u64, Option<FsResult<Attr>>)>,
 }
 
+/// Starts a thread for part of a listing's lookups; the system may refuse it.
+fn start_helper<'scope, T: Send + 'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    work: impl FnOnce() -> T + Send + 'scope,
+) -> std::io::Result<std::thread::ScopedJoinHandle<'scope, T>> {
+    #[cfg(test)]
+    if no_helpers::refused() {
+        return Err(std::io::Error::other("threads refused by the test"));
+    }
+    std::thread::Builder::new()
+        .name("mountgroup-lookup".into())
+        .spawn_scoped(scope, work)
+}
+
 impl LookedUp<'_> {
     /// Forgets every lookup not handed over.
     fn clear(&mut self) {
@@ -320,12 +334,7 @@ impl ViewFs {
                 let mut parts = names.chunks(per);
                 let mine = parts.next().unwrap_or(&[]);
                 let helpers: Vec<_> = parts
-                    .map(|part| {
-                        let helper = std::thread::Builder::new()
-                            .name("mountgroup-lookup".into())
-                            .spawn_scoped(scope, move || look(part));
-                        (part, helper)
-                    })
+                    .map(|part| (part, start_helper(scope, move || look(part))))
                     .collect();
                 let mut all = look(mine);
                 for (part, helper) in helpers {
@@ -383,5 +392,24 @@ impl ViewFs {
         let p = self.dir(dir)?;
         let fd = file::open_child(p.fd()?.as_fd(), OsStr::from_bytes(name), self.root_mnt)?;
         Ok(file::stat(fd.as_fd())?.kind)
+    }
+}
+
+/// A test's stand-in for a system that refuses threads (a pids limit), for the
+/// listings made on this thread.
+#[cfg(test)]
+pub(super) mod no_helpers {
+    use std::cell::Cell;
+
+    thread_local! {
+        static REFUSED: Cell<bool> = const { Cell::new(false) };
+    }
+
+    pub fn set(refused: bool) {
+        REFUSED.with(|r| r.set(refused));
+    }
+
+    pub(super) fn refused() -> bool {
+        REFUSED.with(Cell::get)
     }
 }

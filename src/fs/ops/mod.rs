@@ -784,6 +784,35 @@ mod tests {
     }
 
     #[test]
+    fn a_walk_listing_does_its_lookups_itself_when_no_thread_can_be_started() {
+        let dir = populated(1000);
+        let v = view(dir.path(), "gid=5");
+        let fh = v.opendir(ROOT).unwrap();
+        // A pids limit refuses every thread; the listing must neither fail nor panic.
+        dirs::no_helpers::set(true);
+        let mut items = Vec::new();
+        let mut at = 0;
+        loop {
+            let before = items.len();
+            v.readdir(ROOT, fh, at, Listing::WithAttributes, |item, next| {
+                items.push(item.clone());
+                at = next;
+                false
+            })
+            .unwrap();
+            if items.len() == before {
+                break;
+            }
+        }
+        dirs::no_helpers::set(false);
+        let files: Vec<_> = items.iter().filter(|i| i.name.starts_with(b"f")).collect();
+        assert_eq!(files.len(), 1000);
+        assert!(files.iter().all(|i| i.attr.is_some_and(|a| a.gid == 5)));
+        assert_eq!(v.inode_count(), 1 + 1000);
+        v.release(fh);
+    }
+
+    #[test]
     fn what_listings_read_ahead_is_bounded_per_stream_and_per_view() {
         let dir = populated(20_000);
         let v = view(dir.path(), "gid=5");
