@@ -101,6 +101,11 @@ const LOOK_AHEAD: usize = 256;
 /// Fewer lookups than this per thread are not worth another thread.
 const PARALLEL_MIN: usize = 32;
 
+/// `.` or `..`, which a listing hands over without a lookup.
+fn is_dot(name: &[u8]) -> bool {
+    name == b"." || name == b".."
+}
+
 /// Entries of a listing looked up ahead of their turn: `(cookie, lookup)`, with no
 /// lookup for a probe. What a listing does not hand over is forgotten when it ends.
 struct LookedUp<'a> {
@@ -237,7 +242,7 @@ impl ViewFs {
                 s.pos = next;
                 continue;
             }
-            let dot = e.name == b"." || e.name == b"..";
+            let dot = is_dot(&e.name);
             let looked = if attributes && !dot {
                 if looked_up.items.front().map(|l| l.0) != Some(next) {
                     looked_up.clear();
@@ -305,19 +310,21 @@ impl ViewFs {
         pending: &Pending,
         out: &mut VecDeque<(u64, Option<FsResult<Attr>>)>,
     ) {
+        // Each entry's cookie, and whether it is a probe (not looked up).
+        let mut slots = Vec::new();
         let mut names = Vec::new();
         for e in pending.entries.iter().take(LOOK_AHEAD) {
-            let skipped = e.name == b"." || e.name == b".." || namespace::is_reserved_name(&e.name);
+            let skipped = is_dot(&e.name) || namespace::is_reserved_name(&e.name);
             if skipped {
                 continue;
             }
             if listing == Listing::AsNeeded && self.listing.next_is_probe(true) {
                 // Listed without attributes, to see whether it is looked up (`listing.rs`).
                 self.listing.listed(dir, &e.name);
-                out.push_back((e.next, None));
+                slots.push((e.next, true));
             } else {
                 names.push(e);
-                out.push_back((e.next, Some(Err(FsError::Os(Errno::ENOENT)))));
+                slots.push((e.next, false));
             }
         }
         let look = |part: &[&dir::DirEntry]| -> Vec<FsResult<Attr>> {
@@ -352,8 +359,8 @@ impl ViewFs {
             })
         };
         let mut results = results.into_iter();
-        for slot in out.iter_mut().filter(|l| l.1.is_some()) {
-            slot.1 = results.next();
+        for (cookie, probe) in slots {
+            out.push_back((cookie, if probe { None } else { results.next() }));
         }
     }
 
@@ -386,7 +393,7 @@ impl ViewFs {
 
     /// The kind of a directory entry whose type the backing file system did not say.
     pub(super) fn kind_of(&self, dir: u64, name: &[u8]) -> FsResult<Kind> {
-        if name == b"." || name == b".." {
+        if is_dot(name) {
             return Ok(Kind::Directory);
         }
         let p = self.dir(dir)?;
