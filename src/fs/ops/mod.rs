@@ -695,6 +695,23 @@ mod tests {
         (names, last)
     }
 
+    /// Every entry of `fh` from `offset` to the end, one `readdir` call after another.
+    fn rest(v: &ViewFs, fh: u64, offset: u64, listing: Listing) -> Vec<DirItem> {
+        let (mut items, mut at) = (Vec::new(), offset);
+        loop {
+            let before = items.len();
+            v.readdir(ROOT, fh, at, listing, |item, next| {
+                items.push(item.clone());
+                at = next;
+                false
+            })
+            .unwrap();
+            if items.len() == before {
+                return items;
+            }
+        }
+    }
+
     #[test]
     fn a_listing_chunk_ends_where_the_entries_read_end_and_the_rest_is_read_ahead() {
         let dir = populated(5000);
@@ -716,15 +733,7 @@ mod tests {
         assert_eq!(v.pending_dir_bytes.load(Ordering::Relaxed), 0);
         // Read ahead or not, the listing is whole and names every entry once.
         let mut all: Vec<Vec<u8>> = first.into_iter().chain(second).collect();
-        let mut at = at;
-        loop {
-            let (more, next) = chunk(&v, fh, at);
-            if more.is_empty() {
-                break;
-            }
-            all.extend(more);
-            at = next;
-        }
+        all.extend(rest(&v, fh, at, Listing::Names).into_iter().map(|i| i.name));
         let mut files: Vec<_> = all.iter().filter(|n| n.starts_with(b"f")).collect();
         files.sort();
         files.dedup();
@@ -763,15 +772,7 @@ mod tests {
         let files = |items: &[DirItem]| items.iter().filter(|i| i.name.starts_with(b"f")).count();
         assert_eq!(v.inode_count(), 1 + files(&first));
         let mut all = first;
-        let mut at = at;
-        loop {
-            let (more, next) = list(at, usize::MAX);
-            if more.is_empty() {
-                break;
-            }
-            all.extend(more);
-            at = next;
-        }
+        all.extend(rest(&v, fh, at, Listing::WithAttributes));
         assert_eq!(files(&all), 1000);
         assert_eq!(v.inode_count(), 1 + 1000);
         // Each file with its own attributes, under its own name.
@@ -790,20 +791,7 @@ mod tests {
         let fh = v.opendir(ROOT).unwrap();
         // A pids limit refuses every thread; the listing must neither fail nor panic.
         dirs::no_helpers::set(true);
-        let mut items = Vec::new();
-        let mut at = 0;
-        loop {
-            let before = items.len();
-            v.readdir(ROOT, fh, at, Listing::WithAttributes, |item, next| {
-                items.push(item.clone());
-                at = next;
-                false
-            })
-            .unwrap();
-            if items.len() == before {
-                break;
-            }
-        }
+        let items = rest(&v, fh, 0, Listing::WithAttributes);
         dirs::no_helpers::set(false);
         let files: Vec<_> = items.iter().filter(|i| i.name.starts_with(b"f")).collect();
         assert_eq!(files.len(), 1000);
