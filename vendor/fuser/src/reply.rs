@@ -837,6 +837,16 @@ impl ReplyDirectoryPlus {
         ))
     }
 
+    /// Bytes the reply can still take. An entry takes [`ReplyDirectoryPlus::ENTRY_HEADER`]
+    /// bytes and its name, 8-byte aligned: a filesystem that must work for each entry
+    /// it adds (a lookup) can tell how many more will fit before it does the work.
+    pub fn room(&self) -> usize {
+        self.buf.room()
+    }
+
+    /// The bytes of one entry before its name (`fuse_direntplus`).
+    pub const ENTRY_HEADER: usize = DirEntPlusList::HEADER;
+
     /// Reply to a request with the filled directory buffer
     pub fn ok(self) {
         let response: ll::ResponseData = self.buf.into();

@@ -441,6 +441,11 @@ impl EntListBuf {
         self.buf.resize(self.buf.len() + padlen, 0);
         false
     }
+
+    /// Bytes the buffer can still take.
+    pub(crate) fn room(&self) -> usize {
+        self.max_size.saturating_sub(self.buf.len())
+    }
 }
 
 #[derive(Debug, PartialEq, Eq, Clone, Copy, PartialOrd, Ord)]
@@ -541,8 +546,17 @@ impl From<DirEntPlusList> for ResponseData {
 }
 
 impl DirEntPlusList {
+    /// The bytes of one entry before its name; an entry takes these and its name,
+    /// 8-byte aligned.
+    pub(crate) const HEADER: usize = size_of::<abi::fuse_direntplus>();
+
     pub(crate) fn new(max_size: usize) -> Self {
         Self(EntListBuf::new(max_size))
+    }
+
+    /// Bytes the reply can still take.
+    pub(crate) fn room(&self) -> usize {
+        self.0.room()
     }
     /// Add an entry to the directory reply buffer. Returns true if the buffer is full.
     /// A transparent offset value can be provided for each entry. The kernel uses these
