@@ -31,7 +31,7 @@ use crate::sys::fuse::Backing;
 
 use super::error::FsError;
 use super::inode::DataFile;
-use super::ops::{Attr, Created, Listing, Opened, SetAttr, ViewFs, XattrReply};
+use super::ops::{Attr, Created, Listing, Opened, Room, SetAttr, ViewFs, XattrReply};
 use super::ratelimit::{RateLimit, Verdict};
 use super::stats::{Op, ViewStats, errno_name};
 use super::view::Caller;
@@ -888,15 +888,21 @@ impl Filesystem for FuseView {
             ino.0,
             reply,
             |reply| {
-                self.fs
-                    .readdir(ino.0, fh.0, offset, Listing::Names, |item, next| {
+                self.fs.readdir(
+                    ino.0,
+                    fh.0,
+                    offset,
+                    Listing::Names,
+                    Room::UNBOUNDED,
+                    |item, next| {
                         reply.add(
                             INodeNo(item.ino),
                             next,
                             file_type(item.kind),
                             OsStr::from_bytes(&item.name),
                         )
-                    })
+                    },
+                )
             },
             |reply, ()| reply.ok(),
         );
@@ -917,8 +923,18 @@ impl Filesystem for FuseView {
             ino.0,
             reply,
             |reply| {
-                self.fs
-                    .readdir(ino.0, fh.0, offset, Listing::AsNeeded, |item, next| {
+                // Entries are looked up only as far as the reply has room for them.
+                let room = Room {
+                    bytes: reply.room(),
+                    header: ReplyDirectoryPlus::ENTRY_HEADER,
+                };
+                self.fs.readdir(
+                    ino.0,
+                    fh.0,
+                    offset,
+                    Listing::AsNeeded,
+                    room,
+                    |item, next| {
                         let name = OsStr::from_bytes(&item.name);
                         match &item.attr {
                             Some(a) => reply.add(
@@ -938,7 +954,8 @@ impl Filesystem for FuseView {
                                 name,
                             ),
                         }
-                    })
+                    },
+                )
             },
             |reply, ()| reply.ok(),
         );

@@ -184,7 +184,8 @@ impl ViewFs {
     /// `.`/`..` is looked up (and counted) like [`ViewFs::lookup`]; an entry that is not
     /// handed over is forgotten again. With [`Listing::AsNeeded`], so are the entries
     /// of a chunk listed while the view sees a walk ([`super::super::listing`]), but for
-    /// its probes; otherwise names only.
+    /// its probes; otherwise names only. Only entries that fit in `room` are looked up:
+    /// the chunk ends where they end.
     ///
     /// # Errors
     /// `EBADF` for an unknown handle, or the error of `getdents64`.
@@ -194,6 +195,7 @@ impl ViewFs {
         fh: u64,
         offset: u64,
         listing: Listing,
+        room: Room,
         mut add: impl FnMut(&DirItem, u64) -> bool,
     ) -> FsResult<()> {
         let dir = self.open_dir(fh)?;
@@ -213,6 +215,8 @@ impl ViewFs {
             s.at_end = false;
         }
         let mut handed = false;
+        // What the reply can still take, by `room`'s count.
+        let mut left = room.bytes;
         // Entries looked up ahead of their turn; what is not handed over is forgotten.
         let mut looked_up = LookedUp {
             view: self,
@@ -246,7 +250,11 @@ impl ViewFs {
             let looked = if attributes && !dot {
                 if looked_up.items.front().map(|l| l.0) != Some(next) {
                     looked_up.clear();
-                    self.look_ahead(ino, listing, &s.pending, &mut looked_up.items);
+                    self.look_ahead(ino, listing, &s.pending, left, room, &mut looked_up.items);
+                    if looked_up.items.is_empty() && handed {
+                        // The entry does not fit: the chunk ends before it.
+                        return Ok(());
+                    }
                 }
                 looked_up.items.pop_front().and_then(|l| l.1)
             } else {
@@ -294,28 +302,42 @@ impl ViewFs {
                 return Ok(());
             }
             handed = true;
+            left = left.saturating_sub(room.cost(&item.name));
             s.pos = next;
         }
     }
 
     /// Decides for the entries at the front of `pending` (up to [`LOOK_AHEAD`] of
-    /// them, from the first) which are looked up and which are probes, and looks the
-    /// former up, spread over the cores: a walk's listings are the daemon's work alone
-    /// while the walker waits for them. An entry `.`, `..` or reserved is left out, as
-    /// the listing skips or lists it without a lookup.
+    /// them, from the first, and no more than fit in `left` bytes of a reply counted
+    /// by `room`) which are looked up and which are probes, and looks the former up,
+    /// spread over the cores: a walk's listings are the daemon's work alone while the
+    /// walker waits for them. An entry `.`, `..` or reserved is left out, as the
+    /// listing skips or lists it without a lookup.
     fn look_ahead(
         &self,
         dir: u64,
         listing: Listing,
         pending: &Pending,
+        mut left: usize,
+        room: Room,
         out: &mut VecDeque<(u64, Option<FsResult<Attr>>)>,
     ) {
         // Each entry's cookie, and whether it is a probe (not looked up).
         let mut slots = Vec::new();
         let mut names = Vec::new();
-        for e in pending.entries.iter().take(LOOK_AHEAD) {
-            let skipped = is_dot(&e.name) || namespace::is_reserved_name(&e.name);
-            if skipped {
+        for e in pending.entries.iter() {
+            if slots.len() == LOOK_AHEAD {
+                break;
+            }
+            if namespace::is_reserved_name(&e.name) {
+                continue;
+            }
+            // `.` and `..` take their room too, handed without attributes.
+            let Some(after) = left.checked_sub(room.cost(&e.name)) else {
+                break;
+            };
+            left = after;
+            if is_dot(&e.name) {
                 continue;
             }
             if listing == Listing::AsNeeded && self.listing.next_is_probe(true) {
@@ -327,6 +349,8 @@ impl ViewFs {
                 slots.push((e.next, false));
             }
         }
+        #[cfg(test)]
+        looked_up::add(names.len());
         let look = |part: &[&dir::DirEntry]| -> Vec<FsResult<Attr>> {
             part.iter()
                 .map(|e| self.lookup_entry(dir, OsStr::from_bytes(&e.name)))
@@ -418,5 +442,24 @@ pub(super) mod no_helpers {
 
     pub(super) fn refused() -> bool {
         REFUSED.with(Cell::get)
+    }
+}
+
+/// How many entries the listings made on this thread looked up, for tests.
+#[cfg(test)]
+pub(super) mod looked_up {
+    use std::cell::Cell;
+
+    thread_local! {
+        static COUNT: Cell<usize> = const { Cell::new(0) };
+    }
+
+    pub(super) fn add(n: usize) {
+        COUNT.with(|c| c.set(c.get() + n));
+    }
+
+    /// The count so far, set back to zero.
+    pub fn take() -> usize {
+        COUNT.with(|c| c.replace(0))
     }
 }

@@ -80,6 +80,30 @@ pub enum Listing {
     AsNeeded,
 }
 
+/// What a listing's reply can still take: `bytes`, each entry taking `header` bytes
+/// and its name, 8-byte aligned (the FUSE encoding). A listing that carries attributes
+/// looks up only the entries that fit: a walker reading with a small buffer (Go's
+/// `os.ReadDir` reads 8 KiB at a time, about 50 entries) would otherwise pay lookups
+/// for entries that go back unhanded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Room {
+    pub bytes: usize,
+    pub header: usize,
+}
+
+impl Room {
+    /// No bound: the adapter's `add` alone says when the reply is full.
+    pub const UNBOUNDED: Room = Room {
+        bytes: usize::MAX,
+        header: 0,
+    };
+
+    /// The bytes the entry `name` takes.
+    pub fn cost(&self, name: &[u8]) -> usize {
+        (self.header + name.len()).next_multiple_of(8)
+    }
+}
+
 /// One entry of a directory listing handed to the adapter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirItem {
@@ -648,20 +672,27 @@ mod tests {
         let fh = v.opendir(ROOT).unwrap();
         let mut seen = Vec::new();
         let mut next_offset = 0;
-        v.readdir(ROOT, fh, 0, Listing::WithAttributes, |item, next| {
-            if item.attr.is_some()
-                && seen
-                    .iter()
-                    .filter(|n: &&Vec<u8>| n.starts_with(b"f"))
-                    .count()
-                    == 3
-            {
-                return true; // full
-            }
-            seen.push(item.name.clone());
-            next_offset = next;
-            false
-        })
+        v.readdir(
+            ROOT,
+            fh,
+            0,
+            Listing::WithAttributes,
+            Room::UNBOUNDED,
+            |item, next| {
+                if item.attr.is_some()
+                    && seen
+                        .iter()
+                        .filter(|n: &&Vec<u8>| n.starts_with(b"f"))
+                        .count()
+                        == 3
+                {
+                    return true; // full
+                }
+                seen.push(item.name.clone());
+                next_offset = next;
+                false
+            },
+        )
         .unwrap();
         let files = seen.iter().filter(|n| n.starts_with(b"f")).count();
         assert_eq!(files, 3);
@@ -672,10 +703,17 @@ mod tests {
         );
         // Resuming from the last offset lists the rest exactly once.
         let mut rest = Vec::new();
-        v.readdir(ROOT, fh, next_offset, Listing::WithAttributes, |item, _| {
-            rest.push(item.name.clone());
-            false
-        })
+        v.readdir(
+            ROOT,
+            fh,
+            next_offset,
+            Listing::WithAttributes,
+            Room::UNBOUNDED,
+            |item, _| {
+                rest.push(item.name.clone());
+                false
+            },
+        )
         .unwrap();
         assert_eq!(rest.iter().filter(|n| n.starts_with(b"f")).count(), 7);
         assert!(rest.iter().all(|n| !seen.contains(n)));
@@ -686,11 +724,18 @@ mod tests {
     /// Every entry of `fh` from `offset` that one `readdir` call hands over.
     fn chunk(v: &ViewFs, fh: u64, offset: u64) -> (Vec<Vec<u8>>, u64) {
         let (mut names, mut last) = (Vec::new(), offset);
-        v.readdir(ROOT, fh, offset, Listing::Names, |item, next| {
-            names.push(item.name.clone());
-            last = next;
-            false
-        })
+        v.readdir(
+            ROOT,
+            fh,
+            offset,
+            Listing::Names,
+            Room::UNBOUNDED,
+            |item, next| {
+                names.push(item.name.clone());
+                last = next;
+                false
+            },
+        )
         .unwrap();
         (names, last)
     }
@@ -700,7 +745,7 @@ mod tests {
         let (mut items, mut at) = (Vec::new(), offset);
         loop {
             let before = items.len();
-            v.readdir(ROOT, fh, at, listing, |item, next| {
+            v.readdir(ROOT, fh, at, listing, Room::UNBOUNDED, |item, next| {
                 items.push(item.clone());
                 at = next;
                 false
@@ -754,14 +799,21 @@ mod tests {
         let fh = v.opendir(ROOT).unwrap();
         let list = |offset: u64, stop_after: usize| {
             let (mut items, mut last) = (Vec::new(), offset);
-            v.readdir(ROOT, fh, offset, Listing::WithAttributes, |item, next| {
-                if items.len() == stop_after {
-                    return true; // full
-                }
-                items.push(item.clone());
-                last = next;
-                false
-            })
+            v.readdir(
+                ROOT,
+                fh,
+                offset,
+                Listing::WithAttributes,
+                Room::UNBOUNDED,
+                |item, next| {
+                    if items.len() == stop_after {
+                        return true; // full
+                    }
+                    items.push(item.clone());
+                    last = next;
+                    false
+                },
+            )
             .unwrap();
             (items, last)
         };
@@ -781,6 +833,51 @@ mod tests {
             assert_eq!(attr.gid, 5);
             assert_eq!(attr, v.lookup(ROOT, OsStr::from_bytes(&item.name)).unwrap());
         }
+        v.release(fh);
+    }
+
+    #[test]
+    fn a_walk_listing_looks_up_only_what_fits_in_a_small_reply() {
+        let dir = populated(1000);
+        let v = view(dir.path(), "gid=5");
+        let fh = v.opendir(ROOT).unwrap();
+        // Go's os.ReadDir reads 8 KiB at a time: about 50 READDIRPLUS entries a reply.
+        let room = Room {
+            bytes: 8192,
+            header: 152,
+        };
+        dirs::looked_up::take();
+        let (mut all, mut at, mut replies) = (Vec::new(), 0, 0);
+        loop {
+            let (mut items, mut left) = (Vec::new(), room.bytes);
+            v.readdir(ROOT, fh, at, Listing::WithAttributes, room, |item, next| {
+                // Full as the reply is full: the entry does not fit in what is left.
+                let Some(after) = left.checked_sub(room.cost(&item.name)) else {
+                    return true;
+                };
+                left = after;
+                items.push(item.clone());
+                at = next;
+                false
+            })
+            .unwrap();
+            if items.is_empty() {
+                break;
+            }
+            replies += 1;
+            let looked = dirs::looked_up::take();
+            let handed = items.iter().filter(|i| i.attr.is_some()).count();
+            assert_eq!(
+                looked, handed,
+                "reply {replies}: looked up {looked}, handed {handed}"
+            );
+            all.extend(items);
+        }
+        let files: Vec<_> = all.iter().filter(|i| i.name.starts_with(b"f")).collect();
+        assert_eq!(files.len(), 1000);
+        assert!(files.iter().all(|i| i.attr.is_some_and(|a| a.gid == 5)));
+        assert!(replies >= 1000 / 60, "{replies} replies of at most 8 KiB");
+        assert_eq!(v.inode_count(), 1 + 1000);
         v.release(fh);
     }
 
@@ -837,12 +934,19 @@ mod tests {
         let list = |v: &ViewFs| {
             let fh = v.opendir(ROOT).unwrap();
             let mut items = Vec::new();
-            v.readdir(ROOT, fh, 0, Listing::AsNeeded, |item, _| {
-                if item.name.starts_with(b"f") {
-                    items.push(item.clone());
-                }
-                false
-            })
+            v.readdir(
+                ROOT,
+                fh,
+                0,
+                Listing::AsNeeded,
+                Room::UNBOUNDED,
+                |item, _| {
+                    if item.name.starts_with(b"f") {
+                        items.push(item.clone());
+                    }
+                    false
+                },
+            )
             .unwrap();
             v.release(fh);
             items
@@ -979,7 +1083,7 @@ mod tests {
         assert_eq!(v.link(f, ROOT, x), Err(FsError::NotPermitted));
         let fh = v.opendir(ROOT).unwrap();
         let mut listed = Vec::new();
-        v.readdir(ROOT, fh, 0, Listing::Names, |item, _| {
+        v.readdir(ROOT, fh, 0, Listing::Names, Room::UNBOUNDED, |item, _| {
             listed.push(item.name.clone());
             false
         })
