@@ -190,9 +190,19 @@ async fn views_survive_a_killed_driver_and_dead_views_come_back() {
 async fn a_stale_socket_is_replaced_and_a_foreign_file_is_not() {
     let f = Fixture::new();
     let sock_dir = f.subdir("csi");
-    // A socket file left by a previous run.
-    let stale = std::os::unix::net::UnixListener::bind(sock_dir.join("csi.sock")).unwrap();
-    drop(stale);
+    // A socket file left by a previous run: made with mknod, so no listener ever
+    // existed. A listener bound and closed here could live on for a moment in a child
+    // that another test forks meanwhile (until its exec closes it), and a connection
+    // made then is reset when it goes.
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        sock_dir.join("csi.sock"),
+        rustix::fs::FileType::Socket,
+        rustix::fs::Mode::from_raw_mode(0o755),
+        0,
+    )
+    .unwrap();
+    assert!(std::os::unix::net::UnixStream::connect(sock_dir.join("csi.sock")).is_err());
     let d = Driver::start(f.dir.path());
     let mut c = d.clients().await;
     c.identity
