@@ -558,6 +558,7 @@ impl DirEntPlusList {
     pub(crate) fn room(&self) -> usize {
         self.0.room()
     }
+
     /// Add an entry to the directory reply buffer. Returns true if the buffer is full.
     /// A transparent offset value can be provided for each entry. The kernel uses these
     /// value to request the next entries in further readdir calls
