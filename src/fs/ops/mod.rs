@@ -740,6 +740,15 @@ mod tests {
         (names, last)
     }
 
+    /// Asserts that `items` hold the `n` files of [`populated`], each with its
+    /// attributes (group 5) and each counted once by the view.
+    fn every_file_with_attributes(v: &ViewFs, items: &[DirItem], n: usize) {
+        let files: Vec<_> = items.iter().filter(|i| i.name.starts_with(b"f")).collect();
+        assert_eq!(files.len(), n);
+        assert!(files.iter().all(|i| i.attr.is_some_and(|a| a.gid == 5)));
+        assert_eq!(v.inode_count(), 1 + n);
+    }
+
     /// Every entry of `fh` from `offset` to the end, one `readdir` call after another.
     fn rest(v: &ViewFs, fh: u64, offset: u64, listing: Listing) -> Vec<DirItem> {
         let (mut items, mut at) = (Vec::new(), offset);
@@ -873,11 +882,8 @@ mod tests {
             );
             all.extend(items);
         }
-        let files: Vec<_> = all.iter().filter(|i| i.name.starts_with(b"f")).collect();
-        assert_eq!(files.len(), 1000);
-        assert!(files.iter().all(|i| i.attr.is_some_and(|a| a.gid == 5)));
         assert!(replies >= 1000 / 60, "{replies} replies of at most 8 KiB");
-        assert_eq!(v.inode_count(), 1 + 1000);
+        every_file_with_attributes(&v, &all, 1000);
         v.release(fh);
     }
 
@@ -890,10 +896,7 @@ mod tests {
         dirs::no_helpers::set(true);
         let items = rest(&v, fh, 0, Listing::WithAttributes);
         dirs::no_helpers::set(false);
-        let files: Vec<_> = items.iter().filter(|i| i.name.starts_with(b"f")).collect();
-        assert_eq!(files.len(), 1000);
-        assert!(files.iter().all(|i| i.attr.is_some_and(|a| a.gid == 5)));
-        assert_eq!(v.inode_count(), 1 + 1000);
+        every_file_with_attributes(&v, &items, 1000);
         v.release(fh);
     }
 
