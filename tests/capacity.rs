@@ -387,7 +387,7 @@ async fn keys_and_expansion_errors() {
         c.node
             .node_expand_volume(node_expand(9 * MIB, secrets(&key), &staging))
             .await,
-        Code::FailedPrecondition,
+        Code::Unavailable,
         "ControllerExpandVolume must grow it first",
     );
     expect(

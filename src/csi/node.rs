@@ -139,15 +139,13 @@ impl pb::node_server::Node for NodeService {
         let node = Arc::clone(&self.node);
         let span = info_span!("NodeGetVolumeStats", volume_id = %id, path = %path.display());
         let stats = blocking(span, move || node.stats(&id, &path)).await?;
-        let mut out = Vec::new();
-        if let Some(b) = stats.bytes {
-            out.push(usage(b, pb::volume_usage::Unit::Bytes));
-        }
-        if let Some(i) = stats.inodes {
-            out.push(usage(i, pb::volume_usage::Unit::Inodes));
-        }
+        // Both units always: kubelet's csi_client.go `NodeGetVolumeStats` refuses an
+        // answer without usage before it reads the volume condition.
         Ok(Response::new(pb::NodeGetVolumeStatsResponse {
-            usage: out,
+            usage: vec![
+                usage(stats.bytes, pb::volume_usage::Unit::Bytes),
+                usage(stats.inodes, pb::volume_usage::Unit::Inodes),
+            ],
             volume_condition: Some(pb::VolumeCondition {
                 abnormal: stats.abnormal.is_some(),
                 message: stats.abnormal.unwrap_or_else(|| "serving".into()),

@@ -198,10 +198,28 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| "is zero or too large".into())
 }
 
+/// Key prefixes of `volume_context` that belong to Kubernetes, never to a pod author:
+/// kubelet's pod information and tokens (`csi.storage.k8s.io/`, kubernetes
+/// pkg/volume/csi/csi_mounter.go `podAttributes`, `podServiceAccountTokenAttrs`) and
+/// external-provisioner's identity (`storage.kubernetes.io/csiProvisionerIdentity`,
+/// v5.3.0 pkg/controller/controller.go `provisionerIDKey`, in every provisioned PV).
+const KUBERNETES_PREFIXES: [&str; 2] = ["csi.storage.k8s.io/", "storage.kubernetes.io/"];
+
+/// The attributes of ours: an inline volume's `volumeAttributes`.
+const OURS: [&str; 4] = ["size", "source", "items", "defaultMode"];
+
 /// The volume's lifecycle from `volume_context`: kubelet's
-/// `csi.storage.k8s.io/ephemeral` and the pod's `volumeAttributes`. Keys under
-/// `csi.storage.k8s.io/` (pod information) are ignored; any other unknown key is an
-/// error naming it. Values are never echoed (they may carry tokens).
+/// `csi.storage.k8s.io/ephemeral` and an inline volume's `volumeAttributes`.
+///
+/// What is accepted follows who wrote the keys. kubelet hands a PV's
+/// `volumeAttributes` to NodeStage and NodePublish unfiltered and adds the pod's
+/// information (`csi_mounter.go` `SetUpAt`, `mergeMap`), so a persistent volume's
+/// context holds whatever the provisioner or a static PV's author put there: any key
+/// is accepted and ignored, except ours (`size`, `source`, `items`, `defaultMode`),
+/// which only mean something inline and are refused rather than silently dropped. An
+/// inline volume's attributes are the pod author's own: any key that is neither ours
+/// nor Kubernetes' is a typo and is refused, naming it. Values are never echoed (the
+/// tokens kubelet puts there are secrets).
 ///
 /// # Errors
 /// InvalidArgument naming the attribute.
@@ -216,20 +234,26 @@ pub fn lifecycle(ctx: &std::collections::HashMap<String, String>) -> Result<Life
             )));
         }
     };
-    let mut unknown: Vec<&str> = ctx
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !k.starts_with("csi.storage.k8s.io/") && !KNOWN.split(", ").any(|n| n == *k))
-        .collect();
-    if !unknown.is_empty() {
-        unknown.sort_unstable();
-        return Err(invalid(format!(
-            "volume_context: unknown attributes {unknown:?} (known: {KNOWN})"
-        )));
+    let foreign =
+        |k: &&str| !KUBERNETES_PREFIXES.iter().any(|p| k.starts_with(p)) && !OURS.contains(k);
+    if ephemeral {
+        let mut unknown: Vec<&str> = ctx.keys().map(String::as_str).filter(foreign).collect();
+        if !unknown.is_empty() {
+            unknown.sort_unstable();
+            return Err(invalid(format!(
+                "volume_context: unknown attributes {unknown:?} of an inline volume (known: {KNOWN})"
+            )));
+        }
+    } else {
+        let mut ignored: Vec<&str> = ctx.keys().map(String::as_str).filter(foreign).collect();
+        if !ignored.is_empty() {
+            ignored.sort_unstable();
+            tracing::debug!(keys = ?ignored, "volume_context keys of a persistent volume ignored");
+        }
     }
     let get = |k: &str| ctx.get(k).map(String::as_str);
     if !ephemeral {
-        if let Some(k) = KNOWN.split(", ").find(|k| ctx.contains_key(*k)) {
+        if let Some(k) = OURS.into_iter().find(|k| ctx.contains_key(*k)) {
             return Err(invalid(format!(
                 "volume_context.{k} applies to inline (ephemeral) volumes only"
             )));
@@ -381,6 +405,31 @@ mod tests {
         let eph = (EPHEMERAL_KEY, "true");
         let pod = ("csi.storage.k8s.io/pod.name", "p");
         assert_eq!(lifecycle(&ctx(&[pod])).unwrap(), Lifecycle::Persistent);
+        // A provisioned PV's attributes and a static PV's own keys are accepted.
+        let provisioned = (
+            "storage.kubernetes.io/csiProvisionerIdentity",
+            "1763900000000-8081-mountgroup.csi.io",
+        );
+        assert_eq!(
+            lifecycle(&ctx(&[
+                provisioned,
+                pod,
+                (EPHEMERAL_KEY, "false"),
+                ("storageAccount", "legacy"),
+                ("example.com/tier", "gold"),
+            ]))
+            .unwrap(),
+            Lifecycle::Persistent
+        );
+        assert_eq!(
+            lifecycle(&ctx(&[
+                eph,
+                pod,
+                ("csi.storage.k8s.io/serviceAccount.tokens", "{}")
+            ]))
+            .unwrap(),
+            Lifecycle::Ephemeral(Inline::Share { size: None })
+        );
         assert_eq!(
             lifecycle(&ctx(&[eph, pod])).unwrap(),
             Lifecycle::Ephemeral(Inline::Share { size: None })

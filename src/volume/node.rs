@@ -62,8 +62,8 @@ pub struct Usage {
 /// What NodeGetVolumeStats reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumeStats {
-    pub bytes: Option<Usage>,
-    pub inodes: Option<Usage>,
+    pub bytes: Usage,
+    pub inodes: Usage,
     /// Why the volume is abnormal, if it is.
     pub abnormal: Option<String>,
 }
@@ -672,7 +672,7 @@ impl Node {
     /// # Errors
     /// A missing or wrong share key when something is to change (a wrong one always),
     /// `NotFound` for an unknown volume or a path it is not published or staged at,
-    /// `FailedPrecondition` when the share records less than `requested`.
+    /// `Unavailable` (retried by kubelet) when the share records less than `requested`.
     pub fn expand(
         &self,
         id: &VolumeId,
@@ -695,7 +695,13 @@ impl Node {
             )));
         }
         if let Some(want) = requested.filter(|w| *w > rec.capacity_bytes) {
-            return Err(VolumeError::FailedPrecondition(format!(
+            // UNAVAILABLE, a code kubelet retries: FAILED_PRECONDITION would mark the
+            // volume with an in-use expansion error and stop node expansion on this
+            // node until it is unmounted (kubernetes pkg/volume/csi/expander.go
+            // `inUseError`), and INVALID_ARGUMENT / OUT_OF_RANGE / NOT_FOUND are final
+            // (`isInfeasibleError`). The share may simply not show the controller's
+            // growth yet (a stale read on a network share).
+            return Err(VolumeError::Unavailable(format!(
                 "the share records {} bytes for volume {id}, less than the {want} asked for; ControllerExpandVolume must grow it first",
                 rec.capacity_bytes
             )));
@@ -718,13 +724,27 @@ impl Node {
             || st.staged.get(id).is_some_and(|s| s.staging_path == path)
     }
 
-    /// Usage of a published (or staged) volume as its pods see it; a dead view is
-    /// reported as an abnormal condition rather than an error.
+    /// Usage of a published (or staged) volume as its pods see it, always in bytes
+    /// and inodes: kubelet refuses an answer without usage before it reads the volume
+    /// condition (kubernetes pkg/volume/csi/csi_client.go `NodeGetVolumeStats`: "usage
+    /// is nil"), so a dead view reports the usage of what it shows (its staging bind,
+    /// its inline volume, its secrets tmpfs) beside its abnormal condition. A secret
+    /// view reports its tmpfs: it has no volume on the share, and kubelet asks for
+    /// every CSI mount every stats period.
     ///
     /// # Errors
     /// `NotFound` when the volume does not exist or is not published or staged at `path`.
     pub fn stats(&self, id: &VolumeId, path: &Path) -> Result<VolumeStats, VolumeError> {
-        if self.share.get(id)?.is_none() {
+        let published = self
+            .state()
+            .published
+            .get(path)
+            .filter(|p| p.volume_id == *id)
+            .cloned();
+        let secret_view = published
+            .as_ref()
+            .is_some_and(|p| p.kind == ViewKind::InlineSecrets);
+        if !secret_view && self.share.get(id)?.is_none() {
             return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
         }
         if !self.is_at(id, path) {
@@ -733,41 +753,62 @@ impl Node {
                 path.display()
             )));
         }
-        let abnormal = |why: String| VolumeStats {
-            bytes: None,
-            inodes: None,
-            abnormal: Some(why),
+        let abnormal = match mount::health(path) {
+            Health::Dead => Some(format!(
+                "the view at {} is not connected (its process ended); publishing again restores it",
+                path.display()
+            )),
+            Health::NotMounted => Some(format!("nothing is mounted at {}", path.display())),
+            Health::Mounted(_) => None,
         };
-        match mount::health(path) {
-            Health::Dead => {
-                return Ok(abnormal(format!(
-                    "the view at {} is not connected (its process ended); publishing again restores it",
-                    path.display()
-                )));
+        // What to measure: the view itself while it serves; otherwise what it shows.
+        let measured = match (&abnormal, &published) {
+            (None, _) => path.to_path_buf(),
+            (Some(_), Some(p)) if secret_view => p.source.clone(),
+            (Some(_), _) => self.share.data_path(id),
+        };
+        let usage = match crate::sys::file::statvfs_path(&measured) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(path = %measured.display(), error = %e, "statfs failed");
+                None
             }
-            Health::NotMounted => {
-                return Ok(abnormal(format!(
-                    "nothing is mounted at {}",
-                    path.display()
-                )));
-            }
-            Health::Mounted(_) => {}
+        };
+        if usage.is_none() && abnormal.is_none() {
+            return Err(VolumeError::Internal(format!(
+                "statfs of {} failed",
+                path.display()
+            )));
         }
-        let s = crate::sys::file::statvfs_path(path)
-            .map_err(|e| VolumeError::Internal(format!("statfs of {}: {e}", path.display())))?;
-        let frsize = u64::from(s.frsize);
+        let (bytes, inodes) = match usage {
+            Some(s) => {
+                let frsize = u64::from(s.frsize);
+                (
+                    Usage {
+                        total: s.blocks * frsize,
+                        available: s.bavail * frsize,
+                        used: s.blocks.saturating_sub(s.bfree) * frsize,
+                    },
+                    Usage {
+                        total: s.files,
+                        available: s.ffree,
+                        used: s.files.saturating_sub(s.ffree),
+                    },
+                )
+            }
+            None => {
+                let zero = Usage {
+                    total: 0,
+                    available: 0,
+                    used: 0,
+                };
+                (zero, zero)
+            }
+        };
         Ok(VolumeStats {
-            bytes: Some(Usage {
-                total: s.blocks * frsize,
-                available: s.bavail * frsize,
-                used: s.blocks.saturating_sub(s.bfree) * frsize,
-            }),
-            inodes: Some(Usage {
-                total: s.files,
-                available: s.ffree,
-                used: s.files.saturating_sub(s.ffree),
-            }),
-            abnormal: None,
+            bytes,
+            inodes,
+            abnormal,
         })
     }
 }

@@ -1,0 +1,444 @@
+//! The driver played with exactly what kubelet and the pinned sidecars send
+//! (tests/common/kubelet.rs builds each request as its upstream function does), and
+//! judged by how kubelet reads the answer: a provisioned PVC staged and published
+//! with the provisioner's identity and the pod's information, republished without a
+//! stage, static PVs, inline and secret volumes, statistics of every kind of view, and
+//! expansion codes that kubelet retries rather than gives up on.
+
+mod common;
+#[path = "common/driver.rs"]
+mod driver;
+#[path = "common/kubelet.rs"]
+mod kubelet;
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use driver::*;
+use kubelet::*;
+use mountgroup::csi::pb;
+use tonic::Code;
+
+const MIB: i64 = 1 << 20;
+
+fn key_secret(d: &Driver) -> HashMap<String, String> {
+    HashMap::from([("shareKey".to_string(), d.key())])
+}
+
+/// external-provisioner v5.3.0 `Provision` with `--extra-create-metadata`
+/// (deploy/controller.yaml): the PVC's name as the volume name (`pvc-<uid>`), the
+/// StorageClass parameters less the `csi.storage.k8s.io/*-secret-*` ones, plus
+/// `csi.storage.k8s.io/pvc/name`, `pvc/namespace` and `pv/name`, and the
+/// provisioner secret.
+async fn provision(
+    c: &mut Clients,
+    name: &str,
+    bytes: i64,
+    secrets: &HashMap<String, String>,
+) -> pb::Volume {
+    c.controller
+        .create_volume(pb::CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: bytes,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![pb::VolumeCapability {
+                access_type: Some(pb::volume_capability::AccessType::Mount(
+                    pb::volume_capability::MountVolume::default(),
+                )),
+                access_mode: Some(pb::volume_capability::AccessMode {
+                    mode: access_mode("ReadWriteMany") as i32,
+                }),
+            }],
+            parameters: HashMap::from([
+                (
+                    "csi.storage.k8s.io/pvc/name".to_string(),
+                    "data".to_string(),
+                ),
+                (
+                    "csi.storage.k8s.io/pvc/namespace".to_string(),
+                    "team".to_string(),
+                ),
+                ("csi.storage.k8s.io/pv/name".to_string(), name.to_string()),
+            ]),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateVolume as csi-provisioner sends it")
+        .into_inner()
+        .volume
+        .unwrap()
+}
+
+fn wait_for(cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !cond() {
+        assert!(Instant::now() < deadline, "condition not reached in 15 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn view_pid(d: &Driver, target: &Path) -> i32 {
+    let state: serde_json::Value =
+        serde_json::from_slice(&fs::read(d.state.join("node-state.json")).unwrap()).unwrap();
+    state["published"][target.to_str().unwrap()]["pid"]
+        .as_u64()
+        .expect("a pid") as i32
+}
+
+/// Kills a view's process as the OOM killer would, and waits for its mount to die.
+fn kill_view(d: &Driver, target: &Path) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(view_pid(d, target)).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    wait_for(|| fs::metadata(target).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_provisioned_pvc_is_staged_published_and_republished_as_kubelet_sends_it() {
+    let f = Fixture::new();
+    let d = Driver::start_with(f.dir.path(), f.dir.path().join("share"), &[]);
+    let mut c = d.clients().await;
+    let secrets = key_secret(&d);
+    let dirs = KubeletDirs {
+        root: f.subdir("kubelet"),
+    };
+    let name = "pvc-3f1d9a52-0c6e-4b8e-a1f0-7d2c9e4b5a61";
+    let vol = provision(&mut c, name, 64 * MIB, &secrets).await;
+    let pv = provisioned_pv(&vol, "ReadWriteMany");
+    assert!(
+        pv.attributes
+            .contains_key("storage.kubernetes.io/csiProvisionerIdentity")
+    );
+
+    let a = Pod::new("writer", Some(3001));
+    // A pod whose CSIDriver asks for service account tokens (tokenRequests).
+    let b = Pod::new("reader-with-token", Some(3002));
+    let token = "eyJhbGciOiJSUzI1NiJ9.c2VjcmV0LXRva2Vu.sig";
+    c.node
+        .node_stage_volume(stage(&dirs, &pv, &a, &secrets))
+        .await
+        .expect("NodeStageVolume with the PV's attributes");
+    let pub_a = publish_pvc(&dirs, &pv, &a, "data", &HashMap::new());
+    c.node
+        .node_publish_volume(pub_a.clone())
+        .await
+        .expect("NodePublishVolume with the provisioner identity and the pod's information");
+    let pub_b = publish_pvc(
+        &dirs,
+        &pv,
+        &b,
+        "data",
+        &token_attributes("mountgroup", token),
+    );
+    c.node
+        .node_publish_volume(pub_b.clone())
+        .await
+        .expect("NodePublishVolume with serviceAccount.tokens");
+    let target_a = Path::new(&pub_a.target_path);
+    let target_b = Path::new(&pub_b.target_path);
+    fs::write(target_a.join("from-a"), "a").unwrap();
+    assert_eq!(owner(&target_a.join("from-a")).1, 3001);
+    assert_eq!(
+        owner(&target_b.join("from-a")).1,
+        3002,
+        "each pod sees its own group"
+    );
+
+    // kubelet republishes (requiresRepublish, a kubelet restart) with the same
+    // arguments and no NodeStageVolume before it.
+    for _ in 0..2 {
+        c.node
+            .node_publish_volume(pub_a.clone())
+            .await
+            .expect("a republish");
+        c.node
+            .node_publish_volume(pub_b.clone())
+            .await
+            .expect("a republish");
+    }
+    // The token never reaches the log, not even in an error.
+    let mut bad = pub_b.clone();
+    bad.volume_capability = Some(mount_cap(
+        &[],
+        "not-a-group",
+        pb::volume_capability::access_mode::Mode::SingleNodeMultiWriter,
+    ));
+    let e = c.node.node_publish_volume(bad).await.unwrap_err();
+    assert!(!e.message().contains(token));
+    assert!(!d.log_text().contains(token), "the token was logged");
+
+    for (req, pod) in [(&pub_a, &a), (&pub_b, &b)] {
+        let _ = pod;
+        c.node
+            .node_unpublish_volume(unpublish_req(name, Path::new(&req.target_path)))
+            .await
+            .unwrap();
+    }
+    c.node
+        .node_unstage_volume(unstage_req(name, &dirs.staging(name)))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_static_pv_carries_whatever_its_author_wrote_and_only_our_own_keys_are_checked() {
+    let f = Fixture::new();
+    let d = Driver::start(f.dir.path());
+    let mut c = d.clients().await;
+    let dirs = KubeletDirs {
+        root: f.subdir("kubelet"),
+    };
+    let vol = provision(&mut c, "static-data", 8 * MIB, &HashMap::new()).await;
+    // A hand-written PV, as another tool or an older driver left it.
+    let mut pv = provisioned_pv(&vol, "ReadWriteOnce");
+    pv.attributes = HashMap::from([
+        ("storageAccount".to_string(), "legacy".to_string()),
+        ("example.com/owner".to_string(), "team-a".to_string()),
+    ]);
+    let pod = Pod::new("legacy", Some(2000));
+    c.node
+        .node_stage_volume(stage(&dirs, &pv, &pod, &HashMap::new()))
+        .await
+        .expect("stage with foreign attributes");
+    let req = publish_pvc(&dirs, &pv, &pod, "legacy", &HashMap::new());
+    c.node
+        .node_publish_volume(req.clone())
+        .await
+        .expect("publish with foreign attributes");
+    c.node
+        .node_unpublish_volume(unpublish_req("static-data", Path::new(&req.target_path)))
+        .await
+        .unwrap();
+    // Our own inline-only keys on a persistent volume are a mistake worth naming.
+    let mut wrong = pv.clone();
+    wrong.attributes.insert("source".into(), "secrets".into());
+    expect(
+        c.node
+            .node_publish_volume(publish_pvc(&dirs, &wrong, &pod, "legacy", &HashMap::new()))
+            .await,
+        Code::InvalidArgument,
+        "volume_context.source applies to inline (ephemeral) volumes only",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inline_volumes_as_kubelet_sends_them_and_typos_are_named() {
+    let f = Fixture::new();
+    let d = Driver::start(f.dir.path());
+    let mut c = d.clients().await;
+    let dirs = KubeletDirs {
+        root: f.subdir("kubelet"),
+    };
+    let pod = Pod::new("inline", Some(4000));
+    let mut scratch = publish_inline(&dirs, &pod, "scratch", &[("size", "16Mi")], &HashMap::new());
+    scratch
+        .volume_context
+        .extend(token_attributes("", "tok-inline-secret"));
+    c.node
+        .node_publish_volume(scratch.clone())
+        .await
+        .expect("an inline scratch volume with the pod's information and tokens");
+    c.node
+        .node_publish_volume(scratch.clone())
+        .await
+        .expect("a republish");
+    let secret_secrets = HashMap::from([("password".to_string(), "hunter2".to_string())]);
+    let secret = publish_inline(
+        &dirs,
+        &pod,
+        "creds",
+        &[("source", "secrets")],
+        &secret_secrets,
+    );
+    c.node
+        .node_publish_volume(secret.clone())
+        .await
+        .expect("a secret view from nodePublishSecretRef");
+    assert_eq!(
+        fs::read_to_string(Path::new(&secret.target_path).join("password")).unwrap(),
+        "hunter2"
+    );
+    // A typo in the pod's own volumeAttributes is refused, naming the key.
+    let typo = publish_inline(&dirs, &pod, "typo", &[("sise", "16Mi")], &HashMap::new());
+    expect(
+        c.node.node_publish_volume(typo).await,
+        Code::InvalidArgument,
+        "sise",
+    );
+    for req in [&scratch, &secret] {
+        c.node
+            .node_unpublish_volume(unpublish_req(&req.volume_id, Path::new(&req.target_path)))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stats_of_every_kind_of_view_carry_usage_as_kubelet_requires() {
+    let f = Fixture::new();
+    let d = Driver::start(f.dir.path());
+    let mut c = d.clients().await;
+    let dirs = KubeletDirs {
+        root: f.subdir("kubelet"),
+    };
+    let vol = provision(&mut c, "pvc-stats", 8 * MIB, &HashMap::new()).await;
+    let pv = provisioned_pv(&vol, "ReadWriteOnce");
+    let pod = Pod::new("stats", Some(5000));
+    c.node
+        .node_stage_volume(stage(&dirs, &pv, &pod, &HashMap::new()))
+        .await
+        .unwrap();
+    let persistent = publish_pvc(&dirs, &pv, &pod, "data", &HashMap::new());
+    let scratch = publish_inline(&dirs, &pod, "scratch", &[], &HashMap::new());
+    let secret = publish_inline(
+        &dirs,
+        &pod,
+        "creds",
+        &[("source", "secrets")],
+        &HashMap::from([("token".to_string(), "abc".to_string())]),
+    );
+    for req in [&persistent, &scratch, &secret] {
+        c.node.node_publish_volume(req.clone()).await.unwrap();
+    }
+    let read = |resp: pb::NodeGetVolumeStatsResponse, what: &str| {
+        read_stats(&resp).unwrap_or_else(|e| panic!("kubelet rejects the stats of {what}: {e}"))
+    };
+    for (req, what) in [
+        (&persistent, "a PVC"),
+        (&scratch, "an inline volume"),
+        (&secret, "a secret view"),
+    ] {
+        let resp = c
+            .node
+            .node_get_volume_stats(kubelet::stats(&req.volume_id, Path::new(&req.target_path)))
+            .await
+            .unwrap_or_else(|e| panic!("stats of {what}: {e:?}"))
+            .into_inner();
+        let m = read(resp, what);
+        assert!(m.capacity > 0 && m.inodes > 0, "{what}: {m:?}");
+        assert_eq!(m.abnormal, Some(false), "{what}: {m:?}");
+    }
+    // A dead view: the abnormal condition reaches kubelet, with usage beside it.
+    for (req, what) in [
+        (&persistent, "a dead PVC view"),
+        (&secret, "a dead secret view"),
+    ] {
+        let target = Path::new(&req.target_path);
+        kill_view(&d, target);
+        let resp = c
+            .node
+            .node_get_volume_stats(kubelet::stats(&req.volume_id, target))
+            .await
+            .unwrap_or_else(|e| panic!("stats of {what}: {e:?}"))
+            .into_inner();
+        let m = read(resp, what);
+        assert_eq!(m.abnormal, Some(true), "{what}: {m:?}");
+        assert!(m.message.unwrap().contains("not connected"), "{what}");
+    }
+    for req in [&persistent, &scratch, &secret] {
+        c.node
+            .node_unpublish_volume(unpublish_req(&req.volume_id, Path::new(&req.target_path)))
+            .await
+            .unwrap();
+    }
+    c.node
+        .node_unstage_volume(unstage_req("pvc-stats", &dirs.staging("pvc-stats")))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expansion_answers_are_ones_kubelet_retries_unless_they_are_final() {
+    let f = Fixture::new();
+    let d = Driver::start_with(f.dir.path(), f.dir.path().join("share"), &[]);
+    let mut c = d.clients().await;
+    let secrets = key_secret(&d);
+    let dirs = KubeletDirs {
+        root: f.subdir("kubelet"),
+    };
+    let vol = provision(&mut c, "pvc-grow", 8 * MIB, &secrets).await;
+    let pv = provisioned_pv(&vol, "ReadWriteOnce");
+    let pod = Pod::new("grow", None);
+    c.node
+        .node_stage_volume(stage(&dirs, &pv, &pod, &secrets))
+        .await
+        .unwrap();
+    let req = publish_pvc(&dirs, &pv, &pod, "data", &HashMap::new());
+    c.node.node_publish_volume(req.clone()).await.unwrap();
+    let target = Path::new(&req.target_path);
+    let staging = dirs.staging("pvc-grow");
+
+    // The share records less than kubelet asks for (the controller has not grown it
+    // yet, or a network share's read is stale): kubelet must try again later, on every
+    // release, rather than mark the volume and stop.
+    let e = c
+        .node
+        .node_expand_volume(expand(&dirs, &pv, target, 16 * MIB, &secrets))
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("ControllerExpandVolume"), "{e:?}");
+    for release in RELEASES {
+        assert_eq!(
+            expand_failure(release, e.code()),
+            ExpandFailure::Retried,
+            "kubelet {release:?} gives up on {:?}",
+            e.code()
+        );
+    }
+    // Once the controller has grown it, the same call succeeds, with the node-expand
+    // secret (1.27+) and, where nothing changes on this share, without it (1.26).
+    c.controller
+        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
+            volume_id: "pvc-grow".into(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 16 * MIB,
+                limit_bytes: 0,
+            }),
+            secrets: secrets.clone(),
+            volume_capability: None,
+        })
+        .await
+        .unwrap();
+    for (path, s) in [(target, &secrets), (staging.as_path(), &HashMap::new())] {
+        let r = c
+            .node
+            .node_expand_volume(expand(&dirs, &pv, path, 16 * MIB, s))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.capacity_bytes, 16 * MIB);
+    }
+    // A path the volume is not at is final: kubelet's current release marks it
+    // infeasible rather than retrying for ever.
+    let e = c
+        .node
+        .node_expand_volume(expand(
+            &dirs,
+            &pv,
+            Path::new("/var/lib/kubelet/pods/x/mount"),
+            16 * MIB,
+            &secrets,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        expand_failure(Release::Current, e.code()),
+        ExpandFailure::Infeasible
+    );
+    c.node
+        .node_unpublish_volume(unpublish_req("pvc-grow", target))
+        .await
+        .unwrap();
+    c.node
+        .node_unstage_volume(unstage_req("pvc-grow", &staging))
+        .await
+        .unwrap();
+}
