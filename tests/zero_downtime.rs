@@ -148,25 +148,10 @@ fn view_processes(target: &Path) -> Vec<(u32, PathBuf)> {
         .collect()
 }
 
-/// Sends `signal` to the first process of the driver's container (the `serve`
-/// process), and waits until the container is gone: its wrapper reaps it first.
-fn signal_first_process(d: &mut Driver, signal: Signal) {
-    let wrapper = d.pid();
-    let init = fs::read_to_string(format!("/proc/{wrapper}/task/{wrapper}/children"))
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse::<i32>()
-        .unwrap();
-    kill_process(Pid::from_raw(init).unwrap(), signal).unwrap();
-    d.wait_exit();
-}
-
 /// Kills the driver's container (SIGKILL to its first process), starts it again, and
 /// repeats the publish of `target`, which it must know as its own.
 async fn kill_and_restart(d: &mut Driver, staging: &Path, target: &Path) {
-    signal_first_process(d, Signal::KILL);
+    d.signal_first_process(Signal::KILL);
     d.restart();
     d.clients()
         .await
@@ -305,7 +290,7 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     wait_ready(&v2, &keeper_socket);
     settle();
     keeper1.stop(Duration::from_secs(30));
-    signal_first_process(&mut d, Signal::TERM);
+    d.signal_first_process(Signal::TERM);
     let mut d2 = Driver::start_in(root, root.join("share"), CONTAINER, &v2, &serve_args);
     c = d2.clients().await;
     c.node
@@ -356,7 +341,7 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
         .unwrap();
     assert!(!is_mounted(&target));
     keeper2.stop(Duration::from_secs(10));
-    signal_first_process(&mut d2, Signal::TERM);
+    d2.signal_first_process(Signal::TERM);
 }
 
 /// Lazily unmounts on drop: a test leaves no mount behind, even when it fails.

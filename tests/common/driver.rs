@@ -175,6 +175,21 @@ impl Driver {
         }
     }
 
+    /// Signals the first process of the driver's container (the wrapper's child, as
+    /// a runtime signals a container) and waits for the container to end.
+    pub fn signal_first_process(&mut self, signal: Signal) {
+        let wrapper = self.pid();
+        let init = fs::read_to_string(format!("/proc/{wrapper}/task/{wrapper}/children"))
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<i32>()
+            .unwrap();
+        kill_process(Pid::from_raw(init).unwrap(), signal).unwrap();
+        self.wait_exit();
+    }
+
     /// Starts the driver again on the same directories.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop the driver first");
