@@ -172,3 +172,136 @@ fn manifests_pull_the_image_the_build_makes() {
         .expect("the Containerfile's ENTRYPOINT");
     assert!(node.contains(&format!("command: [{entry}, keeper, --probe")));
 }
+
+fn manifest(file: &str) -> String {
+    fs::read_to_string(format!("{}/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+/// The containers of a pod template we write: name → its block of lines.
+fn containers(yaml: &str) -> Vec<(String, String)> {
+    yaml.split("\n        - name: ")
+        .skip(1)
+        .map(|block| {
+            let name = block.lines().next().unwrap().trim().to_string();
+            (name, block.to_string())
+        })
+        .collect()
+}
+
+/// A number under `key:` in the block after `section:` (a probe), or `default`.
+fn probe_field(block: &str, section: &str, key: &str, default: u64) -> Option<u64> {
+    let at = block.find(&format!("{section}:"))?;
+    Some(
+        block[at..]
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with("            "))
+            .find_map(|l| l.trim().strip_prefix(&format!("{key}:")))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(default),
+    )
+}
+
+/// The value of `--flag=` in a container's arguments, if given.
+fn flag<'a>(block: &'a str, flag: &str) -> Option<&'a str> {
+    block
+        .split([' ', '[', ',', ']', '\n'])
+        .find_map(|p| p.strip_prefix(&format!("--{flag}=")))
+}
+
+/// Seconds in a Go duration we write (`3s`, `1500ms`).
+fn seconds(d: &str) -> f64 {
+    if let Some(ms) = d.strip_suffix("ms") {
+        ms.parse::<f64>().unwrap() / 1000.0
+    } else {
+        d.strip_suffix('s').unwrap().parse().unwrap()
+    }
+}
+
+/// kubelet gives an HTTP probe `timeoutSeconds` (default 1); the sidecar behind it
+/// answers only after its own call to the driver, bounded by its own flag. A probe that
+/// gives up first restarts a healthy container whenever the share is slow.
+/// livenessprobe v2.17.0 cmd/livenessprobe/main.go: `--probe-timeout`, default 3 s;
+/// node-driver-registrar v2.15.0 main.go: `--timeout` (its GetInfo check), default 1 s.
+#[test]
+fn kubelet_probes_wait_longer_than_the_sidecars_behind_them() {
+    let mut checked = 0;
+    for file in ["deploy/node.yaml", "deploy/controller.yaml"] {
+        let yaml = manifest(file);
+        let cs = containers(&yaml);
+        let sidecar_budget = |port: &str| -> f64 {
+            let (_, block) = cs
+                .iter()
+                .find(|(_, b)| b.contains(&format!("--http-endpoint=:{port}")))
+                .unwrap_or_else(|| panic!("{file}: nothing serves :{port}"));
+            if block.contains("sig-storage/livenessprobe:") {
+                seconds(flag(block, "probe-timeout").unwrap_or("3s"))
+            } else {
+                seconds(flag(block, "timeout").unwrap_or("1s"))
+            }
+        };
+        for (name, block) in &cs {
+            for probe in ["livenessProbe", "startupProbe"] {
+                let Some(timeout) = probe_field(block, probe, "timeoutSeconds", 1) else {
+                    continue;
+                };
+                // The port the probe reaches, by name or number.
+                let port = if block[block.find(probe).unwrap()..].contains("port: healthz") {
+                    "9808".to_string()
+                } else if block[block.find(probe).unwrap()..].contains("port: registrar") {
+                    "9809".to_string()
+                } else {
+                    continue; // exec probes run our own binary
+                };
+                let budget = sidecar_budget(&port);
+                assert!(
+                    timeout as f64 > budget,
+                    "{file}: {name}'s {probe} gives up after {timeout} s, before the sidecar on :{port} ({budget} s)"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 4, "only {checked} probes checked");
+}
+
+/// The ResourceQuota admission plugin as GKE configures it (`limitedResources`: pods
+/// of the critical priority classes; kubernetes plugin/pkg/admission/resourcequota,
+/// "insufficient quota to match these scopes"): a pod of such a class is created only
+/// in a namespace with a quota whose PriorityClass scope covers it. GKE defines one in
+/// kube-system only. Every critical pod of ours must have one in its namespace, and
+/// `kubectl apply -k deploy/` must create it.
+#[test]
+fn critical_pods_have_the_quota_their_class_needs() {
+    let kustomization = manifest("deploy/kustomization.yaml");
+    let applied: Vec<String> = kustomization
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- "))
+        .map(|f| manifest(&format!("deploy/{f}")))
+        .collect();
+    let quotas: Vec<&String> = applied
+        .iter()
+        .filter(|m| m.contains("kind: ResourceQuota"))
+        .collect();
+    let mut checked = 0;
+    for m in &applied {
+        let Some(class) = field(m, "priorityClassName") else {
+            continue;
+        };
+        if !class.starts_with("system-") {
+            continue;
+        }
+        let ns = field(m, "namespace").unwrap();
+        let covered = quotas.iter().any(|q| {
+            field(q, "namespace") == Some(ns)
+                && q.contains("scopeName: PriorityClass")
+                && q.contains("operator: In")
+                && q.lines()
+                    .find_map(|l| l.trim().strip_prefix("values:"))
+                    .is_some_and(|v| v.contains(class))
+        });
+        assert!(covered, "a {class} pod in {ns} has no quota for its class");
+        checked += 1;
+    }
+    assert_eq!(checked, 2, "the node plugin and the controller");
+}
