@@ -45,6 +45,12 @@ enum Command {
     Keeper(KeeperArgs),
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ShareInitArg {
+    Always,
+    MountPoint,
+}
+
 #[derive(clap::Args)]
 struct ServeArgs {
     /// The CSI endpoint kubelet and the sidecars connect to.
@@ -62,6 +68,12 @@ struct ServeArgs {
     /// The share: the directory that holds every volume.
     #[arg(long, default_value = "/var/lib/mountgroup/share")]
     share_root: PathBuf,
+    /// When a share root without the share's marker (.mountgroup-share) is laid out as
+    /// a new share: `always` (a directory of this machine), or only when it is a
+    /// `mount-point` (a share mounted on every node; until it is mounted the driver is
+    /// not ready and creates nothing, so no volume lands on the node's own disk).
+    #[arg(long, value_enum, default_value = "always")]
+    share_init: ShareInitArg,
     /// The share's access key (mode 0600; generated if absent). Default:
     /// STATE_DIR/share.key. `none` runs without a key (local use only).
     #[arg(long, value_name = "PATH|none")]
@@ -137,6 +149,10 @@ fn serve(args: ServeArgs) -> ExitCode {
         driver_name: args.driver_name,
         state_dir: args.state_dir,
         share_root: args.share_root,
+        share_init: match args.share_init {
+            ShareInitArg::Always => mountgroup::share::ShareInit::Always,
+            ShareInitArg::MountPoint => mountgroup::share::ShareInit::Mounted,
+        },
         view_binary,
         keeper_socket: args.keeper_socket,
     };

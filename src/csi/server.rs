@@ -12,7 +12,7 @@ use super::metrics::{Metrics, MetricsLayer, serve_http};
 use super::node::NodeService;
 use super::pb;
 use crate::share::key::ShareKey;
-use crate::share::{CapacityMode, LocalShare, Share};
+use crate::share::{CapacityMode, LocalShare, Share, ShareInit};
 use crate::volume::VolumeError;
 use crate::volume::controller::Controller;
 use crate::volume::guard::OpGuards;
@@ -29,6 +29,8 @@ pub struct ServeConfig {
     pub state_dir: PathBuf,
     /// The share: a directory on this node.
     pub share_root: PathBuf,
+    /// Whether a share root without the share's marker may be laid out as a new share.
+    pub share_init: ShareInit,
     /// The binary that serves views (`mountgroup mount`); this one by default.
     pub view_binary: PathBuf,
     /// The keeper that runs the views (`mountgroup keeper`); without one, views are
@@ -136,7 +138,9 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     let socket =
         endpoint_path(&cfg.endpoint).map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e))?;
     let setup = |what: &str, e: &dyn std::fmt::Display| ServeError::Setup(format!("{what}: {e}"));
-    let share = Arc::new(LocalShare::open(&cfg.share_root).map_err(|e| setup("--share-root", &e))?);
+    let share = Arc::new(
+        LocalShare::open(&cfg.share_root, cfg.share_init).map_err(|e| setup("--share-root", &e))?,
+    );
     let key = Arc::new(match &cfg.share_key_file {
         Some(path) => ShareKey::load_or_create(path)
             .map_err(|e| ServeError::Setup(format!("--share-key-file: {e}")))?,

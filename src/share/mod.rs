@@ -121,6 +121,9 @@ pub enum ShareError {
     Corrupt { id: VolumeId, why: String },
     #[error("{0}")]
     Backend(String),
+    /// The share root is not (or no longer) the share: nothing is done there.
+    #[error("{0}")]
+    NotThere(String),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ShareError {
@@ -168,33 +171,120 @@ pub enum CapacityMode {
     Advisory(String),
 }
 
+/// The file that proves a directory is the share. The driver writes it once, when it
+/// lays the share out, and looks for it before every use: a share that is not (yet)
+/// mounted leaves its mount point an empty directory of the node's own disk (the
+/// hostPath's `DirectoryOrCreate` makes one), where volumes must never be created.
+pub const MARKER: &str = ".mountgroup-share";
+
+/// When a share root without the marker may be laid out as a new share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShareInit {
+    /// Always: the share is a directory of this node's own (one machine, local use).
+    Always,
+    /// Only when the root is a mount point: the share is mounted there (an NFS or SMB
+    /// export, a disk); until then the driver is not ready and creates nothing.
+    Mounted,
+}
+
 /// A share that is a directory on this node (a hostPath, or an NFS/SMB export
 /// mounted on every node).
 pub struct LocalShare {
     root: PathBuf,
+    init: ShareInit,
     /// Serialises create and delete so that two calls for one name cannot interleave.
     lock: Mutex<()>,
-    capacity: CapacityMode,
+    /// Decided the first time the root proves to be the share.
+    capacity: std::sync::OnceLock<CapacityMode>,
 }
 
+/// What `capacity()` answers before the share is there.
+static NOT_THERE: std::sync::LazyLock<CapacityMode> =
+    std::sync::LazyLock::new(|| CapacityMode::Advisory("the share is not there yet".into()));
+
 impl LocalShare {
-    /// Opens (and lays out, if new) the share at `root`.
+    /// Opens the share at `root`, laying it out if `init` allows. A root that is not
+    /// the share yet is not an error: every use answers [`ShareError::NotThere`] until
+    /// it is (a share mounted later is picked up by the next call).
     ///
     /// # Errors
-    /// The error of creating its directories.
-    pub fn open(root: &Path) -> Result<LocalShare, ShareError> {
-        for dir in ["volumes", "meta"] {
-            fs::create_dir_all(root.join(dir))
-                .map_err(io(format!("share {}", root.join(dir).display())))?;
+    /// The error of laying out a share that is there.
+    pub fn open(root: &Path, init: ShareInit) -> Result<LocalShare, ShareError> {
+        if init == ShareInit::Always {
+            fs::create_dir_all(root).map_err(io(format!("share {}", root.display())))?;
         }
-        let root = fs::canonicalize(root).map_err(io(format!("share {}", root.display())))?;
-        let capacity = if !btrfs::is_btrfs(&root) {
+        let root = fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+        let share = LocalShare {
+            root,
+            init,
+            lock: Mutex::new(()),
+            capacity: std::sync::OnceLock::new(),
+        };
+        match share.prove() {
+            Ok(()) => {}
+            Err(ShareError::NotThere(why)) => {
+                tracing::warn!(share = %share.root.display(), %why, "waiting for the share")
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(share)
+    }
+
+    /// Succeeds when the root is the share: it carries [`MARKER`], or it may be laid out
+    /// now (`init`) and is; the first success decides how capacity is held.
+    fn prove(&self) -> Result<(), ShareError> {
+        let marker = self.root.join(MARKER);
+        match fs::symlink_metadata(&marker) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => {
+                return Err(ShareError::NotThere(format!(
+                    "share root {}: {MARKER} is not a file",
+                    self.root.display()
+                )));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let mounted = matches!(
+                    crate::sys::mount::health(&self.root),
+                    crate::sys::mount::Health::Mounted(_)
+                );
+                if self.init == ShareInit::Mounted && !mounted {
+                    return Err(ShareError::NotThere(format!(
+                        "share root {} is not the share: it is not a mount point and has no {MARKER} marker; mount the share there (an existing share directory on this node's own disk can be marked with `touch {}`)",
+                        self.root.display(),
+                        marker.display()
+                    )));
+                }
+                let body = format!(
+                    "{{\"laid_out_unix\":{}}}\n",
+                    SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs())
+                );
+                write_atomically(&marker, body.as_bytes())
+                    .map_err(io(format!("share marker {}", marker.display())))?;
+                tracing::info!(share = %self.root.display(), "share laid out");
+            }
+            Err(e) => return Err(io(format!("share marker {}", marker.display()))(e)),
+        }
+        for dir in ["volumes", "meta"] {
+            let d = self.root.join(dir);
+            if !d.is_dir() {
+                fs::create_dir_all(&d).map_err(io(format!("share {}", d.display())))?;
+            }
+        }
+        self.capacity.get_or_init(|| self.decide_capacity());
+        Ok(())
+    }
+
+    fn decide_capacity(&self) -> CapacityMode {
+        let root = &self.root;
+        let capacity = if !btrfs::is_btrfs(root) {
             CapacityMode::Advisory(
                 "the share's file system has no quota support mountgroup can use (it needs btrfs)"
                     .into(),
             )
         } else {
-            match btrfs::enable_quota(&root) {
+            match btrfs::enable_quota(root) {
                 Ok(()) => CapacityMode::Enforced,
                 Err(e) => CapacityMode::Advisory(format!("btrfs quotas cannot be enabled: {e}")),
             }
@@ -207,15 +297,11 @@ impl LocalShare {
                 tracing::warn!(share = %root.display(), %why, "capacity is advisory")
             }
         }
-        Ok(LocalShare {
-            root,
-            lock: Mutex::new(()),
-            capacity,
-        })
+        capacity
     }
 
     fn enforced(&self) -> bool {
-        self.capacity == CapacityMode::Enforced
+        self.capacity.get() == Some(&CapacityMode::Enforced)
     }
 
     fn meta_path(&self, id: &VolumeId) -> PathBuf {
@@ -265,6 +351,7 @@ pub fn write_atomically(path: &Path, body: &[u8]) -> std::io::Result<()> {
 
 impl Share for LocalShare {
     fn create(&self, spec: &VolumeSpec) -> Result<Created, ShareError> {
+        self.prove()?;
         let _serial = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(existing) = self.get(&spec.id)? {
             let compatible = existing.name == spec.name
@@ -304,6 +391,7 @@ impl Share for LocalShare {
     }
 
     fn get(&self, id: &VolumeId) -> Result<Option<VolumeRecord>, ShareError> {
+        self.prove()?;
         let body = match fs::read(self.meta_path(id)) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -323,6 +411,7 @@ impl Share for LocalShare {
     }
 
     fn delete(&self, id: &VolumeId) -> Result<(), ShareError> {
+        self.prove()?;
         let _serial = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let data = self.data_path(id);
         // Data first: if we die half way, the metadata still names the volume and a
@@ -347,6 +436,7 @@ impl Share for LocalShare {
     }
 
     fn list(&self) -> Result<Vec<VolumeRecord>, ShareError> {
+        self.prove()?;
         let dir = self.root.join("meta");
         let mut out = Vec::new();
         for entry in fs::read_dir(&dir).map_err(io(format!("share {}", dir.display())))? {
@@ -371,6 +461,7 @@ impl Share for LocalShare {
     }
 
     fn available_bytes(&self) -> Result<u64, ShareError> {
+        self.prove()?;
         let fd = crate::sys::file::open_root(&self.root).map_err(|errno| ShareError::Io {
             what: format!("share {}", self.root.display()),
             errno,
@@ -396,12 +487,14 @@ impl Share for LocalShare {
     }
 
     fn check(&self) -> Result<(), ShareError> {
+        self.prove()?;
         fs::read_dir(self.root.join("volumes"))
             .map(|_| ())
             .map_err(io(format!("share {}", self.root.display())))
     }
 
     fn set_capacity(&self, id: &VolumeId, bytes: u64) -> Result<VolumeRecord, ShareError> {
+        self.prove()?;
         let _serial = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut rec = self
             .get(id)?
@@ -414,6 +507,7 @@ impl Share for LocalShare {
     }
 
     fn apply_capacity(&self, rec: &VolumeRecord) -> Result<(), ShareError> {
+        self.prove()?;
         let data = self.data_path(&rec.id);
         if self.enforced() && btrfs::is_subvolume(&data) {
             btrfs::limit(&data, rec.capacity_bytes)?;
@@ -430,7 +524,7 @@ impl Share for LocalShare {
     }
 
     fn capacity(&self) -> &CapacityMode {
-        &self.capacity
+        self.capacity.get().unwrap_or(&NOT_THERE)
     }
 }
 
@@ -481,7 +575,7 @@ mod tests {
     #[test]
     fn create_is_idempotent_by_name_and_refuses_conflicts() {
         let dir = tempfile::tempdir().unwrap();
-        let share = LocalShare::open(dir.path()).unwrap();
+        let share = LocalShare::open(dir.path(), ShareInit::Always).unwrap();
         let Created::New(rec) = share.create(&spec("v1", 100)).unwrap() else {
             panic!("new")
         };
@@ -512,7 +606,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let outside = tempfile::tempdir().unwrap();
         fs::write(outside.path().join("keep"), "x").unwrap();
-        let share = LocalShare::open(dir.path()).unwrap();
+        let share = LocalShare::open(dir.path(), ShareInit::Always).unwrap();
         share.create(&spec("v", 1)).unwrap();
         let id = VolumeId::parse("v").unwrap();
         std::os::unix::fs::symlink(outside.path(), share.data_path(&id).join("link")).unwrap();

@@ -149,6 +149,9 @@ impl From<ShareError> for VolumeError {
     fn from(e: ShareError) -> Self {
         match e {
             ShareError::Conflict(_) => VolumeError::AlreadyExists(e.to_string()),
+            // UNAVAILABLE: the sidecars and kubelet retry it, and the share may be
+            // mounted by then.
+            ShareError::NotThere(_) => VolumeError::Unavailable(e.to_string()),
             ShareError::Io { .. } | ShareError::Corrupt { .. } | ShareError::Backend(_) => {
                 VolumeError::Internal(e.to_string())
             }
