@@ -235,6 +235,8 @@ impl LocalShare {
     fn prove(&self) -> Result<(), ShareError> {
         let marker = self.root.join(MARKER);
         match fs::symlink_metadata(&marker) {
+            // Written by hand (`touch`): an operator's word that this is the share.
+            Ok(m) if m.is_file() && m.len() == 0 => self.lay_out(&marker)?,
             Ok(m) if m.is_file() => {}
             Ok(_) => {
                 return Err(ShareError::NotThere(format!(
@@ -243,10 +245,7 @@ impl LocalShare {
                 )));
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let mounted = matches!(
-                    crate::sys::mount::health(&self.root),
-                    crate::sys::mount::Health::Mounted(_)
-                );
+                let mounted = crate::sys::mount::is_mount_point(&self.root).unwrap_or(false);
                 if self.init == ShareInit::Mounted && !mounted {
                     return Err(ShareError::NotThere(format!(
                         "share root {} is not the share: it is not a mount point and has no {MARKER} marker; mount the share there (an existing share directory on this node's own disk can be marked with `touch {}`)",
@@ -254,25 +253,30 @@ impl LocalShare {
                         marker.display()
                     )));
                 }
-                let body = format!(
-                    "{{\"laid_out_unix\":{}}}\n",
-                    SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs())
-                );
-                write_atomically(&marker, body.as_bytes())
-                    .map_err(io(format!("share marker {}", marker.display())))?;
-                tracing::info!(share = %self.root.display(), "share laid out");
+                self.lay_out(&marker)?;
             }
             Err(e) => return Err(io(format!("share marker {}", marker.display()))(e)),
         }
+        self.capacity.get_or_init(|| self.decide_capacity());
+        Ok(())
+    }
+
+    /// Lays the share out at the root: its directories, then the marker that names it.
+    fn lay_out(&self, marker: &Path) -> Result<(), ShareError> {
+        // Laid out now: its directories, then the marker that names it.
         for dir in ["volumes", "meta"] {
             let d = self.root.join(dir);
-            if !d.is_dir() {
-                fs::create_dir_all(&d).map_err(io(format!("share {}", d.display())))?;
-            }
+            fs::create_dir_all(&d).map_err(io(format!("share {}", d.display())))?;
         }
-        self.capacity.get_or_init(|| self.decide_capacity());
+        let body = format!(
+            "{{\"laid_out_unix\":{}}}\n",
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        );
+        write_atomically(marker, body.as_bytes())
+            .map_err(io(format!("share marker {}", marker.display())))?;
+        tracing::info!(share = %self.root.display(), "share laid out");
         Ok(())
     }
 
