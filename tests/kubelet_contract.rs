@@ -14,6 +14,7 @@ mod kubelet;
 use std::collections::HashMap;
 use std::fs;
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -441,4 +442,75 @@ async fn expansion_answers_are_ones_kubelet_retries_unless_they_are_final() {
         .node_unstage_volume(unstage_req("pvc-grow", &staging))
         .await
         .unwrap();
+}
+
+/// Lazily unmounts on drop, innermost first.
+struct Unmount(Vec<std::path::PathBuf>);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        for p in self.0.iter().rev() {
+            let _ = rustix::mount::unmount(p, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
+fn mount_options(path: &Path) -> Option<String> {
+    let p = path.to_str().unwrap();
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some(p))
+        .map(|l| l.split(' ').nth(5).unwrap().to_string())
+}
+
+/// The node plugin sees kubelet's directory through a Bidirectional mount: a peer of
+/// the host's. The staging bind it makes there reaches the host (and every pod's
+/// bind of it) by propagation, and must be `nosuid,nodev` there too, not only in the
+/// plugin's own mount namespace (docs/CSI.md promises it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_staging_bind_is_nosuid_nodev_on_the_hosts_side_too() {
+    let f = Fixture::new();
+    let d = Driver::start(f.dir.path());
+    let mut c = d.clients().await;
+    let host = f.subdir("host-kubelet");
+    let plugin = f.subdir("plugin-kubelet");
+    let sh = |args: &[&str]| {
+        assert!(
+            Command::new("mount").args(args).status().unwrap().success(),
+            "mount {args:?}"
+        );
+    };
+    let mut guard = Unmount(vec![host.clone()]);
+    sh(&["-t", "tmpfs", "kubelet", host.to_str().unwrap()]);
+    sh(&["--make-shared", host.to_str().unwrap()]);
+    guard.0.push(plugin.clone());
+    sh(&["--bind", host.to_str().unwrap(), plugin.to_str().unwrap()]);
+    let dirs = KubeletDirs {
+        root: plugin.clone(),
+    };
+    let vol = provision(&mut c, "pvc-flags", 8 * MIB, &HashMap::new()).await;
+    let pv = provisioned_pv(&vol, "ReadWriteOnce");
+    let req = stage(&dirs, &pv, &Pod::new("flags", None), &HashMap::new());
+    let staging = Path::new(&req.staging_target_path).to_path_buf();
+    let on_host = host.join(staging.strip_prefix(&plugin).unwrap());
+    c.node.node_stage_volume(req).await.unwrap();
+    guard.0.push(on_host.clone());
+    guard.0.push(staging.clone());
+    for (side, path) in [("the plugin's", &staging), ("the host's", &on_host)] {
+        let opts = mount_options(path).unwrap_or_else(|| panic!("no bind on {side} side"));
+        let opts: Vec<&str> = opts.split(',').collect();
+        assert!(
+            opts.contains(&"nosuid") && opts.contains(&"nodev"),
+            "{side} copy of the staging bind is {opts:?}"
+        );
+    }
+    c.node
+        .node_unstage_volume(unstage_req("pvc-flags", &staging))
+        .await
+        .unwrap();
+    assert!(
+        mount_options(&on_host).is_none(),
+        "the unstage reaches the host too"
+    );
 }

@@ -101,11 +101,95 @@ pub fn mount_fuse(
     Ok(dev)
 }
 
-/// Bind-mounts `source` on `target`, then makes the bind `nosuid,nodev`.
+/// Bind-mounts `source` on `target`, `nosuid,nodev` from the moment it is attached.
+///
+/// The flags must be on the mount before it is attached: a bind made under a shared
+/// mount (kubelet's directory, which the node plugin mounts with Bidirectional
+/// propagation) is copied at once to every peer (the host's own mount table), and a
+/// later remount changes only this namespace's copy. So the bind is cloned detached
+/// (`open_tree(OPEN_TREE_CLONE)`), given its flags (`mount_setattr`), then attached
+/// (`move_mount`); the copies propagation makes carry the flags. Kernels without
+/// `mount_setattr` (before 5.12) get a bind and a remount, as before: flags in this
+/// namespace only.
 ///
 /// # Errors
-/// The error of `mount(2)`.
+/// The error of the mount calls.
 pub fn bind(source: &Path, target: &Path) -> SysResult<()> {
+    use rustix::mount::{MoveMountFlags, OpenTreeFlags};
+    let tree = rustix::mount::open_tree(
+        rustix::fs::CWD,
+        source,
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    );
+    let tree = match tree {
+        Ok(t) => t,
+        Err(rustix::io::Errno::NOSYS) => return bind_then_remount(source, target),
+        Err(e) => return Err(super::failed("open_tree")(e)),
+    };
+    match set_nosuid_nodev(&tree) {
+        Ok(()) => {}
+        Err(e) if e == super::Errno::ENOSYS => return bind_then_remount(source, target),
+        Err(e) => return Err(e),
+    }
+    rustix::mount::move_mount(
+        &tree,
+        c"",
+        rustix::fs::CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(super::failed("move_mount"))?;
+    // Keep mounts made under the bind (none expected) to this namespace.
+    let _ = rustix::mount::mount_change(target, rustix::mount::MountPropagationFlags::PRIVATE);
+    Ok(())
+}
+
+/// `MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV` (include/uapi/linux/mount.h).
+const MOUNT_ATTR_NOSUID_NODEV: u64 = 0x2 | 0x4;
+
+/// `struct mount_attr` (include/uapi/linux/mount.h, `MOUNT_ATTR_SIZE_VER0`).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Safe wrapper for `mount_setattr(2)` on a detached mount: sets `nosuid,nodev`.
+///
+/// # Errors
+/// The error of `mount_setattr(2)` (`ENOSYS` before Linux 5.12).
+fn set_nosuid_nodev(tree: &OwnedFd) -> SysResult<()> {
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_NOSUID_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `tree` is an open mount descriptor, the path is an empty C string, and
+    // `attr` is a `struct mount_attr` of the size passed; the kernel only reads it.
+    #[allow(unsafe_code)]
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &raw const attr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(super::failed("mount_setattr")(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// The bind of kernels before 5.12: flags in this mount namespace only.
+fn bind_then_remount(source: &Path, target: &Path) -> SysResult<()> {
     use rustix::mount::{MountFlags, MountPropagationFlags};
     rustix::mount::mount_bind(source, target)?;
     // A bind takes its flags from the source mount; a remount sets ours.
@@ -114,7 +198,6 @@ pub fn bind(source: &Path, target: &Path) -> SysResult<()> {
         let _ = unmount_lazy(target);
         return Err(e.into());
     }
-    // Keep mounts made under the bind (none expected) to this namespace.
     let _ = rustix::mount::mount_change(target, MountPropagationFlags::PRIVATE);
     Ok(())
 }
