@@ -139,6 +139,9 @@ pub struct ViewOptions {
     pub attr_timeout: Duration,
     /// How long the kernel may cache names (`entry_timeout=`).
     pub entry_timeout: Duration,
+    /// `context=`: the SELinux label every file of the view shows, as kubelet asks
+    /// for it on SELinux nodes when the CSIDriver has `seLinuxMount: true`.
+    pub selinux_context: Option<String>,
 }
 
 impl Default for ViewOptions {
@@ -154,6 +157,7 @@ impl Default for ViewOptions {
             threads: default_threads(),
             attr_timeout: Duration::from_secs(1),
             entry_timeout: Duration::from_secs(1),
+            selinux_context: None,
         }
     }
 }
@@ -188,6 +192,43 @@ pub enum OptionError {
     GroupConflict { option: u32, requested: u32 },
 }
 
+/// Splits an option string at commas outside double quotes: an SELinux label has
+/// commas in its category set, and kubelet quotes it (kubernetes pkg/volume/util
+/// `AddSELinuxMountOption`: `context=%q`), as mount(8) users do.
+fn split_options(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (i, c) in s.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+/// An SELinux context (`user:role:type[:level]`), quoted or not, without its quotes.
+fn parse_selinux_context(v: &str) -> Result<String, String> {
+    let inner = match v.strip_prefix('"') {
+        Some(rest) => rest
+            .strip_suffix('"')
+            .ok_or_else(|| "has an unclosed quote".to_string())?,
+        None => v,
+    };
+    let ok_chars = inner
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "_.:,-".contains(c));
+    if !ok_chars || inner.split(':').count() < 3 || inner.split(':').any(str::is_empty) {
+        return Err("is not an SELinux context (user:role:type:level)".into());
+    }
+    Ok(inner.to_string())
+}
+
 /// Options of /etc/fstab and mount(8) that mean nothing to a view and are accepted
 /// so that fstab lines and mount helpers work unchanged.
 const IGNORED: &[&str] = &[
@@ -216,7 +257,7 @@ impl ViewOptions {
         let mut o = ViewOptions::default();
         let mut explicit_mode = None;
         let mut cifs_only: Option<String> = None;
-        for item in strings.into_iter().flat_map(|s| s.split(',')) {
+        for item in strings.into_iter().flat_map(split_options) {
             let item = item.trim();
             if item.is_empty() || IGNORED.contains(&item) || item.starts_with("x-") {
                 continue;
@@ -308,6 +349,10 @@ impl ViewOptions {
                 }
                 "nodev" | "nosuid" => flag(value)?,
                 "dev" | "suid" => return Err(OptionError::Forbidden(key.to_string())),
+                "context" => {
+                    let v = need(value)?;
+                    o.selinux_context = Some(parse_selinux_context(v).map_err(|r| bad(v, r))?);
+                }
                 "threads" => {
                     let v = need(value)?;
                     o.threads = match v.parse::<usize>() {
@@ -403,6 +448,9 @@ impl ViewOptions {
             "entry_timeout={}",
             self.entry_timeout.as_secs_f64()
         ));
+        if let Some(c) = &self.selinux_context {
+            v.push(format!("context=\"{c}\""));
+        }
         v.join(",")
     }
 }
@@ -410,6 +458,30 @@ impl ViewOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn selinux_contexts_keep_their_commas() {
+        // As kubelet sends it: one mount flag, quoted with %q.
+        let label = "system_u:object_r:container_file_t:s0:c12,c345";
+        let o = ViewOptions::parse_all([format!("context=\"{label}\"").as_str(), "ro"]).unwrap();
+        assert_eq!(o.selinux_context.as_deref(), Some(label));
+        assert!(o.readonly);
+        let again = ViewOptions::parse(&o.to_option_string()).unwrap();
+        assert_eq!(again, o, "the canonical string keeps the label whole");
+        let o = ViewOptions::parse("gid=5,context=system_u:object_r:container_file_t:s0").unwrap();
+        assert_eq!(
+            o.selinux_context.as_deref(),
+            Some("system_u:object_r:container_file_t:s0")
+        );
+        for bad in [
+            "context=\"system_u:object_r:x:s0",
+            "context=container_file_t",
+            "context=\"a:b:c;rm -rf\"",
+        ] {
+            let e = ViewOptions::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("context"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn empty_gives_defaults() {

@@ -56,6 +56,9 @@ async fn the_csidriver_object_matches_the_driver() {
     // Ephemeral volumes need pod info (the ephemeral flag) on mount.
     assert!(yaml.contains("- Ephemeral") && yaml.contains("- Persistent"));
     assert_eq!(field(&yaml, "podInfoOnMount"), Some("true"));
+    // kubelet sends `context=` only to drivers that declare they mount with it; the
+    // views do (tests/kubelet_contract.rs, selinux_labels_arrive_as_kubelet_quotes_them).
+    assert_eq!(field(&yaml, "seLinuxMount"), Some("true"));
     // Secret views rotate only if kubelet republishes.
     assert_eq!(field(&yaml, "requiresRepublish"), Some("true"));
     // With VOLUME_MOUNT_GROUP kubelet ignores fsGroupPolicy; it must then be None so

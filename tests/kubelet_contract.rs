@@ -514,3 +514,55 @@ async fn a_staging_bind_is_nosuid_nodev_on_the_hosts_side_too() {
         "the unstage reaches the host too"
     );
 }
+
+/// kubelet on an SELinux node, with `seLinuxMount: true` in the CSIDriver, adds the
+/// pod's label to the mount options of stage and publish
+/// (pkg/volume/util `AddSELinuxMountOption`: `context=%q`, one flag with the commas of
+/// its categories inside quotes). The view mounts with it, so every file shows the
+/// pod's label; on a node without SELinux (kubelet never sends it there) the publish
+/// fails naming the option.
+#[tokio::test(flavor = "multi_thread")]
+async fn selinux_labels_arrive_as_kubelet_quotes_them() {
+    let f = Fixture::new();
+    let d = Driver::start(f.dir.path());
+    let mut c = d.clients().await;
+    let dirs = KubeletDirs {
+        root: f.subdir("kubelet"),
+    };
+    let vol = provision(&mut c, "pvc-label", 8 * MIB, &HashMap::new()).await;
+    let mut pv = provisioned_pv(&vol, "ReadWriteOncePod");
+    let label = "system_u:object_r:container_file_t:s0:c12,c345";
+    pv.mount_options = vec![format!("context={label:?}")];
+    let pod = Pod::new("labelled", Some(6000));
+    c.node
+        .node_stage_volume(stage(&dirs, &pv, &pod, &HashMap::new()))
+        .await
+        .expect("stage with a context= flag");
+    let req = publish_pvc(&dirs, &pv, &pod, "data", &HashMap::new());
+    let target = Path::new(&req.target_path).to_path_buf();
+    let published = c.node.node_publish_volume(req).await;
+    if Path::new("/sys/fs/selinux/enforce").exists() {
+        published.expect("a labelled view on an SELinux node");
+        let xattr = Command::new("getfattr")
+            .args(["--only-values", "-n", "security.selinux"])
+            .arg(&target)
+            .output()
+            .unwrap();
+        assert!(String::from_utf8_lossy(&xattr.stdout).starts_with(label));
+        c.node
+            .node_unpublish_volume(unpublish_req("pvc-label", &target))
+            .await
+            .unwrap();
+    } else {
+        let e = published.unwrap_err();
+        assert!(
+            e.message().contains("context=") && e.message().contains("SELinux"),
+            "{e:?}"
+        );
+        assert!(!target.exists(), "a failed publish leaves no target behind");
+    }
+    c.node
+        .node_unstage_volume(unstage_req("pvc-label", &dirs.staging("pvc-label")))
+        .await
+        .unwrap();
+}

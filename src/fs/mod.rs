@@ -69,6 +69,10 @@ pub enum MountError {
         mountpoint: PathBuf,
         source: handover::HandoverError,
     },
+    #[error(
+        "option `context=` labels files for SELinux, which is not enabled on this machine (kubelet sends it only on SELinux nodes)"
+    )]
+    NoSelinux,
     #[error("the FUSE session ended with an error: {0}")]
     Session(io::Error),
 }
@@ -359,7 +363,11 @@ pub fn run_foreground(
             allow_other: true,
             readonly: options.readonly,
             noexec: options.noexec,
+            selinux_context: options.selinux_context.clone(),
         };
+        if how.selinux_context.is_some() && !crate::sys::mount::selinux_enabled() {
+            return Err(MountError::NoSelinux);
+        }
         let dev = crate::sys::mount::mount_fuse(&fsname, &mountpoint, "mountgroup", how)
             .map_err(|e| mount_err(e.into()))?;
         let guard = OwnMountGuard(mountpoint.clone());

@@ -50,7 +50,7 @@ pub fn unmount_lazy(path: &Path) -> SysResult<()> {
 }
 
 /// How a FUSE mount is made.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FuseMount {
     /// The kernel checks permissions against the attributes the daemon reports.
     pub default_permissions: bool,
@@ -58,6 +58,14 @@ pub struct FuseMount {
     pub allow_other: bool,
     pub readonly: bool,
     pub noexec: bool,
+    /// `context=`: the SELinux label of every file (the LSM takes it from the data).
+    pub selinux_context: Option<String>,
+}
+
+/// Whether SELinux is enabled on this machine (selinuxfs is mounted, as libselinux's
+/// `is_selinux_enabled` finds it).
+pub fn selinux_enabled() -> bool {
+    Path::new("/sys/fs/selinux/enforce").exists()
 }
 
 /// Opens `/dev/fuse` and mounts it on `mountpoint` as type `fuse.<subtype>` with
@@ -87,6 +95,9 @@ pub fn mount_fuse(
     }
     if how.allow_other {
         data.push_str(",allow_other");
+    }
+    if let Some(label) = &how.selinux_context {
+        data.push_str(&format!(",context=\"{label}\""));
     }
     let mut flags = MountFlags::NOSUID | MountFlags::NODEV;
     if how.readonly {
