@@ -76,6 +76,42 @@ async fn provision(
         .unwrap()
 }
 
+/// A driver over a real socket, its clients, and a kubelet root directory.
+struct Setup {
+    f: Fixture,
+    d: Driver,
+    c: Clients,
+    dirs: KubeletDirs,
+}
+
+impl Setup {
+    /// With `key`, the driver has a share key, as deployed (the StorageClass hands it
+    /// to every call as a secret); without, none is needed.
+    async fn new(key: bool) -> Setup {
+        let f = Fixture::new();
+        let d = if key {
+            Driver::start_with(f.dir.path(), f.dir.path().join("share"), &[])
+        } else {
+            Driver::start(f.dir.path())
+        };
+        let c = d.clients().await;
+        let dirs = KubeletDirs {
+            root: f.subdir("kubelet"),
+        };
+        Setup { f, d, c, dirs }
+    }
+}
+
+/// kubelet's `TearDownAt` for each publish: NodeUnpublishVolume of its target.
+async fn unpublish_all(c: &mut Clients, reqs: &[&pb::NodePublishVolumeRequest]) {
+    for req in reqs {
+        c.node
+            .node_unpublish_volume(unpublish_req(&req.volume_id, Path::new(&req.target_path)))
+            .await
+            .unwrap();
+    }
+}
+
 fn wait_for(cond: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(15);
     while !cond() {
@@ -104,15 +140,11 @@ fn kill_view(d: &Driver, target: &Path) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_provisioned_pvc_is_staged_published_and_republished_as_kubelet_sends_it() {
-    let f = Fixture::new();
-    let d = Driver::start_with(f.dir.path(), f.dir.path().join("share"), &[]);
-    let mut c = d.clients().await;
-    let secrets = key_secret(&d);
-    let dirs = KubeletDirs {
-        root: f.subdir("kubelet"),
-    };
+    let mut s = Setup::new(true).await;
+    let (d, c, dirs) = (&s.d, &mut s.c, &s.dirs);
+    let secrets = key_secret(d);
     let name = "pvc-3f1d9a52-0c6e-4b8e-a1f0-7d2c9e4b5a61";
-    let vol = provision(&mut c, name, 64 * MIB, &secrets).await;
+    let vol = provision(c, name, 64 * MIB, &secrets).await;
     let pv = provisioned_pv(&vol, "ReadWriteMany");
     assert!(
         pv.attributes
@@ -124,16 +156,16 @@ async fn a_provisioned_pvc_is_staged_published_and_republished_as_kubelet_sends_
     let b = Pod::new("reader-with-token", Some(3002));
     let token = "eyJhbGciOiJSUzI1NiJ9.c2VjcmV0LXRva2Vu.sig";
     c.node
-        .node_stage_volume(stage(&dirs, &pv, &a, &secrets))
+        .node_stage_volume(stage(dirs, &pv, &a, &secrets))
         .await
         .expect("NodeStageVolume with the PV's attributes");
-    let pub_a = publish_pvc(&dirs, &pv, &a, "data", &HashMap::new());
+    let pub_a = publish_pvc(dirs, &pv, &a, "data", &HashMap::new());
     c.node
         .node_publish_volume(pub_a.clone())
         .await
         .expect("NodePublishVolume with the provisioner identity and the pod's information");
     let pub_b = publish_pvc(
-        &dirs,
+        dirs,
         &pv,
         &b,
         "data",
@@ -176,13 +208,7 @@ async fn a_provisioned_pvc_is_staged_published_and_republished_as_kubelet_sends_
     assert!(!e.message().contains(token));
     assert!(!d.log_text().contains(token), "the token was logged");
 
-    for (req, pod) in [(&pub_a, &a), (&pub_b, &b)] {
-        let _ = pod;
-        c.node
-            .node_unpublish_volume(unpublish_req(name, Path::new(&req.target_path)))
-            .await
-            .unwrap();
-    }
+    unpublish_all(c, &[&pub_a, &pub_b]).await;
     c.node
         .node_unstage_volume(unstage_req(name, &dirs.staging(name)))
         .await
@@ -191,13 +217,9 @@ async fn a_provisioned_pvc_is_staged_published_and_republished_as_kubelet_sends_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_static_pv_carries_whatever_its_author_wrote_and_only_our_own_keys_are_checked() {
-    let f = Fixture::new();
-    let d = Driver::start(f.dir.path());
-    let mut c = d.clients().await;
-    let dirs = KubeletDirs {
-        root: f.subdir("kubelet"),
-    };
-    let vol = provision(&mut c, "static-data", 8 * MIB, &HashMap::new()).await;
+    let mut s = Setup::new(false).await;
+    let (c, dirs) = (&mut s.c, &s.dirs);
+    let vol = provision(c, "static-data", 8 * MIB, &HashMap::new()).await;
     // A hand-written PV, as another tool or an older driver left it.
     let mut pv = provisioned_pv(&vol, "ReadWriteOnce");
     pv.attributes = HashMap::from([
@@ -206,10 +228,10 @@ async fn a_static_pv_carries_whatever_its_author_wrote_and_only_our_own_keys_are
     ]);
     let pod = Pod::new("legacy", Some(2000));
     c.node
-        .node_stage_volume(stage(&dirs, &pv, &pod, &HashMap::new()))
+        .node_stage_volume(stage(dirs, &pv, &pod, &HashMap::new()))
         .await
         .expect("stage with foreign attributes");
-    let req = publish_pvc(&dirs, &pv, &pod, "legacy", &HashMap::new());
+    let req = publish_pvc(dirs, &pv, &pod, "legacy", &HashMap::new());
     c.node
         .node_publish_volume(req.clone())
         .await
@@ -223,7 +245,7 @@ async fn a_static_pv_carries_whatever_its_author_wrote_and_only_our_own_keys_are
     wrong.attributes.insert("source".into(), "secrets".into());
     expect(
         c.node
-            .node_publish_volume(publish_pvc(&dirs, &wrong, &pod, "legacy", &HashMap::new()))
+            .node_publish_volume(publish_pvc(dirs, &wrong, &pod, "legacy", &HashMap::new()))
             .await,
         Code::InvalidArgument,
         "volume_context.source applies to inline (ephemeral) volumes only",
@@ -232,14 +254,10 @@ async fn a_static_pv_carries_whatever_its_author_wrote_and_only_our_own_keys_are
 
 #[tokio::test(flavor = "multi_thread")]
 async fn inline_volumes_as_kubelet_sends_them_and_typos_are_named() {
-    let f = Fixture::new();
-    let d = Driver::start(f.dir.path());
-    let mut c = d.clients().await;
-    let dirs = KubeletDirs {
-        root: f.subdir("kubelet"),
-    };
+    let mut s = Setup::new(false).await;
+    let (c, dirs) = (&mut s.c, &s.dirs);
     let pod = Pod::new("inline", Some(4000));
-    let mut scratch = publish_inline(&dirs, &pod, "scratch", &[("size", "16Mi")], &HashMap::new());
+    let mut scratch = publish_inline(dirs, &pod, "scratch", &[("size", "16Mi")], &HashMap::new());
     scratch
         .volume_context
         .extend(token_attributes("", "tok-inline-secret"));
@@ -253,7 +271,7 @@ async fn inline_volumes_as_kubelet_sends_them_and_typos_are_named() {
         .expect("a republish");
     let secret_secrets = HashMap::from([("password".to_string(), "hunter2".to_string())]);
     let secret = publish_inline(
-        &dirs,
+        dirs,
         &pod,
         "creds",
         &[("source", "secrets")],
@@ -268,39 +286,30 @@ async fn inline_volumes_as_kubelet_sends_them_and_typos_are_named() {
         "hunter2"
     );
     // A typo in the pod's own volumeAttributes is refused, naming the key.
-    let typo = publish_inline(&dirs, &pod, "typo", &[("sise", "16Mi")], &HashMap::new());
+    let typo = publish_inline(dirs, &pod, "typo", &[("sise", "16Mi")], &HashMap::new());
     expect(
         c.node.node_publish_volume(typo).await,
         Code::InvalidArgument,
         "sise",
     );
-    for req in [&scratch, &secret] {
-        c.node
-            .node_unpublish_volume(unpublish_req(&req.volume_id, Path::new(&req.target_path)))
-            .await
-            .unwrap();
-    }
+    unpublish_all(c, &[&scratch, &secret]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stats_of_every_kind_of_view_carry_usage_as_kubelet_requires() {
-    let f = Fixture::new();
-    let d = Driver::start(f.dir.path());
-    let mut c = d.clients().await;
-    let dirs = KubeletDirs {
-        root: f.subdir("kubelet"),
-    };
-    let vol = provision(&mut c, "pvc-stats", 8 * MIB, &HashMap::new()).await;
+    let mut s = Setup::new(false).await;
+    let (d, c, dirs) = (&s.d, &mut s.c, &s.dirs);
+    let vol = provision(c, "pvc-stats", 8 * MIB, &HashMap::new()).await;
     let pv = provisioned_pv(&vol, "ReadWriteOnce");
     let pod = Pod::new("stats", Some(5000));
     c.node
-        .node_stage_volume(stage(&dirs, &pv, &pod, &HashMap::new()))
+        .node_stage_volume(stage(dirs, &pv, &pod, &HashMap::new()))
         .await
         .unwrap();
-    let persistent = publish_pvc(&dirs, &pv, &pod, "data", &HashMap::new());
-    let scratch = publish_inline(&dirs, &pod, "scratch", &[], &HashMap::new());
+    let persistent = publish_pvc(dirs, &pv, &pod, "data", &HashMap::new());
+    let scratch = publish_inline(dirs, &pod, "scratch", &[], &HashMap::new());
     let secret = publish_inline(
-        &dirs,
+        dirs,
         &pod,
         "creds",
         &[("source", "secrets")],
@@ -333,7 +342,7 @@ async fn stats_of_every_kind_of_view_carry_usage_as_kubelet_requires() {
         (&secret, "a dead secret view"),
     ] {
         let target = Path::new(&req.target_path);
-        kill_view(&d, target);
+        kill_view(d, target);
         let resp = c
             .node
             .node_get_volume_stats(kubelet::stats(&req.volume_id, target))
@@ -344,12 +353,7 @@ async fn stats_of_every_kind_of_view_carry_usage_as_kubelet_requires() {
         assert_eq!(m.abnormal, Some(true), "{what}: {m:?}");
         assert!(m.message.unwrap().contains("not connected"), "{what}");
     }
-    for req in [&persistent, &scratch, &secret] {
-        c.node
-            .node_unpublish_volume(unpublish_req(&req.volume_id, Path::new(&req.target_path)))
-            .await
-            .unwrap();
-    }
+    unpublish_all(c, &[&persistent, &scratch, &secret]).await;
     c.node
         .node_unstage_volume(unstage_req("pvc-stats", &dirs.staging("pvc-stats")))
         .await
@@ -358,21 +362,17 @@ async fn stats_of_every_kind_of_view_carry_usage_as_kubelet_requires() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn expansion_answers_are_ones_kubelet_retries_unless_they_are_final() {
-    let f = Fixture::new();
-    let d = Driver::start_with(f.dir.path(), f.dir.path().join("share"), &[]);
-    let mut c = d.clients().await;
-    let secrets = key_secret(&d);
-    let dirs = KubeletDirs {
-        root: f.subdir("kubelet"),
-    };
-    let vol = provision(&mut c, "pvc-grow", 8 * MIB, &secrets).await;
+    let mut s = Setup::new(true).await;
+    let (d, c, dirs) = (&s.d, &mut s.c, &s.dirs);
+    let secrets = key_secret(d);
+    let vol = provision(c, "pvc-grow", 8 * MIB, &secrets).await;
     let pv = provisioned_pv(&vol, "ReadWriteOnce");
     let pod = Pod::new("grow", None);
     c.node
-        .node_stage_volume(stage(&dirs, &pv, &pod, &secrets))
+        .node_stage_volume(stage(dirs, &pv, &pod, &secrets))
         .await
         .unwrap();
-    let req = publish_pvc(&dirs, &pv, &pod, "data", &HashMap::new());
+    let req = publish_pvc(dirs, &pv, &pod, "data", &HashMap::new());
     c.node.node_publish_volume(req.clone()).await.unwrap();
     let target = Path::new(&req.target_path);
     let staging = dirs.staging("pvc-grow");
@@ -382,7 +382,7 @@ async fn expansion_answers_are_ones_kubelet_retries_unless_they_are_final() {
     // release, rather than mark the volume and stop.
     let e = c
         .node
-        .node_expand_volume(expand(&dirs, &pv, target, 16 * MIB, &secrets))
+        .node_expand_volume(expand(dirs, &pv, target, 16 * MIB, &secrets))
         .await
         .unwrap_err();
     assert!(e.message().contains("ControllerExpandVolume"), "{e:?}");
@@ -411,7 +411,7 @@ async fn expansion_answers_are_ones_kubelet_retries_unless_they_are_final() {
     for (path, s) in [(target, &secrets), (staging.as_path(), &HashMap::new())] {
         let r = c
             .node
-            .node_expand_volume(expand(&dirs, &pv, path, 16 * MIB, s))
+            .node_expand_volume(expand(dirs, &pv, path, 16 * MIB, s))
             .await
             .unwrap()
             .into_inner();
@@ -422,7 +422,7 @@ async fn expansion_answers_are_ones_kubelet_retries_unless_they_are_final() {
     let e = c
         .node
         .node_expand_volume(expand(
-            &dirs,
+            dirs,
             &pv,
             Path::new("/var/lib/kubelet/pods/x/mount"),
             16 * MIB,
@@ -470,9 +470,8 @@ fn mount_options(path: &Path) -> Option<String> {
 /// plugin's own mount namespace (docs/CSI.md promises it).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_staging_bind_is_nosuid_nodev_on_the_hosts_side_too() {
-    let f = Fixture::new();
-    let d = Driver::start(f.dir.path());
-    let mut c = d.clients().await;
+    let mut s = Setup::new(false).await;
+    let (f, c) = (&s.f, &mut s.c);
     let host = f.subdir("host-kubelet");
     let plugin = f.subdir("plugin-kubelet");
     let sh = |args: &[&str]| {
@@ -489,7 +488,7 @@ async fn a_staging_bind_is_nosuid_nodev_on_the_hosts_side_too() {
     let dirs = KubeletDirs {
         root: plugin.clone(),
     };
-    let vol = provision(&mut c, "pvc-flags", 8 * MIB, &HashMap::new()).await;
+    let vol = provision(c, "pvc-flags", 8 * MIB, &HashMap::new()).await;
     let pv = provisioned_pv(&vol, "ReadWriteOnce");
     let req = stage(&dirs, &pv, &Pod::new("flags", None), &HashMap::new());
     let staging = Path::new(&req.staging_target_path).to_path_buf();
@@ -523,22 +522,18 @@ async fn a_staging_bind_is_nosuid_nodev_on_the_hosts_side_too() {
 /// fails naming the option.
 #[tokio::test(flavor = "multi_thread")]
 async fn selinux_labels_arrive_as_kubelet_quotes_them() {
-    let f = Fixture::new();
-    let d = Driver::start(f.dir.path());
-    let mut c = d.clients().await;
-    let dirs = KubeletDirs {
-        root: f.subdir("kubelet"),
-    };
-    let vol = provision(&mut c, "pvc-label", 8 * MIB, &HashMap::new()).await;
+    let mut s = Setup::new(false).await;
+    let (c, dirs) = (&mut s.c, &s.dirs);
+    let vol = provision(c, "pvc-label", 8 * MIB, &HashMap::new()).await;
     let mut pv = provisioned_pv(&vol, "ReadWriteOncePod");
     let label = "system_u:object_r:container_file_t:s0:c12,c345";
     pv.mount_options = vec![format!("context={label:?}")];
     let pod = Pod::new("labelled", Some(6000));
     c.node
-        .node_stage_volume(stage(&dirs, &pv, &pod, &HashMap::new()))
+        .node_stage_volume(stage(dirs, &pv, &pod, &HashMap::new()))
         .await
         .expect("stage with a context= flag");
-    let req = publish_pvc(&dirs, &pv, &pod, "data", &HashMap::new());
+    let req = publish_pvc(dirs, &pv, &pod, "data", &HashMap::new());
     let target = Path::new(&req.target_path).to_path_buf();
     let published = c.node.node_publish_volume(req).await;
     if Path::new("/sys/fs/selinux/enforce").exists() {

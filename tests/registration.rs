@@ -25,6 +25,8 @@
 //! gRPC service: what matters to the update is who creates and deletes the socket.
 
 mod common;
+#[path = "common/container.rs"]
+mod container;
 #[path = "common/driver.rs"]
 mod driver;
 
@@ -33,36 +35,18 @@ use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
+use container::*;
 use driver::*;
 use mountgroup::csi::pb;
-use rustix::process::{Pid, Signal, kill_process};
-
-/// A container: a PID namespace whose first process is the command after this.
-const CONTAINER: &[&str] = &["unshare", "--pid", "--fork", "--kill-child", "--"];
+use rustix::process::Signal;
 
 const DRIVER: &str = "mountgroup.csi.io";
-
-/// An unconnected tonic channel to a unix socket.
-async fn channel(path: PathBuf) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    tonic::transport::Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await
-}
 
 /// Not a test: the node-driver-registrar stand-in, run by
 /// `a_rolling_update_ends_with_the_driver_registered` in a container of its own (this
@@ -158,11 +142,12 @@ fn get_info(socket: &Path) -> Option<(String, String)> {
     Some((name, endpoint))
 }
 
-/// A container running this test program as the registrar stand-in.
+/// A container running this test program as the registrar stand-in; `restart` is
+/// what kubelet does when its liveness probe fails.
 struct Registrar {
-    child: Option<Child>,
+    container: Option<Container>,
     port_file: PathBuf,
-    env: Vec<(String, String)>,
+    env: Vec<(&'static str, String)>,
     log: PathBuf,
 }
 
@@ -170,22 +155,19 @@ impl Registrar {
     fn start(root: &Path, pod: &str, csi: &Path, registration_dir: &Path) -> Registrar {
         let port_file = root.join(format!("{pod}-registrar.port"));
         let env = vec![
-            ("STANDIN_CSI_ADDRESS".into(), csi.to_str().unwrap().into()),
+            ("STANDIN_CSI_ADDRESS", csi.to_str().unwrap().to_string()),
             (
-                "STANDIN_REGISTRATION_DIR".into(),
-                registration_dir.to_str().unwrap().into(),
+                "STANDIN_REGISTRATION_DIR",
+                registration_dir.to_str().unwrap().to_string(),
             ),
             (
-                "STANDIN_KUBELET_REGISTRATION_PATH".into(),
-                csi.to_str().unwrap().into(),
+                "STANDIN_KUBELET_REGISTRATION_PATH",
+                csi.to_str().unwrap().to_string(),
             ),
-            (
-                "STANDIN_PORT_FILE".into(),
-                port_file.to_str().unwrap().into(),
-            ),
+            ("STANDIN_PORT_FILE", port_file.to_str().unwrap().to_string()),
         ];
         let mut r = Registrar {
-            child: None,
+            container: None,
             port_file,
             env,
             log: root.join(format!("{pod}-registrar.log")),
@@ -196,58 +178,25 @@ impl Registrar {
 
     fn spawn(&mut self) {
         let _ = fs::remove_file(&self.port_file);
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(CONTAINER[0])
-            .args(&CONTAINER[1..])
-            .arg(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "registrar_stand_in", "--nocapture"])
-            .envs(self.env.iter().cloned())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
+        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        self.container = Some(Container::start_with_env(
+            &std::env::current_exe().unwrap(),
+            &["--ignored", "--exact", "registrar_stand_in", "--nocapture"],
+            &env,
+            &self.log,
+        ));
     }
 
-    /// The namespace's first process.
-    fn init_pid(&self) -> Option<u32> {
-        let w = self.child.as_ref()?.id();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let children =
-                fs::read_to_string(format!("/proc/{w}/task/{w}/children")).unwrap_or_default();
-            if let Some(pid) = children.split_whitespace().next() {
-                return pid.parse().ok();
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// As a runtime stops a container: SIGTERM to its first process, SIGKILL after
-    /// the grace period.
+    /// As a runtime stops a container: SIGTERM, SIGKILL after the grace period.
     fn stop(&mut self) {
-        if let Some(init) = self.init_pid() {
-            let _ = kill_process(Pid::from_raw(init as i32).unwrap(), Signal::TERM);
+        if let Some(mut c) = self.container.take() {
+            c.stop(Duration::from_secs(10));
         }
-        if let Some(mut c) = self.child.take() {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while c.try_wait().unwrap().is_none() {
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                    break;
-                }
-                thread::sleep(Duration::from_millis(10));
-            }
-        }
+    }
+
+    fn restart(&mut self) {
+        self.stop();
+        self.spawn();
     }
 
     /// GET /healthz with the probe's timeout; None when nothing answered in time.
@@ -268,12 +217,6 @@ impl Registrar {
         let mut head = String::new();
         conn.read_to_string(&mut head).ok()?;
         head.split_whitespace().nth(1)?.parse().ok()
-    }
-}
-
-impl Drop for Registrar {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 
@@ -330,7 +273,7 @@ fn registrar_probes() -> (Option<Probe>, Option<Probe>) {
 /// then the liveness probe; a run of failures restarts the container.
 fn prober(
     registrar: Arc<Mutex<Registrar>>,
-    stop: Arc<AtomicBool>,
+    probing: Arc<AtomicBool>,
     restarts: Arc<Mutex<Vec<Instant>>>,
     ready: Arc<AtomicBool>,
 ) {
@@ -344,13 +287,16 @@ fn prober(
     let mut started = startup.is_none();
     ready.store(started, Ordering::Relaxed);
     let mut failures = 0;
-    while !stop.load(Ordering::Relaxed) {
+    while probing.load(Ordering::Relaxed) {
         let p = if started { liveness } else { startup.unwrap() };
         thread::sleep(p.period);
-        if stop.load(Ordering::Relaxed) {
+        // The pod's deletion ends probing at once: checked under the container's lock,
+        // which the deletion takes to stop it.
+        let mut r = registrar.lock().unwrap();
+        if !probing.load(Ordering::Relaxed) {
             return;
         }
-        let code = registrar.lock().unwrap().healthz(p.timeout);
+        let code = r.healthz(p.timeout);
         if code.is_some_and(|c| (200..400).contains(&c)) {
             started = true;
             // Without a readiness probe, a started container is ready.
@@ -360,9 +306,7 @@ fn prober(
         }
         failures += 1;
         if failures >= p.failure_threshold {
-            let mut r = registrar.lock().unwrap();
-            r.stop();
-            r.spawn();
+            r.restart();
             restarts.lock().unwrap().push(Instant::now());
             started = startup.is_none();
             ready.store(started, Ordering::Relaxed);
@@ -449,6 +393,18 @@ impl Kubelet {
         self.drivers.lock().unwrap().get(DRIVER).cloned()
     }
 
+    /// When the last event of this kind happened.
+    fn last(&self, kind: &str) -> Instant {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(_, e)| e.starts_with(kind))
+            .map(|(t, _)| *t)
+            .unwrap()
+    }
+
     fn registrations(&self) -> usize {
         self.events
             .lock()
@@ -486,6 +442,73 @@ impl Kubelet {
     }
 }
 
+/// A node plugin pod: the driver and its registrar, each in a container, and kubelet's
+/// prober on the registrar. Its driver listens where every pod's does (a hostPath).
+struct NodePod {
+    driver: Driver,
+    registrar: Arc<Mutex<Registrar>>,
+    probing: Arc<AtomicBool>,
+    prober: Option<thread::JoinHandle<()>>,
+    /// Whether the pod is ready (its registrar's startup probe has succeeded).
+    ready: Arc<AtomicBool>,
+}
+
+impl NodePod {
+    fn start(
+        root: &Path,
+        name: &str,
+        registration_dir: &Path,
+        restarts: &Arc<Mutex<Vec<Instant>>>,
+    ) -> NodePod {
+        let driver = Driver::start_in(
+            root,
+            root.join("share"),
+            CONTAINER,
+            Path::new(BIN),
+            &["--share-key-file", "none"],
+        );
+        let registrar = Arc::new(Mutex::new(Registrar::start(
+            root,
+            name,
+            &driver.socket,
+            registration_dir,
+        )));
+        let (probing, ready) = (
+            Arc::new(AtomicBool::new(true)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let prober = {
+            let (r, p, n, ready) = (
+                Arc::clone(&registrar),
+                Arc::clone(&probing),
+                Arc::clone(restarts),
+                Arc::clone(&ready),
+            );
+            thread::spawn(move || prober(r, p, n, ready))
+        };
+        NodePod {
+            driver,
+            registrar,
+            probing,
+            prober: Some(prober),
+            ready,
+        }
+    }
+
+    /// The pod is deleted: probing ends, every container gets SIGTERM.
+    fn stop(&mut self) {
+        {
+            let mut r = self.registrar.lock().unwrap();
+            self.probing.store(false, Ordering::Relaxed);
+            r.stop();
+        }
+        self.driver.signal_first_process(Signal::TERM);
+        if let Some(p) = self.prober.take() {
+            p.join().unwrap();
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rolling_update_ends_with_the_driver_registered() {
     let f = Fixture::new();
@@ -497,33 +520,14 @@ async fn a_rolling_update_ends_with_the_driver_registered() {
         ..Default::default()
     });
     let watcher = kubelet.watch(registration_dir.clone(), Arc::clone(&stop));
-    let serve_args = ["--share-key-file", "none"];
     let restarts = Arc::new(Mutex::new(Vec::new()));
 
     // The old pod: the driver and its registrar, each in a container, probed.
-    let mut driver1 = Driver::start_in(
-        root,
-        root.join("share"),
-        CONTAINER,
-        Path::new(BIN),
-        &serve_args,
-    );
-    let reg1 = Arc::new(Mutex::new(Registrar::start(
-        root,
-        "pod1",
-        &driver1.socket,
-        &registration_dir,
-    )));
-    let stop1 = Arc::new(AtomicBool::new(false));
-    let probe1 = {
-        let (r, s, n) = (Arc::clone(&reg1), Arc::clone(&stop1), Arc::clone(&restarts));
-        let ready = Arc::new(AtomicBool::new(false));
-        thread::spawn(move || prober(r, s, n, ready))
-    };
+    let mut pod1 = NodePod::start(root, "pod1", &registration_dir, &restarts);
     kubelet.wait("the first registration", Duration::from_secs(30), |k| {
         k.endpoint().is_some()
     });
-    let mut c = driver1.clients().await;
+    let mut c = pod1.driver.clients().await;
     c.controller
         .create_volume(create_req("vol", 1 << 30))
         .await
@@ -542,25 +546,7 @@ async fn a_rolling_update_ends_with_the_driver_registered() {
     // state directory; its registrar asks the old driver's name and replaces the
     // registration socket, and kubelet registers it again.
     let before = kubelet.registrations();
-    let mut driver2 = Driver::start_in(
-        root,
-        root.join("share"),
-        CONTAINER,
-        Path::new(BIN),
-        &serve_args,
-    );
-    let reg2 = Arc::new(Mutex::new(Registrar::start(
-        root,
-        "pod2",
-        &driver1.socket,
-        &registration_dir,
-    )));
-    let ready2 = Arc::new(AtomicBool::new(false));
-    let probe2 = {
-        let (r, s, n) = (Arc::clone(&reg2), Arc::clone(&stop), Arc::clone(&restarts));
-        let ready = Arc::clone(&ready2);
-        thread::spawn(move || prober(r, s, n, ready))
-    };
+    let mut pod2 = NodePod::start(root, "pod2", &registration_dir, &restarts);
     kubelet.wait(
         "the new registrar's registration",
         Duration::from_secs(30),
@@ -569,18 +555,17 @@ async fn a_rolling_update_ends_with_the_driver_registered() {
     // The DaemonSet controller stops the old pod once the new one is ready (with the
     // registrar's startup probe: once it has registered).
     kubelet.wait("the new pod ready", Duration::from_secs(60), |_| {
-        ready2.load(Ordering::Relaxed)
+        pod2.ready.load(Ordering::Relaxed)
     });
     // The old pod is stopped: every container gets SIGTERM.
     let stopped = Instant::now();
-    stop1.store(true, Ordering::Relaxed);
-    reg1.lock().unwrap().stop();
-    driver1.signal_first_process(Signal::TERM);
-    let lost = kubelet.wait(
+    pod1.stop();
+    kubelet.wait(
         "the old registrar's deregistration",
         Duration::from_secs(10),
         |k| k.endpoint().is_none(),
     );
+    let lost = kubelet.last("deregistered");
     // kubelet must get the driver back by itself, within the probes' budget.
     let (startup, liveness) = registrar_probes();
     let budget = liveness
@@ -588,11 +573,12 @@ async fn a_rolling_update_ends_with_the_driver_registered() {
         .unwrap_or_default()
         + startup.map(|s| s.period * 2).unwrap_or_default()
         + Duration::from_secs(15);
-    let back = kubelet.wait(
+    kubelet.wait(
         "the driver registered again after the update",
         budget.max(Duration::from_secs(30)),
         |k| k.endpoint().is_some(),
     );
+    let back = kubelet.last("registered");
     eprintln!(
         "driver not found for {:?} (from the old pod's stop: {:?}); registrar restarts: {}",
         back - lost,
@@ -619,10 +605,7 @@ async fn a_rolling_update_ends_with_the_driver_registered() {
         .await
         .unwrap();
 
+    pod2.stop();
     stop.store(true, Ordering::Relaxed);
-    for h in [probe1, probe2, watcher] {
-        h.join().unwrap();
-    }
-    reg2.lock().unwrap().stop();
-    driver2.signal_first_process(Signal::TERM);
+    watcher.join().unwrap();
 }

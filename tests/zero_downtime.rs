@@ -10,6 +10,8 @@
 //! only the new binary serves the view.
 
 mod common;
+#[path = "common/container.rs"]
+mod container;
 #[path = "common/driver.rs"]
 mod driver;
 #[path = "common/workload.rs"]
@@ -18,100 +20,16 @@ mod workload;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
+use container::*;
 use driver::*;
 use rustix::process::{Pid, Signal, kill_process};
 use workload::*;
-
-/// A container: a PID namespace whose first process is the command after this.
-const CONTAINER: &[&str] = &["unshare", "--pid", "--fork", "--kill-child", "--"];
-
-/// A container running `bin args`.
-struct Container {
-    wrapper: Option<Child>,
-}
-
-impl Container {
-    fn start(bin: &Path, args: &[&str], log: &Path) -> Container {
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .unwrap();
-        let child = Command::new(CONTAINER[0])
-            .args(&CONTAINER[1..])
-            .arg(bin)
-            .args(args)
-            .env("RUST_LOG", "mountgroup=debug,info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        Container {
-            wrapper: Some(child),
-        }
-    }
-
-    /// The namespace's first process (the wrapper's child).
-    fn init_pid(&self) -> u32 {
-        let w = self.wrapper.as_ref().unwrap().id();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let children =
-                fs::read_to_string(format!("/proc/{w}/task/{w}/children")).unwrap_or_default();
-            if let Some(pid) = children.split_whitespace().next() {
-                return pid.parse().unwrap();
-            }
-            assert!(Instant::now() < deadline, "the container has no process");
-            thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// As a runtime kills a container: its first process is SIGKILLed, the kernel
-    /// kills the rest.
-    fn kill(&mut self) {
-        if let Some(mut w) = self.wrapper.take() {
-            let init = {
-                self.wrapper = Some(w);
-                let pid = self.init_pid();
-                w = self.wrapper.take().unwrap();
-                pid
-            };
-            let _ = kill_process(Pid::from_raw(init as i32).unwrap(), Signal::KILL);
-            let _ = w.wait();
-        }
-    }
-
-    /// As a runtime stops a container: SIGTERM to its first process, SIGKILL after
-    /// the grace period.
-    fn stop(&mut self, grace: Duration) {
-        let init = self.init_pid();
-        let _ = kill_process(Pid::from_raw(init as i32).unwrap(), Signal::TERM);
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if let Some(Some(_)) = self.wrapper.as_mut().map(|w| w.try_wait().unwrap()) {
-                self.wrapper = None;
-                return;
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-        self.kill();
-    }
-}
-
-impl Drop for Container {
-    fn drop(&mut self) {
-        if self.wrapper.is_some() {
-            self.kill();
-        }
-    }
-}
 
 /// Waits until `bin keeper --probe` says the keeper at `socket` is ready.
 fn wait_ready(bin: &Path, socket: &Path) {

@@ -197,19 +197,7 @@ impl Driver {
     }
 
     pub async fn clients(&self) -> Clients {
-        let path = self.socket.clone();
-        let channel = tonic::transport::Endpoint::try_from("http://[::]:50051")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await
-            .unwrap();
+        let channel = channel(self.socket.clone()).await.unwrap();
         Clients {
             identity: IdentityClient::new(channel.clone()),
             controller: ControllerClient::new(channel.clone()),
@@ -221,6 +209,21 @@ impl Driver {
     pub fn mounts_below(&self) -> Vec<PathBuf> {
         mounts_below(&self.root)
     }
+}
+
+/// A gRPC channel to a unix socket, as kubelet and the sidecars dial one.
+pub async fn channel(path: PathBuf) -> Result<Channel, tonic::transport::Error> {
+    tonic::transport::Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
 }
 
 pub fn mounts_below(root: &Path) -> Vec<PathBuf> {
