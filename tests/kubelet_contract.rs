@@ -78,10 +78,12 @@ async fn provision(
 
 /// A driver over a real socket, its clients, and a kubelet root directory.
 struct Setup {
-    f: Fixture,
-    d: Driver,
+    // Dropped in this order: the driver (which unmounts what it left) before the
+    // fixture's directory is removed.
     c: Clients,
+    d: Driver,
     dirs: KubeletDirs,
+    f: Fixture,
 }
 
 impl Setup {
@@ -98,7 +100,7 @@ impl Setup {
         let dirs = KubeletDirs {
             root: f.subdir("kubelet"),
         };
-        Setup { f, d, c, dirs }
+        Setup { c, d, dirs, f }
     }
 }
 
@@ -250,6 +252,10 @@ async fn a_static_pv_carries_whatever_its_author_wrote_and_only_our_own_keys_are
         Code::InvalidArgument,
         "volume_context.source applies to inline (ephemeral) volumes only",
     );
+    c.node
+        .node_unstage_volume(unstage_req("static-data", &dirs.staging("static-data")))
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
