@@ -188,21 +188,67 @@ pub fn build(
 /// Unmounts a view on drop (and on request), lazily: the mount leaves the namespace at
 /// once and the session ends when the last user lets go.
 enum Unmounter {
-    /// A mount this process made with `mount(2)`.
-    Own(PathBuf),
+    /// A mount this process made with `mount(2)`, or adopted with its connection.
+    Own(OwnMount),
     /// A mount fuser made through fusermount (unprivileged use).
     Fuser(::fuser::SessionUnmounter),
+}
+
+/// A mount this process serves, known by its connection and its device, never by its
+/// path alone: the path names whatever is mounted there now.
+#[derive(Clone)]
+struct OwnMount {
+    path: PathBuf,
+    /// The connection: while it is connected, the superblock lives and keeps its
+    /// device number, which no other mount can then have.
+    dev: Arc<OwnedFd>,
+    /// The device of the mount, read from the mount table when it was made or adopted.
+    device: Option<(u32, u32)>,
+}
+
+impl OwnMount {
+    /// `dev` serves the mount at `path` now (it was just mounted, or adopted).
+    fn new(path: &Path, dev: &Arc<OwnedFd>) -> OwnMount {
+        let device = crate::sys::mount::mount_device(path).ok().flatten();
+        if device.is_none() {
+            tracing::warn!(mountpoint = %path.display(), "the view's mount is not in the mount table; it will not be unmounted by this process");
+        }
+        OwnMount {
+            path: path.to_path_buf(),
+            dev: Arc::clone(dev),
+            device,
+        }
+    }
+
+    /// Unmounts the mount if it is still this process's and still at its path. A
+    /// connection that has ended (the mount was unmounted and released by someone
+    /// else) leaves nothing to unmount: its device may belong to a new mount by now,
+    /// and the path to a successor (xfstests generic/610, 611).
+    fn unmount(&self) {
+        if !crate::sys::fuse::connected(self.dev.as_fd()) {
+            tracing::debug!(mountpoint = %self.path.display(), "the connection has ended: nothing of this view is mounted");
+            return;
+        }
+        let Some(device) = self.device else {
+            return;
+        };
+        match crate::sys::mount::unmount_if_device(&self.path, device) {
+            Ok(true) => {}
+            Ok(false) => tracing::info!(
+                mountpoint = %self.path.display(),
+                "the view's mount is no longer at its mount point (unmounted, or covered); leaving what is there"
+            ),
+            Err(e) => {
+                tracing::warn!(mountpoint = %self.path.display(), error = %e, "unmount failed")
+            }
+        }
+    }
 }
 
 impl Unmounter {
     fn unmount(&mut self) {
         match self {
-            Unmounter::Own(path) => match crate::sys::mount::unmount_lazy(path) {
-                Ok(()) | Err(Errno::EINVAL | Errno::ENOENT) => {}
-                Err(e) => {
-                    tracing::warn!(mountpoint = %path.display(), error = %e, "unmount failed")
-                }
-            },
+            Unmounter::Own(m) => m.unmount(),
             Unmounter::Fuser(u) => {
                 if let Err(e) = u.unmount() {
                     tracing::warn!(error = %e, "unmount failed");
@@ -213,12 +259,26 @@ impl Unmounter {
 }
 
 /// Lazily unmounts a mount this process made when dropped (a failed handshake, a
-/// session that ended with an error): a view never outlives its daemon.
-struct OwnMountGuard(PathBuf);
+/// session that ended with an error): a view never outlives its daemon. Only its own
+/// mount, and only while its connection lives ([`OwnMount::unmount`]).
+struct OwnMountGuard(Option<OwnMount>);
+
+impl OwnMountGuard {
+    fn new(own: &OwnMount) -> OwnMountGuard {
+        OwnMountGuard(Some(own.clone()))
+    }
+
+    /// The mount is no longer this guard's to unmount (served on, or another's).
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
 
 impl Drop for OwnMountGuard {
     fn drop(&mut self) {
-        Unmounter::Own(self.0.clone()).unmount();
+        if let Some(own) = &self.0 {
+            own.unmount();
+        }
     }
 }
 
@@ -340,7 +400,7 @@ pub fn run_foreground(
             );
         }
         let (session, template) = serve_adopted(view, &dev, replayed.passthrough, &cfg)?;
-        let u = Unmounter::Own(mountpoint.clone());
+        let u = Unmounter::Own(OwnMount::new(&mountpoint, &dev));
         (session, u, Some(dev), Some(template), None)
     } else if busy {
         let dir = control_dir.unwrap_or(Path::new(handover::DEFAULT_CONTROL_DIR));
@@ -355,7 +415,7 @@ pub fn run_foreground(
             return Err(takeover_err(handover::HandoverError::Failed(e.to_string())));
         }
         let (session, template) = serve_adopted(view, &dev, incoming.passthrough, &cfg)?;
-        let u = Unmounter::Own(mountpoint.clone());
+        let u = Unmounter::Own(OwnMount::new(&mountpoint, &dev));
         (session, u, Some(dev), Some(template), Some(confirmation))
     } else if as_root {
         let how = crate::sys::mount::FuseMount {
@@ -370,16 +430,17 @@ pub fn run_foreground(
         }
         let dev = crate::sys::mount::mount_fuse(&fsname, &mountpoint, "mountgroup", how)
             .map_err(|e| mount_err(e.into()))?;
-        let guard = OwnMountGuard(mountpoint.clone());
         let dev = Arc::new(dev);
+        let own = OwnMount::new(&mountpoint, &dev);
+        let guard = OwnMountGuard::new(&own);
         view.attach(Arc::clone(&dev));
         let template = view.resume();
         let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(session_err)?;
         let session =
             ::fuser::Session::from_fd(view, fd, cfg.acl, cfg.clone()).map_err(mount_err)?;
         // Initialised: the guard below takes over.
-        std::mem::forget(guard);
-        let u = Unmounter::Own(mountpoint.clone());
+        guard.disarm();
+        let u = Unmounter::Own(own);
         (session, u, Some(dev), Some(template), None)
     } else {
         // fuser opens /dev/fuse itself before fusermount3 mounts it: name the device
@@ -391,13 +452,18 @@ pub fn run_foreground(
         (session, u, None, None, None)
     };
     // A view that ends with an error leaves no mount behind.
-    let guard = dev.as_ref().map(|_| OwnMountGuard(mountpoint.clone()));
+    let guard = match &unmounter {
+        Unmounter::Own(own) => Some(OwnMountGuard::new(own)),
+        Unmounter::Fuser(_) => None,
+    };
     match confirmation {
         Some(confirmation) => {
             if let Err(e) = confirmation.serving() {
                 // The predecessor serves again (it gave up waiting): leave it the view,
                 // its control socket and the keeper's hold.
-                std::mem::forget(guard);
+                if let Some(g) = guard {
+                    g.disarm();
+                }
                 return Err(takeover_err(handover::HandoverError::Io(e)));
             }
             tracing::info!(

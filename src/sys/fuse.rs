@@ -6,6 +6,24 @@ use std::sync::Arc;
 
 use super::{SysResult, failed};
 
+/// Whether the FUSE connection of `dev` is still connected. Once its superblock is
+/// destroyed (the mount unmounted and released) or it is aborted, the device polls as
+/// an error (`fuse_dev_poll`: `EPOLLERR` when not connected); polling takes nothing.
+pub fn connected(dev: BorrowedFd<'_>) -> bool {
+    use rustix::event::{PollFd, PollFlags, poll};
+    let mut fds = [PollFd::new(&dev, PollFlags::IN)];
+    match poll(
+        &mut fds,
+        Some(&rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        }),
+    ) {
+        Ok(_) => !fds[0].revents().intersects(PollFlags::ERR | PollFlags::HUP),
+        Err(_) => true,
+    }
+}
+
 /// `struct fuse_backing_map` of `<linux/fuse.h>`.
 #[repr(C)]
 struct BackingMap {

@@ -49,6 +49,83 @@ pub fn unmount_lazy(path: &Path) -> SysResult<()> {
     )?)
 }
 
+/// The device (`major`, `minor`) of the mount at exactly `path` (the topmost one
+/// there), from `/proc/self/mountinfo`, or `None` when nothing is mounted there.
+///
+/// # Errors
+/// The error of reading mountinfo.
+pub fn mount_device(path: &Path) -> SysResult<Option<(u32, u32)>> {
+    let info =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| super::Errno::from_io(&e))?;
+    Ok(mount_device_in(&info, path))
+}
+
+fn mount_device_in(mountinfo: &str, path: &Path) -> Option<(u32, u32)> {
+    let want = path.as_os_str().as_encoded_bytes();
+    let mut found = None;
+    for line in mountinfo.lines() {
+        // id parent major:minor root mountpoint ...
+        let fields: Vec<&str> = line.splitn(6, ' ').collect();
+        if fields.len() < 5 || unescape(fields[4]) != want {
+            continue;
+        }
+        let parsed = fields[2]
+            .split_once(':')
+            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+        if parsed.is_some() {
+            // Later lines are mounted on top of earlier ones.
+            found = parsed;
+        }
+    }
+    found
+}
+
+/// Lazily unmounts the mount at `path` only if it is the root of a mount of device
+/// `device` (a superblock this process serves), and returns whether it did.
+///
+/// A path names whatever is mounted there now: a view whose own mount was unmounted
+/// by someone else must not take down the view mounted there since. So the path is
+/// opened (`O_PATH`, never followed, nothing asked of a FUSE daemon: the device comes
+/// from the superblock and `AT_STATX_DONT_SYNC` sends no request), checked, and the
+/// mount the descriptor is on is unmounted through its `/proc/self/fd` link, which the
+/// kernel resolves to that very mount. Without `/proc` the path itself is unmounted
+/// after the check.
+///
+/// # Errors
+/// The error of `open`, `statx` or `umount2`; nothing mounted there is `Ok(false)`.
+pub fn unmount_if_device(path: &Path, device: (u32, u32)) -> SysResult<bool> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = match rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => return Ok(false),
+        Err(e) => return Err(super::failed("open")(e)),
+    };
+    let sx = rustix::fs::statx(
+        &fd,
+        "",
+        AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
+        StatxFlags::BASIC_STATS,
+    )
+    .map_err(super::failed("statx"))?;
+    let root = !sx.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
+        || sx.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
+    if (sx.stx_dev_major, sx.stx_dev_minor) != device || !root {
+        return Ok(false);
+    }
+    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    if Path::new("/proc/self/fd").is_dir() {
+        rustix::mount::unmount(link.as_str(), rustix::mount::UnmountFlags::DETACH)
+            .map_err(super::failed("umount2"))?;
+    } else {
+        unmount_lazy(path)?;
+    }
+    Ok(true)
+}
+
 /// How a FUSE mount is made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FuseMount {
@@ -311,6 +388,18 @@ pub fn health(path: &Path) -> Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mount_device_is_the_topmost_at_the_path() {
+        let info = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
+40 22 0:50 / /tmp/a\\040b rw,nosuid - fuse.mountgroup /src rw,user_id=0
+41 40 0:51 / /tmp/a\\040b rw - fuse.mountgroup /x rw
+";
+        assert_eq!(mount_device_in(info, Path::new("/tmp/a b")), Some((0, 51)));
+        assert_eq!(mount_device_in(info, Path::new("/")), Some((8, 1)));
+        assert_eq!(mount_device_in(info, Path::new("/tmp")), None);
+    }
 
     #[test]
     fn mountinfo_lines_are_read_with_escapes_and_stacking() {

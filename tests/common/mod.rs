@@ -158,6 +158,25 @@ impl Mounted {
         s
     }
 
+    /// Waits up to `limit` for the daemon to exit by itself and returns its exit code
+    /// (`None` if it did not); the mount, if any is left, is no longer this guard's to
+    /// unmount.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = Instant::now() + limit;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                self.owns_mount = false;
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Stops the daemon with SIGTERM and returns its exit code.
     pub fn stop(mut self) -> Option<i32> {
         self.shutdown()
