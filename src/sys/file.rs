@@ -594,14 +594,18 @@ pub fn allocate(fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> SysResu
 /// `lseek(2)` for `SEEK_DATA`/`SEEK_HOLE` (and the plain whences).
 ///
 /// # Errors
-/// `EINVAL` for an unknown whence, otherwise the error of the call.
+/// `EINVAL` for an unknown whence or a negative `SEEK_SET`; `ENXIO` for a negative
+/// `SEEK_DATA` or `SEEK_HOLE`, as Linux answers (there is no data or hole before the
+/// start: `iomap_seek_data`, `generic_file_llseek_size`); otherwise the error of the
+/// call.
 pub fn seek(fd: BorrowedFd<'_>, offset: i64, whence: i32) -> SysResult<u64> {
+    let at = |offset: i64| u64::try_from(offset).map_err(|_| Errno::ENXIO);
     let pos = match whence {
         libc::SEEK_SET => SeekFrom::Start(u64::try_from(offset).map_err(|_| Errno::EINVAL)?),
         libc::SEEK_CUR => SeekFrom::Current(offset),
         libc::SEEK_END => SeekFrom::End(offset),
-        libc::SEEK_DATA => SeekFrom::Data(u64::try_from(offset).map_err(|_| Errno::EINVAL)?),
-        libc::SEEK_HOLE => SeekFrom::Hole(u64::try_from(offset).map_err(|_| Errno::EINVAL)?),
+        libc::SEEK_DATA => SeekFrom::Data(at(offset)?),
+        libc::SEEK_HOLE => SeekFrom::Hole(at(offset)?),
         _ => return Err(Errno::EINVAL),
     };
     rustix::fs::seek(fd, pos).map_err(failed("seek"))

@@ -59,6 +59,7 @@ impl Errno {
     pub const ENOSYS: Errno = Errno(libc::ENOSYS);
     pub const ENOTCONN: Errno = Errno(libc::ENOTCONN);
     pub const ENOTDIR: Errno = Errno(libc::ENOTDIR);
+    pub const ENXIO: Errno = Errno(libc::ENXIO);
     pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
     pub const EPERM: Errno = Errno(libc::EPERM);
     pub const ERANGE: Errno = Errno(libc::ERANGE);
