@@ -42,3 +42,48 @@ fn seek_data_and_hole_before_the_start_are_enxio() {
         assert_eq!(lseek(&viewed, 8192, whence), Err(libc::ENXIO));
     }
 }
+
+/// The mode the view shows for `path`, set-id bits included.
+fn mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).unwrap().mode() & 0o7777
+}
+
+/// generic/683, 684, 685: a write or fallocate by a user outside a setgid file's group
+/// drops setgid even without group execute (6666 becomes 0666); a member of the group
+/// keeps it (setuid goes for both). Through a group view and a plain one.
+#[test]
+fn a_writer_outside_the_group_drops_setgid() {
+    const OUTSIDER: u32 = 2002;
+    const MEMBER: u32 = 2001;
+    for options in ["gid=4242", ""] {
+        let f = Fixture::new();
+        let _m = f.mount(options);
+        let group = if options.is_empty() { 3131 } else { 4242 };
+        for (name, how) in [
+            ("w", "printf x >> \"$1\""),
+            ("fa", "fallocate -l 65536 \"$1\""),
+        ] {
+            for (uid, groups, want) in [(OUTSIDER, vec![], 0o0666), (MEMBER, vec![group], 0o2666)] {
+                let file = f.mnt.join(format!("{name}-{uid}"));
+                fs::write(&file, "").unwrap();
+                chown(&file, 1000, group);
+                chmod(&file, 0o6666);
+                assert_eq!(mode(&file), 0o6666, "{options:?}");
+                let ran = run_as(
+                    uid,
+                    uid,
+                    &groups,
+                    &format!("set -- {}; {how}", file.display()),
+                );
+                assert!(ran.ok, "{options:?} {name} as {uid}: {ran:?}");
+                assert_eq!(
+                    mode(&file),
+                    want,
+                    "view {options:?}: {name} by {uid} (groups {groups:?}) leaves {:o}",
+                    mode(&file)
+                );
+            }
+        }
+    }
+}

@@ -199,6 +199,27 @@ pub fn may_open(
     (!want.read || bits & 0o4 != 0) && (!want.write || bits & 0o2 != 0)
 }
 
+/// The set-id bits a write by `caller` drops from a file shown as `shown`, by Linux's
+/// rule (fs/attr.c `setattr_should_drop_suidgid`): setuid always; setgid where group
+/// execute is set, or where the writer is not in the file's group (`in_group` asks
+/// about supplementary groups, only when needed); none for uid 0 (`CAP_FSETID`).
+pub fn set_id_bits_a_write_drops(
+    shown: Owner,
+    caller: Caller,
+    in_group: impl FnOnce(u32) -> bool,
+) -> u32 {
+    if caller.uid == 0 {
+        return 0;
+    }
+    let mut kill = shown.perm & 0o4000;
+    if shown.perm & S_ISGID != 0
+        && (shown.perm & 0o010 != 0 || !(shown.gid == caller.gid || in_group(shown.gid)))
+    {
+        kill |= S_ISGID;
+    }
+    kill
+}
+
 /// The mode a chown or chgrp leaves: on anything but a directory it clears setuid, and
 /// setgid where group execute is set (setgid without it marks mandatory locking), for
 /// root too, as Linux does (`ATTR_KILL_SUID`/`ATTR_KILL_SGID`).
@@ -705,6 +726,38 @@ mod tests {
         );
         assert!(write_refused(&p, Kind::Regular, Some(&ro)));
         assert!(!write_refused(&fsgroup(false), Kind::Regular, Some(&ro)));
+    }
+
+    #[test]
+    fn a_write_drops_setgid_where_linux_does() {
+        let file = |perm| Owner {
+            uid: 1000,
+            gid: 4242,
+            perm,
+        };
+        let caller = |uid, gid| Caller { uid, gid, pid: 0 };
+        let member = |g: u32| g == 4242;
+        let stranger = |_: u32| false;
+        // (shown, caller, in a supplementary group?, dropped)
+        let cases = [
+            (0o6666, caller(2000, 2000), false, 0o6000), // generic/683-685: 6666 -> 0666
+            (0o6666, caller(2000, 2000), true, 0o4000),  // a member keeps setgid
+            (0o6666, caller(2000, 4242), false, 0o4000), // primary group is the file's
+            (0o6676, caller(2000, 4242), false, 0o6000), // group execute: always
+            (0o2666, caller(2000, 2000), false, 0o2000),
+            (0o0666, caller(2000, 2000), false, 0),
+            (0o6777, caller(0, 0), false, 0), // CAP_FSETID
+        ];
+        for (perm, c, supplementary, want) in cases {
+            let got = set_id_bits_a_write_drops(file(perm), c, |g| {
+                if supplementary {
+                    member(g)
+                } else {
+                    stranger(g)
+                }
+            });
+            assert_eq!(got, want, "{perm:o} written by {c:?}");
+        }
     }
 
     #[test]

@@ -159,7 +159,7 @@ impl ViewFs {
                 return Err(FsError::ReadOnlyFile);
             }
             if caller.uid != 0 {
-                self.drop_set_id_for_writer(&inode, rec)?;
+                self.drop_set_id_for_writer(&inode, rec, caller)?;
             }
         }
         let data = self.shared_data(&inode, wants_write)?;
@@ -174,23 +174,27 @@ impl ViewFs {
     /// The kernel leaves dropping set-id bits on write to the view
     /// (`FUSE_HANDLE_KILLPRIV_V2`, which spares a `security.capability` lookup per
     /// write), and passthrough writes never reach the daemon. So a writer without
-    /// `CAP_FSETID` (any caller but root) clears setuid, and setgid where group execute
-    /// is set, when it opens the file for writing: what the kernel does on its first
-    /// write. The backing file system itself still removes `security.capability` on
-    /// every write, passthrough included.
+    /// `CAP_FSETID` (any caller but root) drops what the kernel drops on its first
+    /// write ([`view::set_id_bits_a_write_drops`]) when it opens the file for writing.
+    /// The backing file system itself still removes `security.capability` on every
+    /// write, passthrough included.
     pub(super) fn drop_set_id_for_writer(
         &self,
         inode: &Arc<Inode>,
         rec: Option<Record>,
+        caller: Caller,
     ) -> FsResult<()> {
         let st = file::stat(inode.fd()?.as_fd())?;
         let shown = self.attr_with(inode, &st, rec.as_ref());
-        let kill = (shown.perm & 0o4000)
-            | if shown.perm & 0o010 != 0 {
-                shown.perm & 0o2000
-            } else {
-                0
-            };
+        let owner = Owner {
+            uid: shown.uid,
+            gid: shown.gid,
+            perm: shown.perm,
+        };
+        let kill = view::set_id_bits_a_write_drops(owner, caller, |gid| {
+            crate::sys::process::supplementary_groups(caller.pid)
+                .is_ok_and(|groups| groups.contains(&gid))
+        });
         if kill == 0 {
             return Ok(());
         }
