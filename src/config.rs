@@ -142,6 +142,37 @@ pub struct ViewOptions {
     /// `context=`: the SELinux label every file of the view shows, as kubelet asks
     /// for it on SELinux nodes when the CSIDriver has `seLinuxMount: true`.
     pub selinux_context: Option<String>,
+    /// The VFS flags of mount(8) and fstab lines (`noatime`, `lazytime`, `sync`, ...),
+    /// applied to the view's mount as the kernel applies them to any mount.
+    pub vfs: VfsFlags,
+    /// `fsname=`: the source the mount table shows (default: the backing directory).
+    pub fsname: Option<String>,
+}
+
+/// How the kernel updates access times on a mount (`atime` options of mount(8)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Atime {
+    /// The kernel's default, `relatime`.
+    #[default]
+    Relative,
+    /// `noatime`.
+    Never,
+    /// `strictatime`.
+    Always,
+}
+
+/// The VFS mount flags a view accepts from mount(8) and fstab.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VfsFlags {
+    pub atime: Atime,
+    /// `nodiratime`.
+    pub nodiratime: bool,
+    /// `lazytime`.
+    pub lazytime: bool,
+    /// `sync`: every write is synchronous.
+    pub sync: bool,
+    /// `dirsync`: directory changes are synchronous.
+    pub dirsync: bool,
 }
 
 impl Default for ViewOptions {
@@ -158,6 +189,8 @@ impl Default for ViewOptions {
             attr_timeout: Duration::from_secs(1),
             entry_timeout: Duration::from_secs(1),
             selinux_context: None,
+            vfs: VfsFlags::default(),
+            fsname: None,
         }
     }
 }
@@ -229,11 +262,29 @@ fn parse_selinux_context(v: &str) -> Result<String, String> {
     Ok(inner.to_string())
 }
 
-/// Options of /etc/fstab and mount(8) that mean nothing to a view and are accepted
-/// so that fstab lines and mount helpers work unchanged.
+/// Options of /etc/fstab, mount(8) and FUSE mount helpers that mean nothing to a view
+/// (or that a view always has) and are accepted so that fstab lines and mount helpers
+/// work unchanged: `allow_other` and `default_permissions` are how every view is
+/// mounted (CIFS `noperm` alone turns the latter off), `async` is the default.
 const IGNORED: &[&str] = &[
-    "defaults", "auto", "noauto", "nofail", "_netdev", "user", "nouser", "users",
+    "defaults",
+    "auto",
+    "noauto",
+    "nofail",
+    "_netdev",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "group",
+    "allow_other",
+    "default_permissions",
+    "async",
 ];
+
+/// Options with a value that mean nothing to a view: a FUSE helper's `subtype=` (a
+/// view's type is always `fuse.mountgroup`) and fstab's `comment=`.
+const IGNORED_WITH_VALUE: &[&str] = &["subtype", "comment"];
 
 impl ViewOptions {
     /// Parses one comma-separated option string (`gid=2000,ro`). Empty items are
@@ -260,6 +311,12 @@ impl ViewOptions {
         for item in strings.into_iter().flat_map(split_options) {
             let item = item.trim();
             if item.is_empty() || IGNORED.contains(&item) || item.starts_with("x-") {
+                continue;
+            }
+            if IGNORED_WITH_VALUE
+                .iter()
+                .any(|k| item.strip_prefix(k).is_some_and(|r| r.starts_with('=')))
+            {
                 continue;
             }
             let (key, value) = match item.split_once('=') {
@@ -349,6 +406,39 @@ impl ViewOptions {
                 }
                 "nodev" | "nosuid" => flag(value)?,
                 "dev" | "suid" => return Err(OptionError::Forbidden(key.to_string())),
+                "noatime" | "relatime" | "strictatime" | "atime" | "norelatime"
+                | "nostrictatime" => {
+                    flag(value)?;
+                    o.vfs.atime = match key {
+                        "noatime" => Atime::Never,
+                        "strictatime" => Atime::Always,
+                        // `atime`, `norelatime`, `nostrictatime`: back to the default.
+                        _ => Atime::Relative,
+                    };
+                }
+                "nodiratime" | "diratime" => {
+                    flag(value)?;
+                    o.vfs.nodiratime = key == "nodiratime";
+                }
+                "lazytime" | "nolazytime" => {
+                    flag(value)?;
+                    o.vfs.lazytime = key == "lazytime";
+                }
+                "sync" => {
+                    flag(value)?;
+                    o.vfs.sync = true;
+                }
+                "dirsync" => {
+                    flag(value)?;
+                    o.vfs.dirsync = true;
+                }
+                "fsname" => {
+                    let v = need(value)?;
+                    if v.contains(['\\', ' ', '\t', '\n']) || v.len() > 255 {
+                        return Err(bad(v, "is not a plain name (no spaces, backslashes or control characters, at most 255 bytes)".into()));
+                    }
+                    o.fsname = Some(v.to_string());
+                }
                 "context" => {
                     let v = need(value)?;
                     o.selinux_context = Some(parse_selinux_context(v).map_err(|r| bad(v, r))?);
@@ -451,6 +541,26 @@ impl ViewOptions {
         if let Some(c) = &self.selinux_context {
             v.push(format!("context=\"{c}\""));
         }
+        // Only what differs from the defaults, so that the canonical string of older
+        // options stays what it was (a takeover compares them).
+        match self.vfs.atime {
+            Atime::Relative => {}
+            Atime::Never => v.push("noatime".into()),
+            Atime::Always => v.push("strictatime".into()),
+        }
+        for (on, name) in [
+            (self.vfs.nodiratime, "nodiratime"),
+            (self.vfs.lazytime, "lazytime"),
+            (self.vfs.sync, "sync"),
+            (self.vfs.dirsync, "dirsync"),
+        ] {
+            if on {
+                v.push(name.into());
+            }
+        }
+        if let Some(n) = &self.fsname {
+            v.push(format!("fsname={n}"));
+        }
         v.join(",")
     }
 }
@@ -458,6 +568,43 @@ impl ViewOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_mount_and_fstab_write_is_accepted() {
+        // An fstab line as people write them for FUSE file systems.
+        let o = ViewOptions::parse(
+            "defaults,noatime,nodiratime,nofail,_netdev,x-systemd.automount,allow_other,default_permissions,fsname=share,subtype=mountgroup,comment=x,gid=2000",
+        )
+        .unwrap();
+        assert_eq!(o.vfs.atime, Atime::Never);
+        assert!(o.vfs.nodiratime);
+        assert_eq!(o.fsname.as_deref(), Some("share"));
+        assert_eq!(o.group, MountGroup::new(2000));
+        assert_eq!(ViewOptions::parse(&o.to_option_string()).unwrap(), o);
+        let o = ViewOptions::parse("noatime,relatime,lazytime,sync,dirsync,async").unwrap();
+        assert_eq!(o.vfs.atime, Atime::Relative, "the last atime option wins");
+        assert!(o.vfs.lazytime && o.vfs.sync && o.vfs.dirsync);
+        assert_eq!(
+            ViewOptions::parse("strictatime").unwrap().vfs.atime,
+            Atime::Always
+        );
+        // Defaults add nothing to the canonical string: older views' strings stay.
+        assert_eq!(
+            ViewOptions::parse("relatime,diratime,nolazytime,async")
+                .unwrap()
+                .to_option_string(),
+            ViewOptions::default().to_option_string()
+        );
+        for (bad, why) in [
+            ("suid", "never allowed"),
+            ("dev", "never allowed"),
+            ("noatime=1", "noatime"),
+            ("fsname=a b", "fsname"),
+        ] {
+            let e = ViewOptions::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn selinux_contexts_keep_their_commas() {

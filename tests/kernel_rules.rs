@@ -87,3 +87,88 @@ fn a_writer_outside_the_group_drops_setgid() {
         }
     }
 }
+
+/// The mount at `path` as mountinfo shows it: (its options, its source).
+fn mount_entry(path: &std::path::Path) -> (Vec<String>, String) {
+    let p = path.to_str().unwrap();
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some(p))
+        .unwrap_or_else(|| panic!("{p} is not mounted"));
+    // Per-mount flags (noatime, ...) and the superblock's (lazytime, sync, ...).
+    let (head, tail) = line.split_once(" - ").unwrap();
+    let tail: Vec<&str> = tail.split(' ').collect();
+    let options = head
+        .split(' ')
+        .nth(5)
+        .unwrap()
+        .split(',')
+        .chain(tail[2].split(','));
+    (options.map(String::from).collect(), tail[1].to_string())
+}
+
+/// generic/120 (and every fstab line with `noatime`): what mount(8), fstab and FUSE
+/// users write is accepted, the VFS flags are applied to the mount, and only what
+/// contradicts a view (`suid`, `dev`) is refused, naming it.
+#[test]
+fn mount_and_fstab_options_are_accepted_and_applied() {
+    let f = Fixture::new();
+    for (options, want, refused) in [
+        (
+            "defaults,noatime,nodiratime,nofail,_netdev,x-systemd.automount,allow_other,default_permissions,fsname=teamshare,subtype=mountgroup,gid=4242",
+            &["noatime", "nodiratime"][..],
+            &["relatime"][..],
+        ),
+        (
+            "relatime,lazytime",
+            &["relatime", "lazytime"][..],
+            &["noatime"][..],
+        ),
+        (
+            "strictatime,sync,dirsync",
+            &["sync", "dirsync"][..],
+            &["relatime", "noatime"][..],
+        ),
+    ] {
+        let m = Mounted::start(&f.src, &f.mnt, &["-o", options])
+            .unwrap_or_else(|e| panic!("-o {options}: {e}"));
+        let (flags, source) = mount_entry(&f.mnt);
+        for w in want {
+            assert!(
+                flags.iter().any(|x| x == w),
+                "-o {options}: {flags:?} lacks {w}"
+            );
+        }
+        for r in refused {
+            assert!(
+                !flags.iter().any(|x| x == r),
+                "-o {options}: {flags:?} has {r}"
+            );
+        }
+        if options.contains("fsname=") {
+            assert_eq!(source, "teamshare");
+            assert_eq!(
+                fs::metadata(&f.mnt)
+                    .map(|m| {
+                        use std::os::unix::fs::MetadataExt;
+                        m.gid()
+                    })
+                    .unwrap(),
+                4242
+            );
+        }
+        m.stop();
+    }
+    for (bad, named) in [
+        ("suid", "`suid`"),
+        ("dev", "`dev`"),
+        ("gid=1,noatime=yes", "noatime"),
+    ] {
+        let e = Mounted::start(&f.src, &f.mnt, &["-o", bad])
+            .err()
+            .expect("refused");
+        assert!(e.contains(named), "-o {bad}: {e}");
+        assert!(!is_mounted(&f.mnt));
+    }
+}

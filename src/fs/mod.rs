@@ -143,7 +143,12 @@ pub fn session_config(source: &Path, options: &ViewOptions) -> ::fuser::Config {
     use ::fuser::MountOption as M;
     let mut cfg = ::fuser::Config::default();
     cfg.mount_options = vec![
-        M::FSName(source.display().to_string()),
+        M::FSName(
+            options
+                .fsname
+                .clone()
+                .unwrap_or_else(|| source.display().to_string()),
+        ),
         M::Subtype("mountgroup".into()),
         M::NoDev,
         M::NoSuid,
@@ -155,6 +160,27 @@ pub fn session_config(source: &Path, options: &ViewOptions) -> ::fuser::Config {
         .push(if options.readonly { M::RO } else { M::RW });
     if options.noexec {
         cfg.mount_options.push(M::NoExec);
+    }
+    // Through fusermount3 (unprivileged use), which knows these by name.
+    use crate::config::Atime;
+    match options.vfs.atime {
+        Atime::Relative => {}
+        Atime::Never => cfg.mount_options.push(M::NoAtime),
+        Atime::Always => cfg.mount_options.push(M::CUSTOM("strictatime".into())),
+    }
+    for (on, name) in [
+        (options.vfs.nodiratime, "nodiratime"),
+        (options.vfs.lazytime, "lazytime"),
+    ] {
+        if on {
+            cfg.mount_options.push(M::CUSTOM(name.into()));
+        }
+    }
+    if options.vfs.sync {
+        cfg.mount_options.push(M::Sync);
+    }
+    if options.vfs.dirsync {
+        cfg.mount_options.push(M::DirSync);
     }
     // Pods run as users other than the daemon's.
     cfg.acl = ::fuser::SessionACL::All;
@@ -371,7 +397,10 @@ pub fn run_foreground(
         // to its successor (a cloned descriptor would take them down with it).
         cfg.clone_fd = false;
     }
-    let fsname = source.display().to_string();
+    let fsname = options
+        .fsname
+        .clone()
+        .unwrap_or_else(|| source.display().to_string());
     let session_err = |e: Errno| MountError::Session(e.into());
     let takeover_err = |e: handover::HandoverError| MountError::Takeover {
         mountpoint: mountpoint.clone(),
@@ -424,6 +453,12 @@ pub fn run_foreground(
             readonly: options.readonly,
             noexec: options.noexec,
             selinux_context: options.selinux_context.clone(),
+            noatime: options.vfs.atime == crate::config::Atime::Never,
+            strictatime: options.vfs.atime == crate::config::Atime::Always,
+            nodiratime: options.vfs.nodiratime,
+            lazytime: options.vfs.lazytime,
+            sync: options.vfs.sync,
+            dirsync: options.vfs.dirsync,
         };
         if how.selinux_context.is_some() && !crate::sys::mount::selinux_enabled() {
             return Err(MountError::NoSelinux);

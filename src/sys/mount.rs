@@ -137,6 +137,14 @@ pub struct FuseMount {
     pub noexec: bool,
     /// `context=`: the SELinux label of every file (the LSM takes it from the data).
     pub selinux_context: Option<String>,
+    /// The VFS flags asked for: `noatime`, `strictatime` (else the kernel's
+    /// `relatime`), `nodiratime`, `lazytime`, `sync`, `dirsync`.
+    pub noatime: bool,
+    pub strictatime: bool,
+    pub nodiratime: bool,
+    pub lazytime: bool,
+    pub sync: bool,
+    pub dirsync: bool,
 }
 
 /// Whether SELinux is enabled on this machine (selinuxfs is mounted, as libselinux's
@@ -182,6 +190,18 @@ pub fn mount_fuse(
     }
     if how.noexec {
         flags |= MountFlags::NOEXEC;
+    }
+    for (on, flag) in [
+        (how.noatime, MountFlags::NOATIME),
+        (how.strictatime, MountFlags::STRICTATIME),
+        (how.nodiratime, MountFlags::NODIRATIME),
+        (how.lazytime, MountFlags::LAZYTIME),
+        (how.sync, MountFlags::SYNCHRONOUS),
+        (how.dirsync, MountFlags::DIRSYNC),
+    ] {
+        if on {
+            flags |= flag;
+        }
     }
     let data = std::ffi::CString::new(data).map_err(|_| super::Errno::EINVAL)?;
     let fstype = format!("fuse.{subtype}");
