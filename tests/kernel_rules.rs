@@ -172,3 +172,70 @@ fn mount_and_fstab_options_are_accepted_and_applied() {
         assert!(!is_mounted(&f.mnt));
     }
 }
+
+/// Writes `file` through a shared mapping (`how` = "mmap") or with write(2) ("write")
+/// once its pages are clean and its attributes cached, and reports whether the view
+/// showed the new mtime at once and how long it took to show the backing file's.
+fn time_after_write(
+    view_file: &std::path::Path,
+    backing: &std::path::Path,
+    how: &str,
+) -> (bool, f64) {
+    let script = r#"
+import mmap, os, sys, time
+view, backing, how = sys.argv[1], sys.argv[2], sys.argv[3]
+fd = os.open(view, os.O_RDWR)
+m = mmap.mmap(fd, 8192)
+m[0:1] = b"x"; m.flush(); os.fsync(fd)
+time.sleep(1.2)
+before = os.stat(view).st_mtime_ns
+if how == "mmap":
+    m[100:105] = b"hello"
+else:
+    os.pwrite(fd, b"hello", 200)
+at_once = os.stat(view).st_mtime_ns != before
+start = time.time()
+while os.stat(view).st_mtime_ns != os.stat(backing).st_mtime_ns and time.time() - start < 10:
+    time.sleep(0.01)
+print(at_once, time.time() - start)
+m.close(); os.close(fd)
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(view_file)
+        .arg(backing)
+        .arg(how)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut parts = text.split_whitespace();
+    (
+        parts.next() == Some("True"),
+        parts.next().unwrap().parse().unwrap(),
+    )
+}
+
+/// generic/080, 215: with passthrough, a write through a shared mapping reaches the
+/// backing file without the daemon or the FUSE inode seeing it, so the view shows the
+/// new mtime and ctime once its cached attributes expire (`attr_timeout`, 1 s), not at
+/// once; write(2) shows at once (the kernel drops the cached attributes after a
+/// passthrough write). Without passthrough an mmap write reaches the backing file, and
+/// its times, when the kernel writes the page back (msync, close, writeback)
+/// (docs/SEMANTICS.md, *Deliberate differences*).
+#[test]
+fn mmap_writes_show_in_the_times_within_the_attribute_timeout() {
+    let f = Fixture::new();
+    fs::write(f.src.join("f"), vec![0u8; 8192]).unwrap();
+    for options in ["gid=4242,passthrough=on", "gid=4242,passthrough=off"] {
+        let m = f.mount(options);
+        let (_, caught_up) = time_after_write(&f.mnt.join("f"), &f.src.join("f"), "mmap");
+        assert!(
+            caught_up < 1.0 + 2.0,
+            "{options}: the view showed the backing mtime only after {caught_up} s"
+        );
+        let (at_once, _) = time_after_write(&f.mnt.join("f"), &f.src.join("f"), "write");
+        assert!(at_once, "{options}: write(2) shows at once");
+        m.stop();
+    }
+}
