@@ -239,3 +239,55 @@ fn mmap_writes_show_in_the_times_within_the_attribute_timeout() {
         m.stop();
     }
 }
+
+/// The access time of `path` on the backing file system, in seconds.
+fn atime(path: &std::path::Path) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).unwrap().atime()
+}
+
+/// generic/120, 003: `noatime` (and `nodiratime` for directories) on a view leaves the
+/// access times alone for what the view itself reads (listings, and file reads without
+/// passthrough): it reads through descriptors opened `O_NOATIME`. Otherwise, and for
+/// passthrough reads, the backing mount's rule applies (here `relatime`, which updates
+/// an access time older than a day).
+#[test]
+fn noatime_views_leave_access_times_alone() {
+    let f = Fixture::new();
+    fs::create_dir(f.src.join("d")).unwrap();
+    fs::write(f.src.join("d/file"), "data").unwrap();
+    let age = |p: &str| {
+        let ok = std::process::Command::new("touch")
+            .args(["-a", "-d", "3 days ago"])
+            .arg(f.src.join(p))
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+        atime(&f.src.join(p))
+    };
+    for (options, file_kept, dir_kept) in [
+        ("gid=4242", false, false),
+        // A passthrough read is the kernel's, on a backing file it opens with the
+        // reader's flags: the backing mount's rule applies (docs/SEMANTICS.md).
+        ("gid=4242,noatime,passthrough=on", false, true),
+        ("gid=4242,nodiratime", false, true),
+        ("gid=4242,noatime,passthrough=off", true, true),
+    ] {
+        let (old_file, old_dir) = (age("d/file"), age("d"));
+        let m = f.mount(options);
+        assert_eq!(fs::read_to_string(f.mnt.join("d/file")).unwrap(), "data");
+        assert_eq!(fs::read_dir(f.mnt.join("d")).unwrap().count(), 1);
+        m.stop();
+        assert_eq!(
+            atime(&f.src.join("d/file")) == old_file,
+            file_kept,
+            "{options}: file"
+        );
+        assert_eq!(
+            atime(&f.src.join("d")) == old_dir,
+            dir_kept,
+            "{options}: directory"
+        );
+    }
+}

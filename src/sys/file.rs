@@ -300,6 +300,16 @@ pub fn reopen(fd: BorrowedFd<'_>, kind: Kind, access: Access) -> SysResult<Owned
     new.map_err(failed("open"))
 }
 
+/// Makes reads through `fd` leave the inode's access time alone (`O_NOATIME`, set with
+/// `fcntl(F_SETFL)`; allowed to the file's owner and to `CAP_FOWNER`).
+///
+/// # Errors
+/// The error of `fcntl(2)`, `EPERM` for a caller that may not.
+pub fn set_noatime(fd: BorrowedFd<'_>) -> SysResult<()> {
+    let flags = rustix::fs::fcntl_getfl(fd).map_err(failed("fcntl(F_GETFL)"))?;
+    rustix::fs::fcntl_setfl(fd, flags | OFlags::NOATIME).map_err(failed("fcntl(F_SETFL)"))
+}
+
 /// Creates a regular file (`O_CREAT|O_EXCL|O_NOFOLLOW`) and returns it open read-write.
 ///
 /// # Errors

@@ -152,6 +152,7 @@ impl ViewFs {
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
         let inode = self.dir(ino)?;
         let fd = file::reopen(inode.fd()?.as_fd(), inode.kind, Access::Directory)?;
+        self.no_atime(&fd, inode.kind);
         Ok(self.add_handle(self.dir_handle(inode.id, fd, 0)))
     }
 

@@ -121,6 +121,7 @@ impl ViewFs {
             }
             Err(e) => return Err(e.into()),
         };
+        self.no_atime(&fd, inode.kind);
         let mut slot = lock(&inode.data);
         // Another open may have got there first; one descriptor per inode.
         if let Some(d) = slot.upgrade() {
@@ -495,9 +496,12 @@ impl ViewFs {
         let reopen = |ino: u64, access: Access| -> Option<OwnedFd> {
             let inode = self.inodes.get(ino).ok()?;
             let path_fd = inode.fd().ok()?;
-            self.inodes
+            let fd = self
+                .inodes
                 .with_fds(|| file::reopen(path_fd.as_fd(), inode.kind, access))
-                .ok()
+                .ok()?;
+            self.no_atime(&fd, inode.kind);
+            Some(fd)
         };
         for (&fh, &(ino, writable, sync)) in &journal.files {
             let file = match shared.get(&(ino, writable)) {

@@ -193,6 +193,11 @@ pub struct ViewFs {
     /// Bytes of directory entries read and not yet handed to the kernel, over all open
     /// directories (`dirs::Pending`).
     pending_dir_bytes: Arc<AtomicUsize>,
+    /// `noatime` (files and directories) and `nodiratime` (directories): the view's
+    /// reads and listings leave the backing inodes' access times alone (`O_NOATIME` on
+    /// the descriptors it reads through, passthrough included). The backing mount's
+    /// own atime rule applies otherwise, so a view cannot be stricter than it.
+    noatime: (bool, bool),
     /// Threads a walk's listing spreads its lookups over (`dirs.rs`): the cores, up to 4.
     lookup_threads: usize,
 }
@@ -250,7 +255,25 @@ impl ViewFs {
             listing: super::listing::ListingHints::default(),
             pending_dir_bytes: Arc::default(),
             lookup_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+            noatime: (
+                options.vfs.atime == crate::config::Atime::Never,
+                options.vfs.atime == crate::config::Atime::Never || options.vfs.nodiratime,
+            ),
         })
+    }
+
+    /// Applies the view's `noatime`/`nodiratime` to a descriptor it reads through.
+    pub(super) fn no_atime(&self, fd: &OwnedFd, kind: Kind) {
+        let wanted = if kind == Kind::Directory {
+            self.noatime.1
+        } else {
+            self.noatime.0
+        };
+        if wanted {
+            if let Err(e) = file::set_noatime(fd.as_fd()) {
+                tracing::debug!(error = %e, "O_NOATIME refused; reads update the access time");
+            }
+        }
     }
 
     pub fn policy(&self) -> &Policy {
