@@ -8,6 +8,8 @@
 mod common;
 #[path = "common/driver.rs"]
 mod driver;
+#[path = "common/kubelet.rs"]
+mod kubelet;
 
 use std::fs;
 use std::path::Path;
@@ -107,6 +109,10 @@ async fn nothing_lands_on_the_nodes_disk_until_the_share_is_mounted() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(
+        !kubelet::mount_failure_is_final(e.code()),
+        "kubelet must keep trying until the share is back"
+    );
     assert!(
         entries(&share).is_empty(),
         "made on the node's disk: {:?}",

@@ -395,3 +395,19 @@ pub fn expand_failure(release: Release, code: tonic::Code) -> ExpandFailure {
         _ => ExpandFailure::Retried,
     }
 }
+
+/// `csi_client.go` `isFinalError`: whether kubelet takes a NodeStage or NodePublish
+/// failure as final (the operation finished; the mount directory is cleaned up) or as
+/// uncertain (it may still be in progress, and kubelet keeps the volume in an uncertain
+/// state while it retries).
+pub fn mount_failure_is_final(code: tonic::Code) -> bool {
+    use tonic::Code;
+    !matches!(
+        code,
+        Code::Cancelled
+            | Code::DeadlineExceeded
+            | Code::Unavailable
+            | Code::ResourceExhausted
+            | Code::Aborted
+    )
+}
