@@ -187,6 +187,21 @@ async fn views_survive_a_killed_driver_and_dead_views_come_back() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_stopping_driver_removes_only_its_own_socket() {
+    let f = Fixture::new();
+    let mut d = Driver::start(f.dir.path());
+    // Another driver (a surge pod's, on the same hostPath) has bound the path since.
+    fs::remove_file(&d.socket).unwrap();
+    let successor = std::os::unix::net::UnixListener::bind(&d.socket).unwrap();
+    assert_eq!(d.terminate(), Some(0));
+    assert!(
+        d.socket.exists(),
+        "the stopping driver deleted its successor's socket"
+    );
+    drop(successor);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_stale_socket_is_replaced_and_a_foreign_file_is_not() {
     let f = Fixture::new();
     let sock_dir = f.subdir("csi");

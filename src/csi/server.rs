@@ -109,6 +109,14 @@ fn replace_stale_socket(path: &Path) -> Result<(), String> {
     }
 }
 
+/// The device and inode of the socket file at `path`, if there is one.
+fn socket_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
@@ -205,6 +213,7 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     replace_stale_socket(&socket).map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e))?;
     let listener = UnixListener::bind(&socket)
         .map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e.to_string()))?;
+    let bound = socket_identity(&socket);
     tracing::info!(
         endpoint = %socket.display(),
         driver = %cfg.driver_name,
@@ -225,7 +234,14 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
         .add_service(pb::node_server::NodeServer::new(NodeService { node }))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown_signal())
         .await;
-    let _ = std::fs::remove_file(&socket);
+    // Only the socket this process bound: another driver may have replaced it since
+    // (the same mistake as node-driver-registrar's removeRegSocket, which deletes the
+    // path whoever made it, would leave kubelet without the driver).
+    if bound.is_some() && socket_identity(&socket) == bound {
+        let _ = std::fs::remove_file(&socket);
+    } else {
+        tracing::info!(endpoint = %socket.display(), "the socket is another process's now; leaving it");
+    }
     tracing::info!("stopped");
     Ok(result?)
 }
