@@ -308,3 +308,32 @@ fn critical_pods_have_the_quota_their_class_needs() {
     }
     assert_eq!(checked, 2, "the node plugin and the controller");
 }
+
+/// A share mounted late at boot must not put the driver in a restart loop: the driver
+/// is not ready until the share is there (its Probe fails, so the livenessprobe sidecar
+/// answers 500), and kubelet's liveness probe would restart it again and again, each
+/// time after a longer back-off. A startup probe holds liveness back until the first
+/// success, for at least ten minutes.
+#[test]
+fn a_share_mounted_late_does_not_restart_the_driver() {
+    for file in ["deploy/node.yaml", "deploy/controller.yaml"] {
+        let yaml = manifest(file);
+        let cs = containers(&yaml);
+        let (_, driver) = cs
+            .iter()
+            .find(|(n, _)| n == "mountgroup")
+            .expect("the mountgroup container");
+        let period = probe_field(driver, "startupProbe", "periodSeconds", 10)
+            .unwrap_or_else(|| panic!("{file}: the driver has no startup probe"));
+        let failures = probe_field(driver, "startupProbe", "failureThreshold", 3).unwrap();
+        assert!(
+            period * failures >= 600,
+            "{file}: the startup probe gives the share {} s",
+            period * failures
+        );
+        assert!(
+            driver[driver.find("startupProbe").unwrap()..].contains("port: healthz"),
+            "{file}: the startup probe asks the driver's Probe"
+        );
+    }
+}
