@@ -61,23 +61,11 @@ pub fn mount_device(path: &Path) -> SysResult<Option<(u32, u32)>> {
 }
 
 fn mount_device_in(mountinfo: &str, path: &Path) -> Option<(u32, u32)> {
-    let want = path.as_os_str().as_encoded_bytes();
-    let mut found = None;
-    for line in mountinfo.lines() {
-        // id parent major:minor root mountpoint ...
-        let fields: Vec<&str> = line.splitn(6, ' ').collect();
-        if fields.len() < 5 || unescape(fields[4]) != want {
-            continue;
-        }
-        let parsed = fields[2]
-            .split_once(':')
-            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
-        if parsed.is_some() {
-            // Later lines are mounted on top of earlier ones.
-            found = parsed;
-        }
-    }
-    found
+    let (a, b) = topmost_at(mountinfo, path)?
+        .split(' ')
+        .nth(2)?
+        .split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
 }
 
 /// Lazily unmounts the mount at `path` only if it is the root of a mount of device
@@ -116,6 +104,8 @@ pub fn unmount_if_device(path: &Path, device: (u32, u32)) -> SysResult<bool> {
     if (sx.stx_dev_major, sx.stx_dev_minor) != device || !root {
         return Ok(false);
     }
+    // umount2 follows the magic link to the descriptor's own mount and checks that
+    // it is that mount's root (fs/namespace.c `path_umount`, `can_umount`).
     let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
     if Path::new("/proc/self/fd").is_dir() {
         rustix::mount::unmount(link.as_str(), rustix::mount::UnmountFlags::DETACH)
@@ -339,24 +329,21 @@ pub fn mount_type(path: &Path) -> SysResult<Option<String>> {
 }
 
 fn mount_type_in(mountinfo: &str, path: &Path) -> Option<String> {
+    let mut rest = topmost_at(mountinfo, path)?
+        .split(' ')
+        .skip_while(|f| *f != "-");
+    rest.next();
+    rest.next().map(str::to_string)
+}
+
+/// The mountinfo line of the topmost mount at exactly `path`: later lines are mounted
+/// on top of earlier ones. A line is `id parent major:minor root mountpoint options
+/// [optional...] - fstype source super`.
+fn topmost_at<'a>(mountinfo: &'a str, path: &Path) -> Option<&'a str> {
     let want = path.as_os_str().as_encoded_bytes();
-    let mut found = None;
-    for line in mountinfo.lines() {
-        // id parent major:minor root mountpoint options [optional...] - fstype source super
-        let mut fields = line.split(' ');
-        let Some(mountpoint) = fields.nth(4) else {
-            continue;
-        };
-        if unescape(mountpoint) != want {
-            continue;
-        }
-        let mut rest = fields.skip_while(|f| *f != "-");
-        if let (Some(_), Some(fstype)) = (rest.next(), rest.next()) {
-            // Later lines are mounted on top of earlier ones.
-            found = Some(fstype.to_string());
-        }
-    }
-    found
+    mountinfo
+        .lines()
+        .rfind(|line| line.split(' ').nth(4).is_some_and(|m| unescape(m) == want))
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space, ...).
