@@ -193,8 +193,7 @@ impl ViewFs {
             perm: shown.perm,
         };
         let kill = view::set_id_bits_a_write_drops(owner, caller, |gid| {
-            crate::sys::process::supplementary_groups(caller.pid)
-                .is_ok_and(|groups| groups.contains(&gid))
+            Self::in_supplementary_group(caller, gid)
         });
         if kill == 0 {
             return Ok(());

@@ -193,10 +193,12 @@ pub struct ViewFs {
     /// Bytes of directory entries read and not yet handed to the kernel, over all open
     /// directories (`dirs::Pending`).
     pending_dir_bytes: Arc<AtomicUsize>,
-    /// `noatime` (files and directories) and `nodiratime` (directories): the view's
-    /// reads and listings leave the backing inodes' access times alone (`O_NOATIME` on
-    /// the descriptors it reads through, passthrough included). The backing mount's
-    /// own atime rule applies otherwise, so a view cannot be stricter than it.
+    /// `noatime` (files and directories) and `nodiratime` (directories): the daemon's
+    /// own reads and listings leave the backing inodes' access times alone (`O_NOATIME`
+    /// on the descriptors it reads through). Passthrough reads do not: the kernel reads
+    /// through a backing file it opens with the reader's flags (fs/fuse/passthrough.c
+    /// `fuse_passthrough_open`, `backing_file_open`). The backing mount's own atime
+    /// rule applies otherwise, so a view cannot be stricter than it.
     noatime: (bool, bool),
     /// Threads a walk's listing spreads its lookups over (`dirs.rs`): the cores, up to 4.
     lookup_threads: usize,
@@ -260,6 +262,14 @@ impl ViewFs {
                 options.vfs.atime == crate::config::Atime::Never || options.vfs.nodiratime,
             ),
         })
+    }
+
+    /// Whether `caller` has `gid` among its supplementary groups, which FUSE does not
+    /// send: read from `/proc` (a caller in another PID namespace, pid 0, has none
+    /// that the daemon can see).
+    pub(super) fn in_supplementary_group(caller: Caller, gid: u32) -> bool {
+        crate::sys::process::supplementary_groups(caller.pid)
+            .is_ok_and(|groups| groups.contains(&gid))
     }
 
     /// Applies the view's `noatime`/`nodiratime` to a descriptor it reads through.

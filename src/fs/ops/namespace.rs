@@ -358,8 +358,7 @@ impl ViewFs {
             perm: attr.perm,
         };
         view::may_open(shown, caller, want, |gid| {
-            crate::sys::process::supplementary_groups(caller.pid)
-                .is_ok_and(|groups| groups.contains(&gid))
+            Self::in_supplementary_group(caller, gid)
         })
     }
 
