@@ -52,7 +52,7 @@ pub fn is_inline(rec: &VolumeRecord) -> bool {
 const SECRETS_TMPFS_OPTIONS: &str = "mode=0700,size=4m,nr_inodes=4096";
 
 /// Usage in one unit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     pub total: u64,
     pub available: u64,
@@ -727,8 +727,9 @@ impl Node {
     /// Usage of a published (or staged) volume as its pods see it, always in bytes
     /// and inodes: kubelet refuses an answer without usage before it reads the volume
     /// condition (kubernetes pkg/volume/csi/csi_client.go `NodeGetVolumeStats`: "usage
-    /// is nil"), so a dead view reports the usage of what it shows (its staging bind,
-    /// its inline volume, its secrets tmpfs) beside its abnormal condition. A secret
+    /// is nil"), so a dead view reports the usage of what it shows (its volume's
+    /// directory on the share, or its secrets tmpfs) beside its abnormal condition, and
+    /// zeros if even that cannot be measured. A secret
     /// view reports its tmpfs: it has no volume on the share, and kubelet asks for
     /// every CSI mount every stats period.
     ///
@@ -769,17 +770,17 @@ impl Node {
         };
         let usage = match crate::sys::file::statvfs_path(&measured) {
             Ok(s) => Some(s),
+            Err(e) if abnormal.is_none() => {
+                return Err(VolumeError::Internal(format!(
+                    "statfs of {}: {e}",
+                    path.display()
+                )));
+            }
             Err(e) => {
                 tracing::warn!(path = %measured.display(), error = %e, "statfs failed");
                 None
             }
         };
-        if usage.is_none() && abnormal.is_none() {
-            return Err(VolumeError::Internal(format!(
-                "statfs of {} failed",
-                path.display()
-            )));
-        }
         let (bytes, inodes) = match usage {
             Some(s) => {
                 let frsize = u64::from(s.frsize);
@@ -796,14 +797,7 @@ impl Node {
                     },
                 )
             }
-            None => {
-                let zero = Usage {
-                    total: 0,
-                    available: 0,
-                    used: 0,
-                };
-                (zero, zero)
-            }
+            None => (Usage::default(), Usage::default()),
         };
         Ok(VolumeStats {
             bytes,
