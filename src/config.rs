@@ -470,6 +470,13 @@ impl ViewOptions {
         Ok(o)
     }
 
+    /// The source the mount table shows: `fsname=`, else the backing directory.
+    pub fn fsname_for(&self, source: &std::path::Path) -> String {
+        self.fsname
+            .clone()
+            .unwrap_or_else(|| source.display().to_string())
+    }
+
     /// Applies a mount group that comes from outside the option string (the CSI
     /// `volume_mount_group`, i.e. the pod's fsGroup). A `gid=` option that names the
     /// same group is fine; one that names another group is an error rather than a

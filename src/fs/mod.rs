@@ -143,12 +143,7 @@ pub fn session_config(source: &Path, options: &ViewOptions) -> ::fuser::Config {
     use ::fuser::MountOption as M;
     let mut cfg = ::fuser::Config::default();
     cfg.mount_options = vec![
-        M::FSName(
-            options
-                .fsname
-                .clone()
-                .unwrap_or_else(|| source.display().to_string()),
-        ),
+        M::FSName(options.fsname_for(source)),
         M::Subtype("mountgroup".into()),
         M::NoDev,
         M::NoSuid,
@@ -397,10 +392,7 @@ pub fn run_foreground(
         // to its successor (a cloned descriptor would take them down with it).
         cfg.clone_fd = false;
     }
-    let fsname = options
-        .fsname
-        .clone()
-        .unwrap_or_else(|| source.display().to_string());
+    let fsname = options.fsname_for(&source);
     let session_err = |e: Errno| MountError::Session(e.into());
     let takeover_err = |e: handover::HandoverError| MountError::Takeover {
         mountpoint: mountpoint.clone(),
