@@ -114,6 +114,14 @@ async fn unpublish_all(c: &mut Clients, reqs: &[&pb::NodePublishVolumeRequest]) 
     }
 }
 
+/// kubelet's `UnmountDevice` (csi_attacher.go): NodeUnstageVolume of the staging path.
+async fn unstage(c: &mut Clients, dirs: &KubeletDirs, id: &str) {
+    c.node
+        .node_unstage_volume(unstage_req(id, &dirs.staging(id)))
+        .await
+        .unwrap();
+}
+
 fn wait_for(cond: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(15);
     while !cond() {
@@ -211,10 +219,7 @@ async fn a_provisioned_pvc_is_staged_published_and_republished_as_kubelet_sends_
     assert!(!d.log_text().contains(token), "the token was logged");
 
     unpublish_all(c, &[&pub_a, &pub_b]).await;
-    c.node
-        .node_unstage_volume(unstage_req(name, &dirs.staging(name)))
-        .await
-        .unwrap();
+    unstage(c, dirs, name).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -252,10 +257,7 @@ async fn a_static_pv_carries_whatever_its_author_wrote_and_only_our_own_keys_are
         Code::InvalidArgument,
         "volume_context.source applies to inline (ephemeral) volumes only",
     );
-    c.node
-        .node_unstage_volume(unstage_req("static-data", &dirs.staging("static-data")))
-        .await
-        .unwrap();
+    unstage(c, dirs, "static-data").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -360,10 +362,7 @@ async fn stats_of_every_kind_of_view_carry_usage_as_kubelet_requires() {
         assert!(m.message.unwrap().contains("not connected"), "{what}");
     }
     unpublish_all(c, &[&persistent, &scratch, &secret]).await;
-    c.node
-        .node_unstage_volume(unstage_req("pvc-stats", &dirs.staging("pvc-stats")))
-        .await
-        .unwrap();
+    unstage(c, dirs, "pvc-stats").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -444,10 +443,7 @@ async fn expansion_answers_are_ones_kubelet_retries_unless_they_are_final() {
         .node_unpublish_volume(unpublish_req("pvc-grow", target))
         .await
         .unwrap();
-    c.node
-        .node_unstage_volume(unstage_req("pvc-grow", &staging))
-        .await
-        .unwrap();
+    unstage(c, dirs, "pvc-grow").await;
 }
 
 /// Lazily unmounts on drop, innermost first.
@@ -510,10 +506,7 @@ async fn a_staging_bind_is_nosuid_nodev_on_the_hosts_side_too() {
             "{side} copy of the staging bind is {opts:?}"
         );
     }
-    c.node
-        .node_unstage_volume(unstage_req("pvc-flags", &staging))
-        .await
-        .unwrap();
+    unstage(c, &dirs, "pvc-flags").await;
     assert!(
         mount_options(&on_host).is_none(),
         "the unstage reaches the host too"
@@ -562,8 +555,5 @@ async fn selinux_labels_arrive_as_kubelet_quotes_them() {
         );
         assert!(!target.exists(), "a failed publish leaves no target behind");
     }
-    c.node
-        .node_unstage_volume(unstage_req("pvc-label", &dirs.staging("pvc-label")))
-        .await
-        .unwrap();
+    unstage(c, dirs, "pvc-label").await;
 }
