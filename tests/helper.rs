@@ -160,3 +160,44 @@ fn a_bad_option_fails_the_mount_with_the_views_message() {
     );
     assert!(!is_mounted(&f.mnt));
 }
+
+/// xfstests' `FSTYP=fuse` (its README.fuse): a placeholder device on the command line
+/// and the backing directory as `-osource=`; xfstests then finds the mount by that
+/// device name (common/rc `_check_if_dev_already_mounted`: `findmnt -S DEV`).
+#[test]
+fn a_source_option_names_the_backing_and_the_device_is_the_fsname() {
+    let _helper = install_helper();
+    let f = Fixture::new();
+    fs::write(f.src.join("a"), "x").unwrap();
+    let _guard = Unmount(f.mnt.clone());
+    let out = Command::new("mount")
+        .env("MOUNTGROUP_BIN", BIN)
+        .env("MOUNTGROUP_LOG_DIR", f.dir.path())
+        .env("MOUNTGROUP_CONTROL_DIR", f.dir.path().join("ctl"))
+        .args(["-t", "fuse.mountgroup", "placeholder-dev"])
+        .arg(&f.mnt)
+        .arg("-o")
+        .arg(format!(
+            "source={},allow_other,default_permissions,gid=2002",
+            f.src.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mount -osource=: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read_to_string(f.mnt.join("a")).unwrap(), "x");
+    assert_eq!(owner(&f.mnt.join("a")).1, 2002);
+    let found = Command::new("findmnt")
+        .args(["-rn", "-S", "placeholder-dev", "-o", "TARGET"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&found.stdout).trim(),
+        f.mnt.to_str().unwrap()
+    );
+    Command::new("umount").arg(&f.mnt).status().unwrap();
+    wait_unmounted(&f.mnt);
+}
