@@ -113,10 +113,25 @@ struct KeeperArgs {
     socket: PathBuf,
     #[command(flatten)]
     control: ControlDir,
-    /// Exit 0 if the keeper at --socket runs in this PID namespace and has taken over
+    /// Exit 0 if the keeper at --socket runs in this container and has taken over
     /// the views that were there when it started (a readiness probe), 1 otherwise.
     #[arg(long)]
     probe: bool,
+    /// Run each view in a cgroup of its own under this cgroup v2 directory (made if
+    /// absent), outside the keeper's container: its death, or an OOM kill of its
+    /// group, then ends no view. Needs the node's cgroup2 hierarchy mounted and the
+    /// host's PID namespace (docs/DEPLOY.md).
+    #[arg(long, value_name = "DIR")]
+    views_cgroup: Option<PathBuf>,
+    /// Bound each view's memory to this many bytes (memory.max of its cgroup; needs
+    /// --views-cgroup and the memory controller there). Beyond it the kernel OOM-kills
+    /// that view alone, which is then recovered.
+    #[arg(long, value_name = "BYTES")]
+    view_memory_max: Option<u64>,
+    /// Replace a view that answers nothing for this many seconds (stopped, deadlocked)
+    /// as if it had died; 0: never.
+    #[arg(long, value_name = "SECONDS", default_value_t = mountgroup::volume::keeper::DEFAULT_HANG_TIMEOUT.as_secs_f64())]
+    hang_timeout: f64,
 }
 
 fn host_name() -> String {
@@ -197,10 +212,19 @@ fn keeper(args: KeeperArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if !(args.hang_timeout.is_finite() && args.hang_timeout >= 0.0) {
+        eprintln!(
+            "mountgroup: --hang-timeout must be a number of seconds, 0 or more, not {}",
+            args.hang_timeout
+        );
+        return ExitCode::from(2);
+    }
     let cfg = keeper::KeeperConfig {
-        socket: args.socket,
-        control_dir: args.control.control_dir,
-        binary,
+        views_cgroup: args.views_cgroup,
+        view_memory_max: args.view_memory_max,
+        hang_timeout: (args.hang_timeout > 0.0)
+            .then(|| std::time::Duration::from_secs_f64(args.hang_timeout)),
+        ..keeper::KeeperConfig::new(args.socket, args.control.control_dir, binary)
     };
     match keeper::run(cfg) {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,6 +4,8 @@
 mod common;
 #[path = "common/driver.rs"]
 mod driver;
+#[path = "common/keeper.rs"]
+mod keeper;
 
 use std::path::Path;
 
@@ -337,22 +339,7 @@ async fn node_sanity() {
         "/somewhere/else",
     );
     // A dead view is an abnormal condition, not an error; publishing again heals it.
-    let state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(d.state.join("node-state.json")).unwrap()).unwrap();
-    let pid = state["published"][target.to_str().unwrap()]["pid"]
-        .as_u64()
-        .unwrap() as u32;
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(pid as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
-    wait_for(|| {
-        std::fs::metadata(&target)
-            .err()
-            .and_then(|e| e.raw_os_error())
-            == Some(libc::ENOTCONN)
-    });
+    keeper::kill_view_for_good(&target);
     let stats = c
         .node
         .node_get_volume_stats(stats_req("v-node", &target))
@@ -378,17 +365,6 @@ async fn node_sanity() {
         .await
         .unwrap();
     assert!(d.mounts_below().is_empty(), "{:?}", d.mounts_below());
-}
-
-fn wait_for(cond: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !cond() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "condition not reached in 10 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -8,6 +8,8 @@
 mod common;
 #[path = "common/driver.rs"]
 mod driver;
+#[path = "common/keeper.rs"]
+mod keeper;
 #[path = "common/kubelet.rs"]
 mod kubelet;
 
@@ -15,10 +17,10 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use common::*;
 use driver::*;
+use keeper::kill_view_for_good;
 use kubelet::*;
 use mountgroup::csi::pb;
 use tonic::Code;
@@ -120,32 +122,6 @@ async fn unstage(c: &mut Clients, dirs: &KubeletDirs, id: &str) {
         .node_unstage_volume(unstage_req(id, &dirs.staging(id)))
         .await
         .unwrap();
-}
-
-fn wait_for(cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !cond() {
-        assert!(Instant::now() < deadline, "condition not reached in 15 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn view_pid(d: &Driver, target: &Path) -> i32 {
-    let state: serde_json::Value =
-        serde_json::from_slice(&fs::read(d.state.join("node-state.json")).unwrap()).unwrap();
-    state["published"][target.to_str().unwrap()]["pid"]
-        .as_u64()
-        .expect("a pid") as i32
-}
-
-/// Kills a view's process as the OOM killer would, and waits for its mount to die.
-fn kill_view(d: &Driver, target: &Path) {
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(view_pid(d, target)).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
-    wait_for(|| fs::metadata(target).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -306,7 +282,7 @@ async fn inline_volumes_as_kubelet_sends_them_and_typos_are_named() {
 #[tokio::test(flavor = "multi_thread")]
 async fn stats_of_every_kind_of_view_carry_usage_as_kubelet_requires() {
     let mut s = Setup::new(false).await;
-    let (d, c, dirs) = (&s.d, &mut s.c, &s.dirs);
+    let (c, dirs) = (&mut s.c, &s.dirs);
     let vol = provision(c, "pvc-stats", 8 * MIB, &HashMap::new()).await;
     let pv = provisioned_pv(&vol, "ReadWriteOnce");
     let pod = Pod::new("stats", Some(5000));
@@ -350,7 +326,7 @@ async fn stats_of_every_kind_of_view_carry_usage_as_kubelet_requires() {
         (&secret, "a dead secret view"),
     ] {
         let target = Path::new(&req.target_path);
-        kill_view(d, target);
+        kill_view_for_good(target);
         let resp = c
             .node
             .node_get_volume_stats(kubelet::stats(&req.volume_id, target))

@@ -14,13 +14,15 @@ mod common;
 mod container;
 #[path = "common/driver.rs"]
 mod driver;
+#[path = "common/keeper.rs"]
+mod keeper;
 #[path = "common/workload.rs"]
 mod workload;
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -28,43 +30,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use container::*;
 use driver::*;
+use keeper::*;
 use rustix::process::{Pid, Signal, kill_process};
 use workload::*;
-
-/// Waits until `bin keeper --probe` says the keeper at `socket` is ready.
-fn wait_ready(bin: &Path, socket: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let ok = Command::new(bin)
-            .args(["keeper", "--probe", "--socket"])
-            .arg(socket)
-            .stderr(Stdio::null())
-            .status()
-            .unwrap()
-            .success();
-        if ok {
-            return;
-        }
-        assert!(Instant::now() < deadline, "keeper at {socket:?} not ready");
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The processes that serve the view on `target`, and their binaries.
-fn view_processes(target: &Path) -> Vec<(u32, PathBuf)> {
-    let target = target.as_os_str().as_encoded_bytes();
-    fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let cmd = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-            (args.get(1) == Some(&&b"mount"[..]) && args.contains(&target))
-                .then(|| Some((pid, fs::read_link(format!("/proc/{pid}/exe")).ok()?)))?
-        })
-        .collect()
-}
 
 /// Kills the driver's container (SIGKILL to its first process), starts it again, and
 /// repeats the publish of `target`, which it must know as its own.
@@ -77,39 +45,6 @@ async fn kill_and_restart(d: &mut Driver, staging: &Path, target: &Path) {
         .node_publish_volume(publish_req("vol", staging, target, "2000"))
         .await
         .unwrap();
-}
-
-/// SIGKILLs the process serving the view on `target` and waits until another one does.
-fn kill_view(target: &Path) {
-    let now = view_processes(target);
-    assert_eq!(now.len(), 1, "{now:?}");
-    let dead = now[0].0;
-    kill_process(Pid::from_raw(dead as i32).unwrap(), Signal::KILL).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let now = view_processes(target);
-        if now.len() == 1 && now[0].0 != dead {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no new view process: {now:?}");
-        thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// The node's `/run/mountgroup` under `root`: the keeper's socket, and the arguments
-/// of a keeper that uses it and the views' control directory beside it.
-fn node_run(root: &Path) -> (PathBuf, Vec<String>) {
-    let run = root.join("run");
-    fs::create_dir_all(&run).unwrap();
-    let socket = run.join("keeper.sock");
-    let args = vec![
-        "keeper".into(),
-        "--socket".into(),
-        socket.to_str().unwrap().into(),
-        "--control-dir".into(),
-        run.join("views").to_str().unwrap().into(),
-    ];
-    (socket, args)
 }
 
 /// A copy of the binary under `dir`: a "version" of its own, told apart by its path.

@@ -33,8 +33,8 @@ pub struct ServeConfig {
     pub share_init: ShareInit,
     /// The binary that serves views (`mountgroup mount`); this one by default.
     pub view_binary: PathBuf,
-    /// The keeper that runs the views (`mountgroup keeper`); without one, views are
-    /// this process's children.
+    /// The keeper that runs the views (`mountgroup keeper`); without one, a keeper in
+    /// this process runs them (`volume::keeper::start_embedded`).
     pub keeper_socket: Option<PathBuf>,
     /// The share key file (created with a random key if absent); `None`: no key.
     pub share_key_file: Option<PathBuf>,
@@ -171,6 +171,25 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     .await
     .map_err(|e| setup("--state-dir lock", &e))?
     .map_err(|e| setup("--state-dir lock", &e))?;
+    // Without a keeper container, a keeper in this process runs the views: it takes
+    // over the views a previous driver left running, recovers a view that dies and
+    // replaces one that hangs.
+    let keeper_socket = match cfg.keeper_socket.clone() {
+        Some(socket) => socket,
+        None => {
+            let socket = cfg.runtime_dir.join("keeper.sock");
+            let keeper = crate::volume::keeper::KeeperConfig::new(
+                socket.clone(),
+                cfg.runtime_dir.join("views"),
+                cfg.view_binary.clone(),
+            );
+            tokio::task::spawn_blocking(move || crate::volume::keeper::start_embedded(keeper))
+                .await
+                .map_err(|e| setup("--runtime-dir keeper", &e))?
+                .map_err(|e| setup("--runtime-dir keeper", &e))?;
+            socket
+        }
+    };
     let guards = Arc::new(OpGuards::default());
     let node = {
         let (share, guards, key, cfg) = (
@@ -187,10 +206,7 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
                 key,
                 &cfg.state_dir,
                 &cfg.runtime_dir,
-                crate::volume::view::ViewRunner {
-                    binary: cfg.view_binary,
-                    keeper: cfg.keeper_socket,
-                },
+                keeper_socket,
             )
         })
         .await

@@ -5,6 +5,7 @@
 //! `unsafe` code of the crate lives here (see `signal.rs`).
 
 pub mod btrfs;
+pub mod cgroup;
 pub mod dir;
 pub mod fdpass;
 pub mod file;

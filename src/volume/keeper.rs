@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::fs::handover::{self, INSTANCE_ENV};
+use crate::sys::cgroup::Cgroup;
 use crate::sys::fdpass;
 use crate::sys::signal::TerminationSignals;
 use crate::wire::{NamedSocket, read_frame, write_frame};
@@ -112,6 +113,15 @@ struct ChildView {
     args: Vec<OsString>,
     /// `None` while running; then the exit code (`None` inside: a signal ended it).
     exit: Option<Option<i32>>,
+    /// The cgroup it runs in, with `--views-cgroup`.
+    cgroup: Option<Cgroup>,
+}
+
+impl ChildView {
+    /// The mountpoint of a `mount SOURCE MOUNTPOINT ...` view.
+    fn mountpoint(&self) -> Option<&Path> {
+        self.args.get(2).map(Path::new)
+    }
 }
 
 /// Where and how the keeper runs.
@@ -122,7 +132,42 @@ pub struct KeeperConfig {
     pub control_dir: PathBuf,
     /// The binary that serves views (this one).
     pub binary: PathBuf,
+    /// A cgroup v2 directory outside the keeper's container in which each view gets a
+    /// cgroup of its own (`--views-cgroup`); `None`: views share the keeper's.
+    pub views_cgroup: Option<PathBuf>,
+    /// Each view's memory bound (`memory.max` of its cgroup).
+    pub view_memory_max: Option<u64>,
+    /// A view that answers no request for this long is replaced like a dead one;
+    /// `None`: never.
+    pub hang_timeout: Option<Duration>,
 }
+
+impl KeeperConfig {
+    /// A keeper at `socket` that finds views in `control_dir` and runs them with
+    /// `binary`: views in its own cgroup, unbounded, replaced after
+    /// [`DEFAULT_HANG_TIMEOUT`] without an answer.
+    pub fn new(socket: PathBuf, control_dir: PathBuf, binary: PathBuf) -> KeeperConfig {
+        KeeperConfig {
+            socket,
+            control_dir,
+            binary,
+            views_cgroup: None,
+            view_memory_max: None,
+            hang_timeout: Some(DEFAULT_HANG_TIMEOUT),
+        }
+    }
+}
+
+/// How long a view may leave a request of the keeper's unanswered before it counts as
+/// hung. Far above any answer a working view gives (a lookup of a reserved name, which
+/// touches no disk, queued behind whatever the pods asked), and far below the minutes a
+/// stopped view blocks `umount` and every `sync()` on the node.
+pub const DEFAULT_HANG_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The name a liveness check of a view looks up: reserved (`fs/ops/namespace.rs`), so
+/// the view answers `ENOENT` without touching its backing file system, and never cached
+/// (an `ENOENT` answer leaves no lasting negative entry), so each check is a request.
+const ALIVE_NAME: &str = ".mountgroup.alive";
 
 struct Keeper {
     cfg: KeeperConfig,
@@ -139,6 +184,10 @@ struct Keeper {
     ready: AtomicBool,
     /// One adoption at a time.
     adopting: Mutex<()>,
+    /// The parent of the views' cgroups, with `--views-cgroup`.
+    cgroups: Option<Cgroup>,
+    /// Liveness checks under way, by mountpoint: when each started.
+    checks: Mutex<HashMap<PathBuf, Instant>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -172,6 +221,26 @@ impl Keeper {
         );
         // A view points its standard error at its --log-file itself.
         let mut cmd = Command::new(&self.cfg.binary);
+        let cgroup = match &self.cgroups {
+            Some(parent) => {
+                let cg = parent.child(&format!("view-{id}")).map_err(|e| {
+                    io::Error::other(format!(
+                        "cannot make the view's cgroup under {}: {e}",
+                        parent.path().display()
+                    ))
+                })?;
+                if let Some(max) = self.cfg.view_memory_max {
+                    if let Err(e) = cg.set_memory_max(max) {
+                        tracing::warn!(cgroup = %cg.path().display(), error = %e, "cannot bound the view's memory");
+                    }
+                }
+                cg.spawn_into(&mut cmd).map_err(|e| {
+                    io::Error::other(format!("cgroup {}: {e}", cg.path().display()))
+                })?;
+                Some(cg)
+            }
+            None => None,
+        };
         cmd.args(args)
             .env(INSTANCE_ENV, &id)
             .env(SOCKET_ENV, &self.cfg.socket)
@@ -179,12 +248,21 @@ impl Keeper {
         if recover {
             cmd.env(RECOVER_ENV, "1");
         }
-        let mut child = cmd
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .process_group(0)
-            .spawn()?;
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(cg) = &cgroup {
+                    let _ = cg.remove();
+                }
+                return Err(e);
+            }
+        };
         let pid = child.id();
         lock(&self.children).insert(
             pid,
@@ -192,6 +270,7 @@ impl Keeper {
                 instance: id.clone(),
                 args: args.to_vec(),
                 exit: None,
+                cgroup,
             },
         );
         std::thread::Builder::new()
@@ -205,6 +284,9 @@ impl Keeper {
                         return;
                     };
                     c.exit = Some(code);
+                    if let Some(cg) = &c.cgroup {
+                        let _ = cg.remove();
+                    }
                     (c.instance.clone(), c.args.clone())
                 };
                 self.ended(pid, &instance, &args, code == Some(0));
@@ -406,6 +488,82 @@ impl Keeper {
         write_frame(stream, &response)
     }
 
+    /// Every few seconds: checks that each view it holds answers (see [`Self::check`]),
+    /// and removes the cgroups of views that are gone (a view taken over from another
+    /// keeper ends as that keeper's child, or as nobody's).
+    fn watch(&'static self) {
+        let every = self.cfg.hang_timeout.map_or(Duration::from_secs(10), |t| {
+            (t / 4).clamp(Duration::from_millis(100), Duration::from_secs(10))
+        });
+        loop {
+            std::thread::sleep(every);
+            if let Some(timeout) = self.cfg.hang_timeout {
+                self.check(timeout);
+            }
+            if let Some(parent) = &self.cgroups {
+                let ours: Vec<Cgroup> = lock(&self.children)
+                    .values()
+                    .filter(|c| c.exit.is_none())
+                    .filter_map(|c| c.cgroup.clone())
+                    .collect();
+                for cg in parent.children() {
+                    if !ours.contains(&cg) && !cg.populated() {
+                        let _ = cg.remove();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Looks a reserved name up in every view whose connection it holds, each in a
+    /// thread of its own. A view whose lookup is still unanswered after `timeout`
+    /// (deadlocked, stopped with SIGSTOP, every worker stuck) is SIGKILLed: its death
+    /// is then recovered like any other, the kernel resends what it had read, and the
+    /// lookup left waiting is answered by its successor. A view that cannot be
+    /// recovered (nothing held for it) is only reported: killing it would end its mount.
+    fn check(&'static self, timeout: Duration) {
+        let serving: Vec<(PathBuf, u32)> = {
+            let holds = lock(&self.holds);
+            let children = lock(&self.children);
+            children
+                .iter()
+                .filter(|(_, c)| c.exit.is_none())
+                .filter_map(|(pid, c)| {
+                    let m = c.mountpoint()?;
+                    let h = holds.get(m)?;
+                    (h.instance == c.instance).then(|| (m.to_path_buf(), *pid))
+                })
+                .collect()
+        };
+        let mut checks = lock(&self.checks);
+        for (mountpoint, pid) in serving {
+            match checks.get(&mountpoint) {
+                Some(since) if since.elapsed() > timeout => {
+                    tracing::error!(mountpoint = %mountpoint.display(), pid, waited = ?since.elapsed(), "the view answers nothing: killing it to recover it");
+                    if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+                        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                    }
+                    // Not again until its successor has answered this check.
+                    checks.insert(mountpoint, Instant::now() + Duration::from_secs(3600));
+                }
+                Some(_) => {}
+                None => {
+                    checks.insert(mountpoint.clone(), Instant::now());
+                    let spawned = std::thread::Builder::new()
+                        .name("keeper-check".into())
+                        .spawn(move || {
+                            // ENOENT is the answer; any answer will do.
+                            let _ = std::fs::symlink_metadata(mountpoint.join(ALIVE_NAME));
+                            lock(&self.checks).remove(&mountpoint);
+                        });
+                    if let Err(e) = spawned {
+                        tracing::warn!(error = %e, "cannot start a liveness check");
+                    }
+                }
+            }
+        }
+    }
+
     fn running(&self) -> usize {
         lock(&self.children)
             .values()
@@ -486,9 +644,12 @@ pub fn ask(socket: &Path, request: &Request) -> io::Result<Response> {
     read_frame(&stream)
 }
 
-/// Whether the keeper listening at `socket` runs in this PID namespace (its container,
-/// not another pod's) and is ready: a readiness probe, so that a rolling update deletes
-/// the old pod only after the new keeper took its views over.
+/// Whether the keeper listening at `socket` runs in this container (not another pod's)
+/// and is ready: a readiness probe, so that a rolling update deletes the old pod only
+/// after the new keeper took its views over. Another container's keeper is one outside
+/// this PID namespace (the kernel gives its pid as 0) or, where pods share the host's
+/// (`hostPID`), one in another cgroup or mount namespace: a runtime runs a probe in its
+/// container's.
 ///
 /// # Errors
 /// Why it is not ready.
@@ -498,6 +659,23 @@ pub fn probe(socket: &Path) -> Result<(), String> {
     let peer = fdpass::peer(stream.as_fd()).map_err(|e| e.to_string())?;
     if peer.pid == 0 {
         return Err("the keeper at the socket is another container's".into());
+    }
+    let (ours, theirs) = (
+        crate::sys::cgroup::cgroup_of(std::process::id()),
+        crate::sys::cgroup::cgroup_of(peer.pid as u32),
+    );
+    let mnt = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+    if mnt("self") != mnt(&peer.pid.to_string()) {
+        return Err(
+            "the keeper at the socket is another container's (another mount namespace)".into(),
+        );
+    }
+    if ours != theirs {
+        return Err(format!(
+            "the keeper at the socket is another container's (its cgroup is {}, this one's {})",
+            theirs.as_deref().unwrap_or("unknown"),
+            ours.as_deref().unwrap_or("unknown")
+        ));
     }
     write_frame(&stream, &Request::Ready).map_err(|e| e.to_string())?;
     match read_frame(&stream).map_err(|e| e.to_string())? {
@@ -515,43 +693,15 @@ pub fn probe(socket: &Path) -> Result<(), String> {
 /// # Errors
 /// The error of binding the socket.
 pub fn run(cfg: KeeperConfig) -> io::Result<()> {
+    if cfg.views_cgroup.is_none() {
+        tracing::warn!(
+            "no --views-cgroup: the views run in this keeper's cgroup and PID namespace, and a kill of its container (or an OOM kill of its group) ends every view on the node (docs/DEPLOY.md, *Views outlive the keeper*)"
+        );
+    }
+    // Before any thread: its children inherit the cgroup namespace it may join.
+    let cgroups = views_cgroup(&cfg)?;
     let signals = TerminationSignals::block()?;
-    // Lives as long as the process: its threads hold it.
-    let keeper: &'static Keeper = Box::leak(Box::new(Keeper {
-        instance: random_instance(),
-        cfg,
-        next: AtomicU64::new(0),
-        children: Mutex::new(HashMap::new()),
-        holds: Mutex::new(HashMap::new()),
-        recoveries: Mutex::new(HashMap::new()),
-        ready: AtomicBool::new(false),
-        adopting: Mutex::new(()),
-    }));
-    if let Some(dir) = keeper.cfg.socket.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let socket = Arc::new(NamedSocket::bind(&keeper.cfg.socket)?);
-    tracing::info!(socket = %keeper.cfg.socket.display(), instance = %keeper.instance, "keeper listening");
-    {
-        let socket = Arc::clone(&socket);
-        std::thread::Builder::new()
-            .name("keeper-accept".into())
-            .spawn(move || {
-                for stream in socket.listener.incoming().flatten() {
-                    let _ = std::thread::Builder::new()
-                        .name("keeper-request".into())
-                        .spawn(move || {
-                            if let Err(e) = keeper.answer(&stream) {
-                                tracing::debug!(error = %e, "keeper request not answered");
-                            }
-                        });
-                }
-            })?;
-    }
-    let (taken, failed) = keeper.adopt();
-    keeper.ready.store(true, Ordering::Release);
-    tracing::info!(taken, failed = failed.len(), "keeper ready");
-
+    let (keeper, socket) = start_with(cfg, cgroups)?;
     let sig = signals.wait()?;
     tracing::info!(signal = crate::sys::signal::name(sig), "keeper stopping");
     if socket.owns_name() {
@@ -575,6 +725,123 @@ pub fn run(cfg: KeeperConfig) -> io::Result<()> {
     }
     tracing::info!(left = keeper.running(), "keeper stopped");
     Ok(())
+}
+
+/// A keeper inside this process (`serve` without `--keeper-socket`): the same keeper,
+/// so that the views of a driver that runs them itself are recovered when they die,
+/// replaced when they hang, and taken over by the next driver, as under a keeper
+/// container. Returns once it has taken over the views another process ran, and runs
+/// until the process exits (its views then run on, and the next driver's keeper takes
+/// them over).
+///
+/// # Errors
+/// The error of binding the socket or of `--views-cgroup`.
+pub fn start_embedded(cfg: KeeperConfig) -> io::Result<()> {
+    let cgroups = views_cgroup(&cfg)?;
+    start_with(cfg, cgroups).map(|_| ())
+}
+
+/// Binds the socket, answers on it, watches the views, and takes over those another
+/// keeper ran; then ready.
+fn start_with(
+    cfg: KeeperConfig,
+    cgroups: Option<Cgroup>,
+) -> io::Result<(&'static Keeper, Arc<NamedSocket>)> {
+    // Lives as long as the process: its threads hold it.
+    let keeper: &'static Keeper = Box::leak(Box::new(Keeper {
+        instance: random_instance(),
+        cfg,
+        next: AtomicU64::new(0),
+        children: Mutex::new(HashMap::new()),
+        holds: Mutex::new(HashMap::new()),
+        recoveries: Mutex::new(HashMap::new()),
+        ready: AtomicBool::new(false),
+        adopting: Mutex::new(()),
+        cgroups,
+        checks: Mutex::new(HashMap::new()),
+    }));
+    if let Some(dir) = keeper.cfg.socket.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let socket = Arc::new(NamedSocket::bind(&keeper.cfg.socket)?);
+    tracing::info!(socket = %keeper.cfg.socket.display(), instance = %keeper.instance, "keeper listening");
+    {
+        let socket = Arc::clone(&socket);
+        std::thread::Builder::new()
+            .name("keeper-accept".into())
+            .spawn(move || {
+                for stream in socket.listener.incoming().flatten() {
+                    let _ = std::thread::Builder::new()
+                        .name("keeper-request".into())
+                        .spawn(move || {
+                            if let Err(e) = keeper.answer(&stream) {
+                                tracing::debug!(error = %e, "keeper request not answered");
+                            }
+                        });
+                }
+            })?;
+    }
+    std::thread::Builder::new()
+        .name("keeper-watch".into())
+        .spawn(|| keeper.watch())?;
+    let (taken, failed) = keeper.adopt();
+    keeper.ready.store(true, Ordering::Release);
+    tracing::info!(taken, failed = failed.len(), "keeper ready");
+    Ok((keeper, socket))
+}
+
+/// The parent of the views' cgroups (`--views-cgroup`), made ready: this process joins
+/// the node's cgroup namespace (a container's own hides every cgroup outside it), the
+/// directory is made if needed and must be cgroup v2, the memory controller is given to
+/// its children when views are bounded, and cgroups of views that are gone are removed.
+/// Without `--views-cgroup`, says what the views' fate then is.
+fn views_cgroup(cfg: &KeeperConfig) -> io::Result<Option<Cgroup>> {
+    let Some(path) = &cfg.views_cgroup else {
+        if cfg.view_memory_max.is_some() {
+            tracing::warn!("--view-memory-max needs --views-cgroup; views are not bounded");
+        }
+        return Ok(None);
+    };
+    let err = |what: String| io::Error::other(format!("--views-cgroup {}: {what}", path.display()));
+    use crate::sys::cgroup::{NamespaceJoin, join_init_cgroup_namespace};
+    match join_init_cgroup_namespace() {
+        Ok(NamespaceJoin::Joined) => tracing::info!("joined the node's cgroup namespace"),
+        Ok(NamespaceJoin::Same) => {}
+        Ok(NamespaceJoin::Hidden(e)) => {
+            tracing::warn!(error = %e, "pid 1's cgroup namespace cannot be read: staying in this one (on a hierarchy mounted with nsdelegate, views then cannot leave this container's cgroup; set the pod's hostPID)")
+        }
+        Err(e) => {
+            return Err(err(format!(
+                "cannot join the node's cgroup namespace (is the pod's hostPID set?): {e}"
+            )));
+        }
+    }
+    if std::process::id() == 1 {
+        tracing::warn!(
+            "this keeper is the first process of its PID namespace: when it dies the kernel kills every view it started, cgroup or not (set hostPID on the pod)"
+        );
+    }
+    if let Some(parent) = path.parent() {
+        Cgroup::open(parent).map_err(|e| {
+            err(format!(
+                "its parent is not a cgroup v2 directory ({e}): mount the node's cgroup2 hierarchy there"
+            ))
+        })?;
+    }
+    std::fs::create_dir_all(path).map_err(|e| err(e.to_string()))?;
+    let cg = Cgroup::open(path).map_err(|e| err(format!("not a cgroup v2 directory: {e}")))?;
+    if cfg.view_memory_max.is_some() {
+        if let Err(e) = cg.delegate("memory") {
+            tracing::warn!(cgroup = %path.display(), error = %e, controllers = ?cg.controllers(), "the memory controller is not available here: --view-memory-max does not bound the views (docs/DEPLOY.md)");
+        }
+    }
+    for child in cg.children() {
+        if !child.populated() {
+            let _ = child.remove();
+        }
+    }
+    tracing::info!(cgroup = %path.display(), "each view runs in a cgroup of its own here");
+    Ok(Some(cg))
 }
 
 fn random_instance() -> String {

@@ -19,7 +19,7 @@ use crate::sys::mount::{self, Health};
 use super::guard::OpGuards;
 use super::secrets::{self, Payload};
 use super::state::{NodeState, Published, Staged, ViewKind};
-use super::view::{VIEW_FSTYPE, ViewRunner, Views};
+use super::view::{VIEW_FSTYPE, Views};
 use super::{
     Capability, Inline, Lifecycle, SECRET_DEFAULT_MODE, SecretUse, VolumeError, authorize,
 };
@@ -106,7 +106,7 @@ impl Node {
         key: Arc<ShareKey>,
         state_dir: &Path,
         runtime_dir: &Path,
-        runner: ViewRunner,
+        keeper: PathBuf,
     ) -> Result<Arc<Node>, VolumeError> {
         std::fs::create_dir_all(state_dir).map_err(|e| {
             VolumeError::Internal(format!("state directory {}: {e}", state_dir.display()))
@@ -119,12 +119,7 @@ impl Node {
             guards,
             key,
             runtime_dir: runtime_dir.to_path_buf(),
-            views: Views::new(
-                runner.binary,
-                state_dir.join("views"),
-                runtime_dir.join("views"),
-                runner.keeper,
-            )?,
+            views: Views::new(state_dir.join("views"), runtime_dir.join("views"), keeper)?,
             state_path,
             state: Mutex::new(state),
         });

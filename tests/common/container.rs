@@ -1,11 +1,13 @@
 //! A "container" as a runtime makes one, for tests of what a container's life and death
 //! do to views and registrations: a PID namespace made with `unshare --pid --fork`,
 //! where the death of the namespace's first process makes the kernel kill everything
-//! else in it.
+//! else in it. Or, for tests of what a runtime's kill of a container's cgroup does: a
+//! cgroup v2 of its own ([`TestCgroup`]), with or without a PID namespace (a pod with
+//! `hostPID` has none of its own).
 #![allow(dead_code)]
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -18,6 +20,116 @@ pub const CONTAINER: &[&str] = &["unshare", "--pid", "--fork", "--kill-child", "
 /// A container running one command.
 pub struct Container {
     wrapper: Option<Child>,
+    /// Its cgroup, if it has one of its own.
+    cgroup: Option<PathBuf>,
+    /// Whether it has a PID namespace of its own.
+    pid_ns: bool,
+}
+
+/// Where this machine's cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or
+/// `/sys/fs/cgroup/unified` beside v1 controllers).
+pub fn cgroup2_root() -> PathBuf {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    mounts
+        .lines()
+        .find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            (post.split_whitespace().next() == Some("cgroup2"))
+                .then(|| PathBuf::from(pre.split_whitespace().nth(4).unwrap()))
+        })
+        .expect("these tests need a cgroup v2 hierarchy mounted (a cgroup2 line in mountinfo)")
+}
+
+/// A cgroup v2 of this test's own, removed on drop with everything below it (every
+/// process in it killed first): a test leaves no cgroup behind.
+pub struct TestCgroup {
+    pub path: PathBuf,
+}
+
+impl TestCgroup {
+    pub fn new() -> TestCgroup {
+        let path = cgroup2_root().join(format!(
+            "mountgroup-test-{}-{}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos() ^ rand_u64()
+        ));
+        fs::create_dir(&path).unwrap();
+        TestCgroup { path }
+    }
+
+    /// The path of its child cgroup `name` (made by whoever uses it).
+    pub fn child(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+fn rand_u64() -> u128 {
+    let mut b = [0u8; 8];
+    rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).unwrap();
+    u64::from_le_bytes(b) as u128
+}
+
+/// Kills every process in the cgroup at `path` and below, as a runtime does
+/// (`cgroup.kill`), and waits until it is empty.
+pub fn kill_cgroup(path: &Path) {
+    fs::write(path.join("cgroup.kill"), "1").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fs::read_to_string(path.join("cgroup.events"))
+        .map(|s| s.contains("populated 1"))
+        .unwrap_or(false)
+    {
+        assert!(Instant::now() < deadline, "{path:?} still populated");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn remove_tree(path: &Path) {
+    if let Ok(entries) = fs::read_dir(path) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&e.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(path);
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        if self.path.exists() {
+            let _ = fs::write(self.path.join("cgroup.kill"), "1");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while fs::read_to_string(self.path.join("cgroup.events"))
+                .map(|s| s.contains("populated 1"))
+                .unwrap_or(false)
+                && Instant::now() < deadline
+            {
+                thread::sleep(Duration::from_millis(5));
+            }
+            remove_tree(&self.path);
+        }
+    }
+}
+
+/// The command prefix that runs what follows in the cgroup at `cgroup` (made if
+/// absent) and, with `pid_ns`, in a PID namespace of its own; always with a cgroup
+/// namespace of its own, as runtimes give containers.
+pub fn in_cgroup(cgroup: &Path, pid_ns: bool) -> Vec<String> {
+    fs::create_dir_all(cgroup).unwrap();
+    let mut v: Vec<String> = vec![
+        "sh".into(),
+        "-c".into(),
+        // The shell joins the cgroup, then becomes the rest.
+        r#"echo 0 > "$0/cgroup.procs" && exec "$@""#.into(),
+        cgroup.to_str().unwrap().into(),
+        "unshare".into(),
+        "--cgroup".into(),
+    ];
+    if pid_ns {
+        v.extend(["--pid".into(), "--fork".into(), "--kill-child".into()]);
+    }
+    v.push("--".into());
+    v
 }
 
 impl Container {
@@ -33,13 +145,41 @@ impl Container {
         env: &[(&str, &str)],
         log: &Path,
     ) -> Container {
+        Container::spawn(CONTAINER, None, bin, args, env, log)
+    }
+
+    /// A container whose cgroup is `cgroup` (killed whole with `cgroup.kill`), in a PID
+    /// namespace of its own if `pid_ns`, else in this one's (a `hostPID` pod).
+    pub fn start_in_cgroup(
+        cgroup: &Path,
+        pid_ns: bool,
+        bin: &Path,
+        args: &[&str],
+        log: &Path,
+    ) -> Container {
+        let prefix = in_cgroup(cgroup, pid_ns);
+        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        let env = [("RUST_LOG", "mountgroup=debug,info")];
+        let mut c = Container::spawn(&prefix, Some(cgroup), bin, args, &env, log);
+        c.pid_ns = pid_ns;
+        c
+    }
+
+    fn spawn(
+        prefix: &[&str],
+        cgroup: Option<&Path>,
+        bin: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Container {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .unwrap();
-        let child = Command::new(CONTAINER[0])
-            .args(&CONTAINER[1..])
+        let child = Command::new(prefix[0])
+            .args(&prefix[1..])
             .arg(bin)
             .args(args)
             .envs(env.iter().copied())
@@ -50,6 +190,17 @@ impl Container {
             .unwrap();
         Container {
             wrapper: Some(child),
+            cgroup: cgroup.map(Path::to_path_buf),
+            pid_ns: true,
+        }
+    }
+
+    /// The container's main process: the command itself without a PID namespace.
+    pub fn main_pid(&self) -> u32 {
+        if self.pid_ns {
+            self.init_pid()
+        } else {
+            self.wrapper.as_ref().unwrap().id()
         }
     }
 
@@ -68,10 +219,18 @@ impl Container {
         }
     }
 
-    /// As a runtime kills a container: its first process is SIGKILLed, the kernel
-    /// kills the rest.
+    /// As a runtime kills a container: every process in its cgroup at once, or, for a
+    /// container that is a PID namespace only, its first process is SIGKILLed and the
+    /// kernel kills the rest.
     pub fn kill(&mut self) {
         if self.wrapper.is_none() {
+            return;
+        }
+        if let Some(cg) = &self.cgroup {
+            kill_cgroup(cg);
+            if let Some(mut w) = self.wrapper.take() {
+                let _ = w.wait();
+            }
             return;
         }
         let init = self.init_pid();
@@ -87,8 +246,8 @@ impl Container {
         if self.wrapper.is_none() {
             return;
         }
-        let init = self.init_pid();
-        let _ = kill_process(Pid::from_raw(init as i32).unwrap(), Signal::TERM);
+        let main = self.main_pid();
+        let _ = kill_process(Pid::from_raw(main as i32).unwrap(), Signal::TERM);
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if let Some(Some(_)) = self.wrapper.as_mut().map(|w| w.try_wait().unwrap()) {

@@ -1,0 +1,122 @@
+//! Views under a keeper, as the tests see them: the keeper's socket and arguments on a
+//! node, its readiness, the processes that serve a view, and killing one.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
+
+/// Waits until `bin keeper --probe` says the keeper at `socket` is ready.
+pub fn wait_ready(bin: &Path, socket: &Path) {
+    wait_ready_in(&[], bin, socket)
+}
+
+/// [`wait_ready`] with the probe run under `prefix` (in the keeper's container, as a
+/// runtime runs an exec probe).
+pub fn wait_ready_in(prefix: &[String], bin: &Path, socket: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut cmd = match prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let ok = cmd
+            .args(["keeper", "--probe", "--socket"])
+            .arg(socket)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        if ok {
+            return;
+        }
+        assert!(Instant::now() < deadline, "keeper at {socket:?} not ready");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The processes that serve the view on `target`, and their binaries.
+pub fn view_processes(target: &Path) -> Vec<(u32, PathBuf)> {
+    let target = target.as_os_str().as_encoded_bytes();
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let cmd = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+            (args.get(1) == Some(&&b"mount"[..]) && args.contains(&target))
+                .then(|| Some((pid, fs::read_link(format!("/proc/{pid}/exe")).ok()?)))?
+        })
+        .collect()
+}
+
+/// SIGKILLs the process serving the view on `target` and waits until another one does.
+pub fn kill_view(target: &Path) {
+    let now = view_processes(target);
+    assert_eq!(now.len(), 1, "{now:?}");
+    let dead = now[0].0;
+    kill_process(Pid::from_raw(dead as i32).unwrap(), Signal::KILL).unwrap();
+    wait_replaced(target, dead, Duration::from_secs(20));
+}
+
+/// Waits until one process serves the view on `target` and it is not `old`; returns it.
+pub fn wait_replaced(target: &Path, old: u32, limit: Duration) -> u32 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let now = view_processes(target);
+        if now.len() == 1 && now[0].0 != old {
+            return now[0].0;
+        }
+        assert!(Instant::now() < deadline, "no new view process: {now:?}");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The one process that serves the view on `target`.
+pub fn view_pid(target: &Path) -> u32 {
+    let now = view_processes(target);
+    assert_eq!(now.len(), 1, "{now:?}");
+    now[0].0
+}
+
+/// The node's `/run/mountgroup` under `root`: the keeper's socket, and the arguments
+/// of a keeper that uses it and the views' control directory beside it.
+pub fn node_run(root: &Path) -> (PathBuf, Vec<String>) {
+    let run = root.join("run");
+    fs::create_dir_all(&run).unwrap();
+    let socket = run.join("keeper.sock");
+    let args = vec![
+        "keeper".into(),
+        "--socket".into(),
+        socket.to_str().unwrap().into(),
+        "--control-dir".into(),
+        run.join("views").to_str().unwrap().into(),
+    ];
+    (socket, args)
+}
+
+/// Kills the view on `target` until its keeper lets it go (it recovers a view three
+/// times a minute at most) and the mount answers `ENOTCONN`: a view whose death is not
+/// recovered.
+pub fn kill_view_for_good(target: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if fs::metadata(target).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN) {
+            return;
+        }
+        for (pid, _) in view_processes(target) {
+            let _ = kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
+        }
+        assert!(Instant::now() < deadline, "{target:?} still serves");
+        thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,345 @@
+//! Each view's fate is its own. The node plugin as deployed: the keeper's container is
+//! a cgroup of its own in the host's PID namespace (the pod has `hostPID`), the driver's
+//! a PID namespace and a cgroup; each view runs in a cgroup of its own under
+//! `--views-cgroup`. While a workload checks every call and every byte in two published
+//! views:
+//!
+//! - the keeper's container is killed outright (`cgroup.kill`: every process in it at
+//!   once, as a runtime kills a container and as the kernel kills an OOM group) and a
+//!   new one is started: it adopts both views;
+//! - one view's cgroup is killed, as the OOM killer kills a cgroup with its own
+//!   `memory.max`: that view is recovered, the other is not touched;
+//! - a view is stopped with SIGSTOP: the keeper notices that it answers nothing and
+//!   replaces it.
+//!
+//! Zero failed calls, zero mismatches.
+
+mod common;
+#[path = "common/container.rs"]
+mod container;
+#[path = "common/driver.rs"]
+mod driver;
+#[path = "common/keeper.rs"]
+mod keeper;
+#[path = "common/workload.rs"]
+mod workload;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use container::*;
+use driver::*;
+use keeper::*;
+use rustix::process::{Pid, Signal, kill_process};
+use workload::*;
+
+/// Lazily unmounts on drop: a test leaves no mount behind, even when it fails.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+    }
+}
+
+/// The cgroup directory `pid` is in (from the root of this machine's cgroup2 mount).
+fn cgroup_dir(pid: u32) -> PathBuf {
+    let s = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let rel = s.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
+    cgroup2_root().join(rel.trim_start_matches('/'))
+}
+
+/// The parent process of `pid`.
+fn parent(pid: u32) -> u32 {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+const MEMORY_MAX: u64 = 512 << 20;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let cg = TestCgroup::new();
+    let bin = Path::new(BIN);
+    let (socket, mut keeper_args) = node_run(root);
+    let views_cg = cg.child("views");
+    keeper_args.extend([
+        "--views-cgroup".into(),
+        views_cg.to_str().unwrap().into(),
+        "--view-memory-max".into(),
+        MEMORY_MAX.to_string(),
+        "--hang-timeout".into(),
+        "2".into(),
+    ]);
+    let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
+    let keeper_cg = |n: &str| cg.child(&format!("keeper{n}"));
+    let mut keeper1 = Container::start_in_cgroup(
+        &keeper_cg("1"),
+        false,
+        bin,
+        &keeper_args,
+        &root.join("keeper1.log"),
+    );
+    wait_ready_in(&in_cgroup(&keeper_cg("1"), false), bin, &socket);
+    // A probe from outside the keeper's container (its cgroup) does not count it, even
+    // in one PID namespace: the old pod's keeper does not make a new pod ready.
+    let elsewhere = Command::new(bin)
+        .args(["keeper", "--probe", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(!elsewhere.status.success());
+    let said = String::from_utf8_lossy(&elsewhere.stderr);
+    assert!(said.contains("another container's"), "{said}");
+
+    let serve_args = [
+        "--share-key-file",
+        "none",
+        "--keeper-socket",
+        socket.to_str().unwrap(),
+    ];
+    let mut d = Driver::start_in(root, root.join("share"), CONTAINER, bin, &serve_args);
+    let mut c = d.clients().await;
+    let mut targets = Vec::new();
+    let mut guards = Vec::new();
+    for (vol, gid) in [("a", "2000"), ("b", "3000")] {
+        let staging = f.subdir(&format!("staging-{vol}"));
+        let target = root.join(format!("target-{vol}"));
+        guards.push(Unmount(target.clone()));
+        guards.push(Unmount(staging.clone()));
+        c.controller
+            .create_volume(create_req(vol, 1 << 30))
+            .await
+            .unwrap();
+        c.node
+            .node_stage_volume(stage_req(vol, &staging))
+            .await
+            .unwrap();
+        c.node
+            .node_publish_volume(publish_req(vol, &staging, &target, gid))
+            .await
+            .unwrap();
+        assert_eq!(
+            fs::metadata(&target).unwrap().gid(),
+            gid.parse::<u32>().unwrap()
+        );
+        targets.push(target);
+    }
+    let (ta, tb) = (targets[0].clone(), targets[1].clone());
+    // Each view in a cgroup of its own, below --views-cgroup, bounded where the node
+    // lets its memory be bounded.
+    for t in [&ta, &tb] {
+        let dir = cgroup_dir(view_pid(t));
+        assert_eq!(dir.parent(), Some(views_cg.as_path()), "{dir:?}");
+    }
+    let keeper1_log = || fs::read_to_string(root.join("keeper1.log")).unwrap();
+    let controllers = fs::read_to_string(views_cg.join("cgroup.controllers")).unwrap();
+    if controllers.split_whitespace().any(|c| c == "memory") {
+        let max = fs::read_to_string(cgroup_dir(view_pid(&ta)).join("memory.max")).unwrap();
+        assert_eq!(max.trim(), MEMORY_MAX.to_string());
+    } else {
+        // This machine's memory controller is on a v1 hierarchy: the keeper says so.
+        assert!(
+            keeper1_log().contains("the memory controller is not available here"),
+            "{}",
+            keeper1_log()
+        );
+    }
+
+    let running_a = Running::start(&ta, 100);
+    let running_b = Running::start(&tb, 0);
+    let held_a = std::sync::Arc::clone(&running_a.held);
+    let settle = || thread::sleep(Duration::from_millis(400));
+    let mut events: Vec<(&str, Instant, Instant)> = Vec::new();
+    let mut at = Instant::now();
+    settle();
+    events.push(("none (baseline)", at, Instant::now()));
+
+    // 1. The keeper's container is killed outright: every view goes on serving, and a
+    // new keeper adopts them all.
+    at = Instant::now();
+    let before = (view_pid(&ta), view_pid(&tb));
+    keeper1.kill();
+    assert_eq!(
+        (view_pid(&ta), view_pid(&tb)),
+        before,
+        "a view died with the keeper"
+    );
+    let mut keeper2 = Container::start_in_cgroup(
+        &keeper_cg("2"),
+        false,
+        bin,
+        &keeper_args,
+        &root.join("keeper2.log"),
+    );
+    let k2 = keeper2.main_pid();
+    wait_ready_in(&in_cgroup(&keeper_cg("2"), false), bin, &socket);
+    events.push((
+        "keeper container killed, new keeper adopts",
+        at,
+        Instant::now(),
+    ));
+    for t in [&ta, &tb] {
+        let pid = view_pid(t);
+        assert_eq!(parent(pid), k2, "{t:?} is not the new keeper's");
+        assert_eq!(cgroup_dir(pid).parent(), Some(views_cg.as_path()));
+    }
+    let keeper2_log = || fs::read_to_string(root.join("keeper2.log")).unwrap();
+    assert!(
+        keeper2_log().contains("view taken over"),
+        "{}",
+        keeper2_log()
+    );
+    settle();
+
+    // 2. One view's cgroup is killed, as the OOM killer kills a cgroup that reached its
+    // memory.max: that view is recovered; the other view's process is not touched.
+    at = Instant::now();
+    let (pa, pb) = (view_pid(&ta), view_pid(&tb));
+    kill_cgroup(&cgroup_dir(pa));
+    wait_replaced(&ta, pa, Duration::from_secs(20));
+    fs::metadata(ta.join("held.log")).unwrap();
+    events.push((
+        "one view OOM-killed (its cgroup), recovered",
+        at,
+        Instant::now(),
+    ));
+    assert_eq!(view_pid(&tb), pb, "the neighbour was touched");
+    assert!(keeper2_log().contains("recovering it"), "{}", keeper2_log());
+    settle();
+
+    // 3. A view is stopped (SIGSTOP): it answers nothing, and after --hang-timeout the
+    // keeper kills it and recovers it like a dead one.
+    at = Instant::now();
+    let pb = view_pid(&tb);
+    kill_process(Pid::from_raw(pb as i32).unwrap(), Signal::STOP).unwrap();
+    wait_replaced(&tb, pb, Duration::from_secs(30));
+    fs::metadata(tb.join("held.log")).unwrap();
+    events.push(("one view stopped (SIGSTOP), replaced", at, Instant::now()));
+    assert!(
+        keeper2_log().contains("answers nothing"),
+        "{}",
+        keeper2_log()
+    );
+    settle();
+
+    let done_b = running_b.finish();
+    let done_a = running_a.finish();
+    let mut report = serde_json::Map::new();
+    for (event, from, to) in &events {
+        let stall = |done: &[(&'static str, Outcome)]| {
+            done.iter()
+                .map(|(_, o)| o.stall_during(*from, *to))
+                .max()
+                .unwrap_or_default()
+        };
+        let (sa, sb) = (stall(&done_a), stall(&done_b));
+        eprintln!("stall during {event}: view a {sa:?}, view b {sb:?}");
+        report.insert(
+            event.to_string(),
+            serde_json::json!([sa.as_secs_f64() * 1000.0, sb.as_secs_f64() * 1000.0]),
+        );
+    }
+    if let Some(path) = std::env::var_os("FATE_REPORT") {
+        let mut f = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        use std::io::Write;
+        writeln!(f, "{}", serde_json::Value::Object(report)).unwrap();
+    }
+    // Every append through the descriptor held throughout reached the disk.
+    let h = outcome(&done_a, "held file");
+    assert_eq!(held_a.metadata().unwrap().len(), h.rounds * 512);
+    drop(held_a);
+
+    c = d.clients().await;
+    for (vol, t) in [("a", &ta), ("b", &tb)] {
+        c.node
+            .node_unpublish_volume(unpublish_req(vol, t))
+            .await
+            .unwrap();
+        assert!(!is_mounted(t));
+    }
+    keeper2.stop(Duration::from_secs(10));
+    d.signal_first_process(Signal::TERM);
+    // The cgroups of views that ended are removed by the keeper (one of them by
+    // keeper2's start, for the views keeper1 had run).
+    drop(guards);
+}
+
+#[test]
+fn a_views_cgroup_that_is_not_cgroup2_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["keeper", "--socket"])
+        .arg(dir.path().join("k.sock"))
+        .arg("--control-dir")
+        .arg(dir.path().join("views"))
+        .arg("--views-cgroup")
+        .arg(dir.path().join("cg"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("--views-cgroup") && said.contains("cgroup v2"),
+        "{said}"
+    );
+}
+
+#[test]
+fn serve_alone_recovers_a_view_that_dies() {
+    // `serve` without a keeper container (scripts/run): its own keeper recovers the
+    // view on its mount, as a keeper container does.
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let d = Driver::start(root);
+    let staging = f.subdir("staging");
+    let target = root.join("target");
+    let _guards = (Unmount(target.clone()), Unmount(staging.clone()));
+    rt.block_on(async {
+        let mut c = d.clients().await;
+        c.controller
+            .create_volume(create_req("v", 1 << 30))
+            .await
+            .unwrap();
+        c.node
+            .node_stage_volume(stage_req("v", &staging))
+            .await
+            .unwrap();
+        c.node
+            .node_publish_volume(publish_req("v", &staging, &target, "2000"))
+            .await
+            .unwrap();
+    });
+    let running = Running::start(&target, 20);
+    thread::sleep(Duration::from_millis(300));
+    kill_view(&target);
+    fs::metadata(target.join("held.log")).unwrap();
+    thread::sleep(Duration::from_millis(300));
+    running.finish();
+    assert!(d.log_text().contains("recovering it"), "{}", d.log_text());
+    rt.block_on(async {
+        let mut c = d.clients().await;
+        c.node
+            .node_unpublish_volume(unpublish_req("v", &target))
+            .await
+            .unwrap();
+    });
+    assert!(!is_mounted(&target));
+}
