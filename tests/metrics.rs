@@ -119,6 +119,16 @@ async fn metrics_count_calls_views_and_operations_and_logs_are_json() {
         Some(1.0),
         "{text}"
     );
+    // What the view costs, per volume: a process of at least a MiB that has run.
+    let rss = sample(&text, "mountgroup_view_resident_memory_bytes{").unwrap_or(0.0);
+    assert!(rss >= (1 << 20) as f64, "{text}");
+    let cpu = sample(&text, "mountgroup_view_cpu_seconds_total{").unwrap_or(0.0);
+    assert!(cpu > 0.0, "{text}");
+    assert!(
+        text.contains("mountgroup_view_resident_memory_bytes{volume_id=\"")
+            && text.contains("target=\""),
+        "per volume and target: {text}"
+    );
     assert!(
         sample(
             &text,

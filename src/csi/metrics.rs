@@ -129,6 +129,42 @@ impl Collector for NodeCollector {
             }
         }
 
+        // What each view costs, per volume: its process's memory and CPU time. A
+        // view that was recovered or taken over starts its CPU count again (a new
+        // process), so the counter resets as Prometheus counters may.
+        let mut m = encoder.encode_descriptor(
+            "mountgroup_view_resident_memory_bytes",
+            "Resident memory of the process serving a view",
+            None,
+            MetricType::Gauge,
+        )?;
+        for v in views.iter().filter(|v| v.serving) {
+            if let Some(s) = &v.stats {
+                let target = v.target.display().to_string();
+                m.encode_family(&[
+                    ("volume_id", v.volume_id.as_str()),
+                    ("target", target.as_str()),
+                ])?
+                .encode_gauge(&(s.process.resident_bytes as i64))?;
+            }
+        }
+        let mut m = encoder.encode_descriptor(
+            "mountgroup_view_cpu_seconds",
+            "CPU time used by the process serving a view, user and system",
+            None,
+            MetricType::Counter,
+        )?;
+        for v in views.iter().filter(|v| v.serving) {
+            if let Some(s) = &v.stats {
+                let target = v.target.display().to_string();
+                m.encode_family(&[
+                    ("volume_id", v.volume_id.as_str()),
+                    ("target", target.as_str()),
+                ])?
+                .encode_counter::<NoLabelSet, _, u64>(&s.process.cpu_seconds, None)?;
+            }
+        }
+
         let mut total = Snapshot::default();
         for s in views.iter().filter_map(|v| v.stats.as_ref()) {
             total.add(s);

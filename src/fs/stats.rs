@@ -99,6 +99,18 @@ pub struct OpSnapshot {
 pub struct Snapshot {
     pub passthrough: bool,
     pub ops: BTreeMap<String, OpSnapshot>,
+    /// What the view's process costs (absent from files of older views).
+    #[serde(default)]
+    pub process: ProcessUsage,
+}
+
+/// What a view's process costs: the per-volume price of a view, in the metrics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessUsage {
+    /// Resident memory.
+    pub resident_bytes: u64,
+    /// CPU time used, user and system, since the process started.
+    pub cpu_seconds: f64,
 }
 
 impl ViewStats {
@@ -169,9 +181,14 @@ impl ViewStats {
                 )
             })
             .collect();
+        let (resident_bytes, cpu_seconds) = crate::sys::process::own_usage();
         Snapshot {
             passthrough: self.passthrough.load(Ordering::Relaxed),
             ops,
+            process: ProcessUsage {
+                resident_bytes,
+                cpu_seconds,
+            },
         }
     }
 

@@ -116,6 +116,30 @@ pub fn supplementary_groups(pid: u32) -> super::SysResult<Vec<u32>> {
         .collect()
 }
 
+/// What this process costs now: its resident memory in bytes (`VmRSS` of
+/// `/proc/self/status`) and the CPU time it used, user and system, in seconds.
+pub fn own_usage() -> (u64, f64) {
+    let rss = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().strip_suffix("kB"))
+                .and_then(|kb| kb.trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024);
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a `struct rusage` to the pointer it is given, which
+    // points at one; RUSAGE_SELF cannot fail.
+    #[allow(unsafe_code)]
+    let ru = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr());
+        ru.assume_init()
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (rss, secs(ru.ru_utime) + secs(ru.ru_stime))
+}
+
 /// Points standard error (descriptor 2) at `file` (`dup2(2)`), so that what the
 /// process or a panic writes there lands in the same, bounded log.
 ///
