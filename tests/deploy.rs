@@ -135,11 +135,40 @@ fn views_run_in_a_keeper_container_that_is_ready_only_after_taking_them_over() {
         yaml.contains("keeper, --probe"),
         "the keeper's readiness probe"
     );
-    // A liveness probe on the keeper would restart it, and end every view.
-    let keeper = yaml.split("- name: keeper").nth(1).unwrap();
-    let keeper = keeper.split("\n        - name: ").next().unwrap();
-    assert!(!keeper.contains("livenessProbe"), "{keeper}");
     assert!(yaml.contains("maxSurge: 1") && yaml.contains("maxUnavailable: 0"));
+}
+
+#[test]
+fn views_live_outside_every_container_of_the_pod() {
+    let yaml = manifest("deploy/node.yaml");
+    // A container's own PID namespace dies with its first process, and everything in
+    // it: the views need the host's.
+    assert!(yaml.contains("\n      hostPID: true\n"), "hostPID on the pod");
+    let keeper = containers(&yaml)
+        .into_iter()
+        .find(|(n, _)| n == "keeper")
+        .unwrap()
+        .1;
+    // The views' cgroups are below the node's cgroup2 hierarchy, mounted where the
+    // flag points, not below the container's own /sys/fs/cgroup.
+    let flag = keeper
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("- --views-cgroup="))
+        .expect("--views-cgroup");
+    let mount = keeper
+        .lines()
+        .find_map(|l| {
+            let l = l.trim();
+            l.contains("{name: cgroup,")
+                .then(|| l.split("mountPath: ").nth(1)?.trim_end_matches('}').split(',').next())
+                .flatten()
+        })
+        .expect("the cgroup volume mounted in the keeper");
+    assert!(flag.starts_with(&format!("{mount}/")), "{flag} not under {mount}");
+    assert!(yaml.contains("hostPath: {path: /sys/fs/cgroup, type: Directory}"));
+    assert!(keeper.contains("--view-memory-max="));
+    // Its death ends no view now: a liveness probe may restart a keeper that hangs.
+    assert!(keeper.contains("livenessProbe"), "{keeper}");
 }
 
 /// The image the manifests pull is the one `scripts/build-image` tags by default, so a
