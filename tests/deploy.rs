@@ -143,7 +143,10 @@ fn views_live_outside_every_container_of_the_pod() {
     let yaml = manifest("deploy/node.yaml");
     // A container's own PID namespace dies with its first process, and everything in
     // it: the views need the host's.
-    assert!(yaml.contains("\n      hostPID: true\n"), "hostPID on the pod");
+    assert!(
+        yaml.contains("\n      hostPID: true\n"),
+        "hostPID on the pod"
+    );
     let keeper = containers(&yaml)
         .into_iter()
         .find(|(n, _)| n == "keeper")
@@ -160,11 +163,20 @@ fn views_live_outside_every_container_of_the_pod() {
         .find_map(|l| {
             let l = l.trim();
             l.contains("{name: cgroup,")
-                .then(|| l.split("mountPath: ").nth(1)?.trim_end_matches('}').split(',').next())
+                .then(|| {
+                    l.split("mountPath: ")
+                        .nth(1)?
+                        .trim_end_matches('}')
+                        .split(',')
+                        .next()
+                })
                 .flatten()
         })
         .expect("the cgroup volume mounted in the keeper");
-    assert!(flag.starts_with(&format!("{mount}/")), "{flag} not under {mount}");
+    assert!(
+        flag.starts_with(&format!("{mount}/")),
+        "{flag} not under {mount}"
+    );
     assert!(yaml.contains("hostPath: {path: /sys/fs/cgroup, type: Directory}"));
     assert!(keeper.contains("--view-memory-max="));
     // Its death ends no view now: a liveness probe may restart a keeper that hangs.

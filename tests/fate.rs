@@ -208,7 +208,8 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
     // memory.max: that view is recovered; the other view's process is not touched.
     at = Instant::now();
     let (pa, pb) = (view_pid(&ta), view_pid(&tb));
-    kill_cgroup(&cgroup_dir(pa));
+    let killed = cgroup_dir(pa);
+    kill_cgroup(&killed);
     wait_replaced(&ta, pa, Duration::from_secs(20));
     fs::metadata(ta.join("held.log")).unwrap();
     events.push((
@@ -217,6 +218,12 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
         Instant::now(),
     ));
     assert_eq!(view_pid(&tb), pb, "the neighbour was touched");
+    // The dead view's cgroup goes with it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while killed.exists() {
+        assert!(Instant::now() < deadline, "{killed:?} left behind");
+        thread::sleep(Duration::from_millis(20));
+    }
     assert!(keeper2_log().contains("recovering it"), "{}", keeper2_log());
     settle();
 
@@ -276,8 +283,6 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
     }
     keeper2.stop(Duration::from_secs(10));
     d.signal_first_process(Signal::TERM);
-    // The cgroups of views that ended are removed by the keeper (one of them by
-    // keeper2's start, for the views keeper1 had run).
     drop(guards);
 }
 
@@ -297,6 +302,31 @@ fn a_views_cgroup_that_is_not_cgroup2_is_named() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
         said.contains("--views-cgroup") && said.contains("cgroup v2"),
+        "{said}"
+    );
+}
+
+#[test]
+fn a_keeper_in_a_pid_namespace_of_its_own_refuses_views_cgroup() {
+    // A pod without hostPID: the views would leave the container's cgroup but still
+    // die with its PID namespace.
+    let dir = tempfile::tempdir().unwrap();
+    let cg = TestCgroup::new();
+    let out = Command::new(CONTAINER[0])
+        .args(&CONTAINER[1..])
+        .arg(BIN)
+        .args(["keeper", "--socket"])
+        .arg(dir.path().join("k.sock"))
+        .arg("--control-dir")
+        .arg(dir.path().join("views"))
+        .arg("--views-cgroup")
+        .arg(cg.child("views"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("--views-cgroup") && said.contains("hostPID"),
         "{said}"
     );
 }

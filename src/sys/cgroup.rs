@@ -127,6 +127,17 @@ impl Cgroup {
         }
     }
 
+    /// How long ago it was made (its directory's modification time, set when the
+    /// kernel makes it); `None` if that cannot be read.
+    pub fn age(&self) -> Option<std::time::Duration> {
+        fs::metadata(&self.path)
+            .ok()?
+            .modified()
+            .ok()?
+            .elapsed()
+            .ok()
+    }
+
     /// Removes it (it must be empty of processes and children).
     ///
     /// # Errors

@@ -164,6 +164,10 @@ impl KeeperConfig {
 /// stopped view blocks `umount` and every `sync()` on the node.
 pub const DEFAULT_HANG_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// An empty view cgroup is removed only once it is this old: until its view has joined
+/// it, a cgroup another keeper just made is empty too.
+const SWEEP_AFTER: Duration = Duration::from_secs(60);
+
 /// The name a liveness check of a view looks up: reserved (`fs/ops/namespace.rs`), so
 /// the view answers `ENOENT` without touching its backing file system, and never cached
 /// (an `ENOENT` answer leaves no lasting negative entry), so each check is a request.
@@ -506,8 +510,11 @@ impl Keeper {
                     .filter(|c| c.exit.is_none())
                     .filter_map(|c| c.cgroup.clone())
                     .collect();
+                // Not one made in the last minute: another keeper (a rolling update's
+                // other pod) may have made it and be about to start its view in it.
                 for cg in parent.children() {
-                    if !ours.contains(&cg) && !cg.populated() {
+                    let young = cg.age().is_none_or(|a| a < SWEEP_AFTER);
+                    if !ours.contains(&cg) && !young && !cg.populated() {
                         let _ = cg.remove();
                     }
                 }
@@ -816,10 +823,12 @@ fn views_cgroup(cfg: &KeeperConfig) -> io::Result<Option<Cgroup>> {
             )));
         }
     }
+    // The host's first process is its init, never a keeper: a keeper with pid 1 is in a
+    // PID namespace of its own, whose end kills every process in it, cgroup or not.
     if std::process::id() == 1 {
-        tracing::warn!(
-            "this keeper is the first process of its PID namespace: when it dies the kernel kills every view it started, cgroup or not (set hostPID on the pod)"
-        );
+        return Err(err(
+            "this keeper is the first process of a PID namespace of its own, which kills every view it starts when it ends: run it in the host's (the pod's hostPID)".into(),
+        ));
     }
     if let Some(parent) = path.parent() {
         Cgroup::open(parent).map_err(|e| {
@@ -836,7 +845,7 @@ fn views_cgroup(cfg: &KeeperConfig) -> io::Result<Option<Cgroup>> {
         }
     }
     for child in cg.children() {
-        if !child.populated() {
+        if child.age().is_some_and(|a| a >= SWEEP_AFTER) && !child.populated() {
             let _ = child.remove();
         }
     }
