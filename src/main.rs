@@ -85,7 +85,9 @@ struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Have the keeper listening here run the views (`mountgroup keeper`, in a
-    /// container of its own) instead of running them as this process's children.
+    /// container of its own). Without it, a keeper inside this process runs them (at
+    /// RUNTIME_DIR/keeper.sock): views are still recovered when they die, replaced
+    /// when they hang, and taken over by the next `serve`.
     #[arg(long, value_name = "PATH")]
     keeper_socket: Option<PathBuf>,
 }
