@@ -3,9 +3,10 @@
 //! backing file.
 //!
 //! Layers, each seeing only the ones below: `csi` (the only code that sees tonic) →
-//! `volume` (volume lifecycle and node state) and `share` (the backing share) → `fs`
-//! (the group view; the only code that sees fuser) → `sys` (the only `unsafe` and raw
-//! system calls). `config` is the typed view configuration they share.
+//! `volume` (volume lifecycle and node state) and `share` (the backing share) →
+//! `transport` (a view process's FUSE connection: the only code that sees fuser) → `fs`
+//! (the group view as a filesystem, free of FUSE types) → `sys` (the only `unsafe` and
+//! raw system calls). `config` is the typed view configuration they share.
 
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -17,5 +18,6 @@ pub mod fs;
 pub mod logfile;
 pub mod share;
 pub mod sys;
+pub mod transport;
 pub mod volume;
 pub mod wire;

@@ -103,7 +103,7 @@ struct ControlDir {
         long,
         value_name = "DIR",
         env = "MOUNTGROUP_CONTROL_DIR",
-        default_value = mountgroup::fs::handover::DEFAULT_CONTROL_DIR
+        default_value = mountgroup::transport::handover::DEFAULT_CONTROL_DIR
     )]
     control_dir: PathBuf,
 }
@@ -349,7 +349,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match mountgroup::fs::run_foreground(
+            match mountgroup::transport::run_foreground(
                 &args.source,
                 &args.mountpoint,
                 &options,
@@ -357,7 +357,7 @@ fn main() -> ExitCode {
                 Some(&args.control.control_dir),
                 mountgroup::volume::keeper::KeeperClient::from_env().map(|k| {
                     std::sync::Arc::new(k)
-                        as std::sync::Arc<dyn mountgroup::fs::handover::Holder + Send + Sync>
+                        as std::sync::Arc<dyn mountgroup::transport::handover::Holder + Send + Sync>
                 }),
             ) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -21,7 +21,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tonic::codegen::http;
 
-use crate::fs::stats::{BUCKETS, Snapshot};
+use crate::transport::stats::{BUCKETS, Snapshot};
 use crate::volume::node::Node;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -43,6 +43,40 @@ pub enum InodeKey {
     Number { dev: u64, ino: u64 },
 }
 
+impl InodeKey {
+    /// Its identity as plain data (a snapshot's, a journal's).
+    pub fn snapshot(&self) -> KeySnapshot {
+        match self {
+            InodeKey::Handle { dev, handle } => KeySnapshot::Handle {
+                dev: *dev,
+                words: handle.words().to_vec(),
+            },
+            InodeKey::Number { dev, ino } => KeySnapshot::Number {
+                dev: *dev,
+                ino: *ino,
+            },
+        }
+    }
+
+    /// The identity a snapshot or journal names.
+    ///
+    /// # Errors
+    /// [`FsError::Handover`] for words that are no file handle.
+    pub fn from_snapshot(s: &KeySnapshot) -> FsResult<InodeKey> {
+        Ok(match s {
+            KeySnapshot::Handle { dev, words } => InodeKey::Handle {
+                dev: *dev,
+                handle: FileHandle::from_words(words)
+                    .ok_or(FsError::Handover("a malformed file handle"))?,
+            },
+            KeySnapshot::Number { dev, ino } => InodeKey::Number {
+                dev: *dev,
+                ino: *ino,
+            },
+        })
+    }
+}
+
 /// An open descriptor for reads and writes, shared by every handle of one inode, and
 /// the kernel passthrough registration made for it (by the FUSE adapter, on the first
 /// open reply; `None` where the kernel refused it). Dropped, with its registration, when
@@ -433,7 +467,7 @@ impl InodeTable {
             j.append(&Entry::Inode {
                 id,
                 mode: st.kind.mode_bits(),
-                key: KeySnapshot::of(&key),
+                key: key.snapshot(),
             });
         }
         drop(maps);
@@ -517,13 +551,13 @@ impl InodeTable {
                     id: inode.id,
                     mode: inode.kind.mode_bits(),
                     lookups: inode.lookups.load(Ordering::Relaxed),
-                    key: KeySnapshot::of(&inode.key),
+                    key: inode.key.snapshot(),
                     fd,
                 }
             })
             .collect();
         TableSnapshot {
-            root: KeySnapshot::of(&self.root.key),
+            root: self.root.key.snapshot(),
             inodes,
             next_spare: maps.next_spare,
         }
@@ -537,7 +571,7 @@ impl InodeTable {
     /// [`FsError::Handover`] when the snapshot is of another root or refers to a
     /// descriptor or kind it does not carry.
     pub fn restore(&self, snap: &TableSnapshot, fds: &mut [Option<OwnedFd>]) -> FsResult<()> {
-        if KeySnapshot::of(&self.root.key) != snap.root {
+        if self.root.key.snapshot() != snap.root {
             return Err(FsError::Handover(
                 "the view serves another backing directory",
             ));
@@ -550,7 +584,7 @@ impl InodeTable {
             }
             let kind =
                 Kind::from_mode(s.mode).ok_or(FsError::Handover("an inode of no known kind"))?;
-            let key = s.key.to_key()?;
+            let key = InodeKey::from_snapshot(&s.key)?;
             let source = match (&key, s.fd) {
                 (InodeKey::Handle { .. }, None) if self.shared.mount_fd.is_some() => {
                     Source::Handle(Mutex::new(None))

@@ -3,49 +3,17 @@
 //! files, directory streams). Descriptors travel beside it (`SCM_RIGHTS`) and are named
 //! here by their index in that list.
 
+//!
+//! Plain data only, depending on nothing else of the filesystem: the inode table
+//! (`inode.rs`) makes and reads it, the journal (`journal.rs`) stores it.
+
 use serde::{Deserialize, Serialize};
-
-use crate::sys::handle::FileHandle;
-
-use super::error::{FsError, FsResult};
-use super::inode::InodeKey;
 
 /// An inode's identity.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KeySnapshot {
     Handle { dev: u64, words: Vec<u32> },
     Number { dev: u64, ino: u64 },
-}
-
-impl KeySnapshot {
-    pub fn of(key: &InodeKey) -> KeySnapshot {
-        match key {
-            InodeKey::Handle { dev, handle } => KeySnapshot::Handle {
-                dev: *dev,
-                words: handle.words().to_vec(),
-            },
-            InodeKey::Number { dev, ino } => KeySnapshot::Number {
-                dev: *dev,
-                ino: *ino,
-            },
-        }
-    }
-
-    /// # Errors
-    /// [`FsError::Handover`] for words that are no file handle.
-    pub fn to_key(&self) -> FsResult<InodeKey> {
-        Ok(match self {
-            KeySnapshot::Handle { dev, words } => InodeKey::Handle {
-                dev: *dev,
-                handle: FileHandle::from_words(words)
-                    .ok_or(FsError::Handover("a malformed file handle"))?,
-            },
-            KeySnapshot::Number { dev, ino } => InodeKey::Number {
-                dev: *dev,
-                ino: *ino,
-            },
-        })
-    }
 }
 
 /// One inode the kernel holds.

@@ -3,7 +3,7 @@
 //! be OOM-killed or restarted without touching a view (their PID namespaces differ:
 //! a container's death kills only its own processes). A keeper that starts takes over
 //! every view another keeper started (the old pod of a rolling update, an older
-//! binary), live, through each view's control socket (`fs/handover.rs`): after an
+//! binary), live, through each view's control socket (`transport/handover.rs`): after an
 //! update, the new binary serves every view and nothing was unmounted. A keeper told
 //! to stop while a newer keeper has its socket's name asks that one to take over what
 //! it still runs.
@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::fs::handover::{self, INSTANCE_ENV};
 use crate::sys::cgroup::Cgroup;
 use crate::sys::fdpass;
 use crate::sys::signal::TerminationSignals;
+use crate::transport::handover::{self, INSTANCE_ENV};
 use crate::wire::{NamedSocket, read_frame, write_frame};
 
 /// Where the keeper listens unless told otherwise.

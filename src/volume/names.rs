@@ -6,11 +6,11 @@
 use std::path::Path;
 
 /// FNV-1a (64 bit) of the path's bytes, as 16 lower-case hex digits: the hash that also
-/// names a view's control socket ([`crate::fs::handover::path_key`]). Not a defence
+/// names a view's control socket ([`crate::transport::handover::path_key`]). Not a defence
 /// against anyone choosing paths: target paths come from kubelet, and a collision only
 /// makes two targets share a log name.
 pub fn target_key(target: &Path) -> String {
-    crate::fs::handover::path_key(target)
+    crate::transport::handover::path_key(target)
 }
 
 #[cfg(test)]

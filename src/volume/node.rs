@@ -75,7 +75,7 @@ pub struct ViewInfo {
     pub target: PathBuf,
     pub serving: bool,
     /// The view's last operation snapshot, if it wrote one.
-    pub stats: Option<crate::fs::stats::Snapshot>,
+    pub stats: Option<crate::transport::stats::Snapshot>,
 }
 
 /// The node service's domain.

@@ -52,7 +52,7 @@ impl Views {
         self.log_dir.join(format!("{}.log", Self::key(target)))
     }
 
-    /// The metrics snapshot the view at `target` writes (fs/stats.rs).
+    /// The metrics snapshot the view at `target` writes (transport/stats.rs).
     pub fn metrics_path(&self, target: &Path) -> PathBuf {
         self.log_dir
             .join(format!("{}.metrics.json", Self::key(target)))

@@ -29,12 +29,12 @@ use crate::config::Passthrough;
 use crate::sys::file::{Flush, Kind, Remove, SetTime, Time};
 use crate::sys::fuse::Backing;
 
-use super::error::FsError;
-use super::inode::DataFile;
 use super::ops::{Attr, Created, Listing, Opened, Room, SetAttr, ViewFs, XattrReply};
 use super::ratelimit::{RateLimit, Verdict};
 use super::stats::{Op, ViewStats, errno_name};
-use super::view::Caller;
+use crate::fs::error::FsError;
+use crate::fs::inode::DataFile;
+use crate::fs::view::Caller;
 
 /// Largest write the kernel sends in one request.
 const MAX_WRITE: u32 = 1 << 20;

@@ -25,7 +25,7 @@ use crate::sys::fdpass::{self, FDS_PER_MESSAGE};
 use crate::wire::{NamedSocket, read_frame, write_frame};
 
 use super::fuse::FuseView;
-use super::snapshot::ViewSnapshot;
+use crate::fs::snapshot::ViewSnapshot;
 
 /// Where views listen unless told otherwise (`--control-dir`).
 pub const DEFAULT_CONTROL_DIR: &str = "/run/mountgroup/views";

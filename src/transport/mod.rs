@@ -1,0 +1,741 @@
+//! How a view process runs a FUSE connection: the only code that sees fuser. It
+//! checks a mount request, mounts (or takes a live connection over, or recovers one),
+//! serves the requests with `fuse.rs`, the thin adapter onto the filesystem in
+//! `crate::fs`, hands the connection to a successor (`handover.rs`), keeps the
+//! filesystem's journal with a keeper, and counts what it serves (`stats.rs`).
+//!
+//! It depends on `crate::fs`, never the other way: the filesystem does not know how
+//! requests reach it.
+
+pub mod fuse;
+pub mod handover;
+pub mod ratelimit;
+pub mod stats;
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::config::{Passthrough, ViewOptions};
+use crate::sys::Errno;
+use crate::sys::signal::TerminationSignals;
+use crate::sys::{file, xattr};
+
+use crate::fs::view::Policy;
+use crate::fs::{journal, ops, record};
+
+/// Why a view could not be mounted. Every variant names what was wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("source {}: {errno}", .path.display())]
+    Source { path: PathBuf, errno: Errno },
+    #[error("mountpoint {}: {errno}", .path.display())]
+    Mountpoint { path: PathBuf, errno: Errno },
+    #[error("mountpoint {} is not a directory", .0.display())]
+    MountpointNotDir(PathBuf),
+    #[error("mountpoint {} is busy: something is already mounted there", .0.display())]
+    MountpointBusy(PathBuf),
+    #[error(
+        "mountpoint {p} is a dead FUSE mount (transport endpoint is not connected); clean it up with `umount -l {p}`",
+        p = .0.display()
+    )]
+    MountpointDead(PathBuf),
+    #[error(
+        "source {}: the file system has no extended attributes ({errno}), which ownership=emulate needs to record chown and chmod; use ownership=off for CIFS-like \"success, no effect\"",
+        .path.display()
+    )]
+    NoXattr { path: PathBuf, errno: Errno },
+    #[error(
+        "ownership=emulate keeps its records in trusted.* extended attributes and so needs root; use ownership=off"
+    )]
+    EmulateNeedsRoot,
+    #[error("cannot mount {} on {}: {source}", .src_path.display(), .mountpoint.display())]
+    Mount {
+        src_path: PathBuf,
+        mountpoint: PathBuf,
+        source: io::Error,
+    },
+    #[error(
+        "cannot mount without root: /dev/fuse is not readable and writable by this user ({errno}); run as root, or make /dev/fuse mode 0666 as most distributions do"
+    )]
+    DevFuse { errno: Errno },
+    #[error("cannot take over the view on {}: {source}", .mountpoint.display())]
+    Takeover {
+        mountpoint: PathBuf,
+        source: handover::HandoverError,
+    },
+    #[error(
+        "option `context=` labels files for SELinux, which is not enabled on this machine (kubelet sends it only on SELinux nodes)"
+    )]
+    NoSelinux,
+    #[error("the FUSE session ended with an error: {0}")]
+    Session(io::Error),
+}
+
+/// Checks that `path` can take a new mount: an existing directory with nothing
+/// mounted on it (a dead FUSE mount is named as such).
+///
+/// # Errors
+/// The [`MountError`] naming the problem.
+pub fn check_mountpoint(path: &Path) -> Result<(), MountError> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            return Err(MountError::MountpointDead(path.into()));
+        }
+        Err(e) => {
+            return Err(MountError::Mountpoint {
+                path: path.into(),
+                errno: Errno::from_io(&e),
+            });
+        }
+    };
+    if !meta.is_dir() {
+        return Err(MountError::MountpointNotDir(path.into()));
+    }
+    match crate::sys::mount::is_mount_point(path) {
+        Ok(true) => Err(MountError::MountpointBusy(path.into())),
+        Ok(false) => Ok(()),
+        Err(Errno::ENOTCONN) => Err(MountError::MountpointDead(path.into())),
+        Err(errno) => Err(MountError::Mountpoint {
+            path: path.into(),
+            errno,
+        }),
+    }
+}
+
+/// Opens the source and checks that it can carry the view `options` ask for.
+///
+/// # Errors
+/// The [`MountError`] naming the problem.
+pub fn open_source(source: &Path, options: &ViewOptions) -> Result<OwnedFd, MountError> {
+    let err = |errno| MountError::Source {
+        path: source.into(),
+        errno,
+    };
+    let root = file::open_root(source).map_err(err)?;
+    let policy = Policy::from_options(options);
+    if policy.keeps_records() {
+        if !crate::sys::process::is_root() {
+            return Err(MountError::EmulateNeedsRoot);
+        }
+        match xattr::get(root.as_fd(), record::RECORD_XATTR) {
+            Ok(_) => {}
+            Err(errno @ (Errno::EOPNOTSUPP | Errno::ENOSYS)) => {
+                return Err(MountError::NoXattr {
+                    path: source.into(),
+                    errno,
+                });
+            }
+            Err(errno) => return Err(err(errno)),
+        }
+    }
+    Ok(root)
+}
+
+/// The fuser configuration of a view.
+pub fn session_config(source: &Path, options: &ViewOptions) -> ::fuser::Config {
+    use ::fuser::MountOption as M;
+    let mut cfg = ::fuser::Config::default();
+    cfg.mount_options = vec![
+        M::FSName(options.fsname_for(source)),
+        M::Subtype("mountgroup".into()),
+        M::NoDev,
+        M::NoSuid,
+    ];
+    if options.kernel_permission_checks() {
+        cfg.mount_options.push(M::DefaultPermissions);
+    }
+    cfg.mount_options
+        .push(if options.readonly { M::RO } else { M::RW });
+    if options.noexec {
+        cfg.mount_options.push(M::NoExec);
+    }
+    // Through fusermount3 (unprivileged use), which knows these by name.
+    use crate::config::Atime;
+    match options.vfs.atime {
+        Atime::Relative => {}
+        Atime::Never => cfg.mount_options.push(M::NoAtime),
+        Atime::Always => cfg.mount_options.push(M::CUSTOM("strictatime".into())),
+    }
+    for (on, name) in [
+        (options.vfs.nodiratime, "nodiratime"),
+        (options.vfs.lazytime, "lazytime"),
+    ] {
+        if on {
+            cfg.mount_options.push(M::CUSTOM(name.into()));
+        }
+    }
+    if options.vfs.sync {
+        cfg.mount_options.push(M::Sync);
+    }
+    if options.vfs.dirsync {
+        cfg.mount_options.push(M::DirSync);
+    }
+    // Pods run as users other than the daemon's.
+    cfg.acl = ::fuser::SessionACL::All;
+    cfg.n_threads = Some(options.threads);
+    cfg.clone_fd = true;
+    cfg.read_buffer_size = Some(fuse::READ_BUFFER);
+    cfg
+}
+
+/// Builds the FUSE filesystem for a checked source.
+///
+/// # Errors
+/// The [`MountError`] naming the problem.
+pub fn build(
+    source: &Path,
+    root: OwnedFd,
+    options: &ViewOptions,
+) -> Result<fuse::FuseView, MountError> {
+    let fs = ops::ViewFs::new(root, options).map_err(|e| MountError::Source {
+        path: source.into(),
+        errno: Errno(e.errno()),
+    })?;
+    Ok(fuse::FuseView::new(
+        fs,
+        options.passthrough,
+        options.attr_timeout,
+        options.entry_timeout,
+    ))
+}
+
+/// Unmounts a view on drop (and on request), lazily: the mount leaves the namespace at
+/// once and the session ends when the last user lets go.
+enum Unmounter {
+    /// A mount this process made with `mount(2)`, or adopted with its connection.
+    Own(OwnMount),
+    /// A mount fuser made through fusermount (unprivileged use).
+    Fuser(::fuser::SessionUnmounter),
+}
+
+/// A mount this process serves, known by its connection and its device, never by its
+/// path alone: the path names whatever is mounted there now.
+#[derive(Clone)]
+struct OwnMount {
+    path: PathBuf,
+    /// The connection: while it is connected, the superblock lives and keeps its
+    /// device number, which no other mount can then have.
+    dev: Arc<OwnedFd>,
+    /// The device of the mount, read from the mount table when it was made or adopted.
+    device: Option<(u32, u32)>,
+}
+
+impl OwnMount {
+    /// `dev` serves the mount at `path` now (it was just mounted, or adopted).
+    fn new(path: &Path, dev: &Arc<OwnedFd>) -> OwnMount {
+        let device = crate::sys::mount::mount_device(path).ok().flatten();
+        if device.is_none() {
+            tracing::warn!(mountpoint = %path.display(), "the view's mount is not in the mount table; it will not be unmounted by this process");
+        }
+        OwnMount {
+            path: path.to_path_buf(),
+            dev: Arc::clone(dev),
+            device,
+        }
+    }
+
+    /// Unmounts the mount if it is still this process's and still at its path. A
+    /// connection that has ended (the mount was unmounted and released by someone
+    /// else) leaves nothing to unmount: its device may belong to a new mount by now,
+    /// and the path to a successor (xfstests generic/610, 611).
+    fn unmount(&self) {
+        if !crate::sys::fuse::connected(self.dev.as_fd()) {
+            tracing::debug!(mountpoint = %self.path.display(), "the connection has ended: nothing of this view is mounted");
+            return;
+        }
+        let Some(device) = self.device else {
+            return;
+        };
+        match crate::sys::mount::unmount_if_device(&self.path, device) {
+            Ok(true) => {}
+            Ok(false) => tracing::info!(
+                mountpoint = %self.path.display(),
+                "the view's mount is no longer at its mount point (unmounted, or covered); leaving what is there"
+            ),
+            Err(e) => {
+                tracing::warn!(mountpoint = %self.path.display(), error = %e, "unmount failed")
+            }
+        }
+    }
+}
+
+impl Unmounter {
+    fn unmount(&mut self) {
+        match self {
+            Unmounter::Own(m) => m.unmount(),
+            Unmounter::Fuser(u) => {
+                if let Err(e) = u.unmount() {
+                    tracing::warn!(error = %e, "unmount failed");
+                }
+            }
+        }
+    }
+}
+
+/// Lazily unmounts a mount this process made when dropped (a failed handshake, a
+/// session that ended with an error): a view never outlives its daemon. Only its own
+/// mount, and only while its connection lives ([`OwnMount::unmount`]).
+struct OwnMountGuard(Option<OwnMount>);
+
+impl OwnMountGuard {
+    fn new(own: &OwnMount) -> OwnMountGuard {
+        OwnMountGuard(Some(own.clone()))
+    }
+
+    /// The mount is no longer this guard's to unmount (served on, or another's).
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for OwnMountGuard {
+    fn drop(&mut self) {
+        if let Some(own) = &self.0 {
+            own.unmount();
+        }
+    }
+}
+
+fn absolute(path: &Path, what: fn(PathBuf, Errno) -> MountError) -> Result<PathBuf, MountError> {
+    std::fs::canonicalize(path).map_err(|e| what(path.into(), Errno::from_io(&e)))
+}
+
+/// Mounts a view of `source` on `mountpoint` and serves it in the foreground until
+/// SIGINT or SIGTERM (then unmounts, lazily if the view is busy), until something else
+/// unmounts it, or until it hands the view to a new process.
+///
+/// As root the mount is made directly (type `fuse.mountgroup`); otherwise through
+/// fusermount3, where `allow_other` needs `user_allow_other` in /etc/fuse.conf.
+/// Sets the process umask to 0: the kernel applied the caller's umask already.
+///
+/// As root with a `control_dir`, the view listens there for a successor
+/// ([`handover`]); and when `mountpoint` is served already by a view of the same
+/// source with the same options, this process takes that view over live instead of
+/// mounting: nothing is unmounted, open files stay open, inode numbers stay.
+///
+/// With a `holder` (the keeper that started it), the view hands it a duplicate of its
+/// connection and keeps a journal of its tables there ([`journal`]), so that if this
+/// process dies the holder can start one that recovers the view on the same
+/// connection; a process started to recover does that instead of mounting.
+///
+/// # Errors
+/// The [`MountError`] naming why the view could not be mounted, taken over or served.
+pub fn run_foreground(
+    source: &Path,
+    mountpoint: &Path,
+    options: &ViewOptions,
+    metrics_file: Option<&Path>,
+    control_dir: Option<&Path>,
+    holder: Option<Arc<dyn handover::Holder + Send + Sync>>,
+) -> Result<(), MountError> {
+    // A view process: its memory should follow the kernel's cache down (see there).
+    crate::sys::process::use_one_heap();
+    let root = open_source(source, options)?;
+    let as_root = crate::sys::process::is_root();
+    // Only root mounts itself, holds the connection and can hand it over.
+    let control_dir = control_dir.filter(|_| as_root);
+    let holder = holder.filter(|_| as_root);
+    let recovering = holder.as_ref().is_some_and(|h| h.recovering());
+    // A view being recovered has no server: anything that touches the mountpoint
+    // would wait for the very process that is to answer it.
+    let busy = !recovering
+        && match check_mountpoint(mountpoint) {
+            Ok(()) => false,
+            Err(MountError::MountpointBusy(_)) if control_dir.is_some() => true,
+            Err(e) => return Err(e),
+        };
+    let source = absolute(source, |path, errno| MountError::Source { path, errno })?;
+    let mountpoint = if recovering {
+        absolute_untouched(mountpoint)?
+    } else {
+        absolute(mountpoint, |path, errno| MountError::Mountpoint {
+            path,
+            errno,
+        })?
+    };
+    let mount_err = |e: io::Error| MountError::Mount {
+        src_path: source.clone(),
+        mountpoint: mountpoint.clone(),
+        source: e,
+    };
+    if options.passthrough == Passthrough::On && !as_root {
+        return Err(mount_err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "passthrough=on needs root",
+        )));
+    }
+    let identity = handover::Identity {
+        source: source.clone(),
+        mountpoint: mountpoint.clone(),
+        options: options.to_option_string(),
+    };
+    // Before the view sizes its descriptor cache from it.
+    let nofile = crate::sys::process::raise_nofile_limit();
+    tracing::debug!(nofile, "open-file limit");
+    let mut view = build(&source, root, options)?;
+    let stats = view.stats();
+    // Block termination signals before fuser spawns its workers, so that only the
+    // waiting thread below ever sees them.
+    let signals = TerminationSignals::block().map_err(|e| MountError::Session(e.into()))?;
+    file::set_umask(0);
+    let mut cfg = session_config(&source, options);
+    if holder.is_some() {
+        // Every worker reads the one descriptor the holder keeps a duplicate of: the
+        // requests a dying process had read stay queued on it, for the kernel to resend
+        // to its successor (a cloned descriptor would take them down with it).
+        cfg.clone_fd = false;
+    }
+    let fsname = options.fsname_for(&source);
+    let session_err = |e: Errno| MountError::Session(e.into());
+    let takeover_err = |e: handover::HandoverError| MountError::Takeover {
+        mountpoint: mountpoint.clone(),
+        source: e,
+    };
+
+    // The connection: taken over from the view serving the mountpoint, or a new mount.
+    // `template`: an adapter over the same core, which serves again if a handover fails.
+    let (session, mut unmounter, dev, template, confirmation) = if let (true, Some(holder)) =
+        (recovering, &holder)
+    {
+        let (dev, journal) = holder
+            .recover(&mountpoint)
+            .map_err(|e| takeover_err(handover::HandoverError::Io(e)))?;
+        let replayed = journal::Replayed::read(&journal)
+            .map_err(|e| takeover_err(handover::HandoverError::Io(e)))?;
+        let dev = Arc::new(dev);
+        let lost = view
+            .fs()
+            .recover(&replayed, &dev)
+            .map_err(|e| takeover_err(handover::HandoverError::Failed(e.to_string())))?;
+        if lost > 0 {
+            tracing::warn!(
+                lost,
+                "open handles of files deleted while open could not be reopened; they answer EBADF"
+            );
+        }
+        let (session, template) = serve_adopted(view, &dev, replayed.passthrough, &cfg)?;
+        let u = Unmounter::Own(OwnMount::new(&mountpoint, &dev));
+        (session, u, Some(dev), Some(template), None)
+    } else if busy {
+        let dir = control_dir.unwrap_or(Path::new(handover::DEFAULT_CONTROL_DIR));
+        let Some((incoming, confirmation)) =
+            handover::take_over(dir, &identity).map_err(takeover_err)?
+        else {
+            return Err(MountError::MountpointBusy(mountpoint));
+        };
+        let dev = Arc::new(incoming.dev);
+        if let Err(e) = view.fs().restore(&incoming.snapshot, incoming.fds, &dev) {
+            confirmation.failed(&e.to_string());
+            return Err(takeover_err(handover::HandoverError::Failed(e.to_string())));
+        }
+        let (session, template) = serve_adopted(view, &dev, incoming.passthrough, &cfg)?;
+        let u = Unmounter::Own(OwnMount::new(&mountpoint, &dev));
+        (session, u, Some(dev), Some(template), Some(confirmation))
+    } else if as_root {
+        let how = crate::sys::mount::FuseMount {
+            default_permissions: options.kernel_permission_checks(),
+            allow_other: true,
+            readonly: options.readonly,
+            noexec: options.noexec,
+            selinux_context: options.selinux_context.clone(),
+            noatime: options.vfs.atime == crate::config::Atime::Never,
+            strictatime: options.vfs.atime == crate::config::Atime::Always,
+            nodiratime: options.vfs.nodiratime,
+            lazytime: options.vfs.lazytime,
+            sync: options.vfs.sync,
+            dirsync: options.vfs.dirsync,
+        };
+        if how.selinux_context.is_some() && !crate::sys::mount::selinux_enabled() {
+            return Err(MountError::NoSelinux);
+        }
+        let dev = crate::sys::mount::mount_fuse(&fsname, &mountpoint, "mountgroup", how)
+            .map_err(|e| mount_err(e.into()))?;
+        let dev = Arc::new(dev);
+        let own = OwnMount::new(&mountpoint, &dev);
+        let guard = OwnMountGuard::new(&own);
+        view.attach(Arc::clone(&dev));
+        let template = view.resume();
+        let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(session_err)?;
+        let session =
+            ::fuser::Session::from_fd(view, fd, cfg.acl, cfg.clone()).map_err(mount_err)?;
+        // Initialised: the guard below takes over.
+        guard.disarm();
+        let u = Unmounter::Own(own);
+        (session, u, Some(dev), Some(template), None)
+    } else {
+        // fuser opens /dev/fuse itself before fusermount3 mounts it: name the device
+        // rather than answer a bare "Permission denied".
+        crate::sys::file::check_read_write(Path::new("/dev/fuse"))
+            .map_err(|errno| MountError::DevFuse { errno })?;
+        let mut session = ::fuser::Session::new(view, &mountpoint, &cfg).map_err(mount_err)?;
+        let u = Unmounter::Fuser(session.unmount_callable());
+        (session, u, None, None, None)
+    };
+    // A view that ends with an error leaves no mount behind.
+    let guard = match &unmounter {
+        Unmounter::Own(own) => Some(OwnMountGuard::new(own)),
+        Unmounter::Fuser(_) => None,
+    };
+    match confirmation {
+        Some(confirmation) => {
+            if let Err(e) = confirmation.serving() {
+                // The predecessor serves again (it gave up waiting): leave it the view,
+                // its control socket and the keeper's hold.
+                if let Some(g) = guard {
+                    g.disarm();
+                }
+                return Err(takeover_err(handover::HandoverError::Io(e)));
+            }
+            tracing::info!(
+                source = %source.display(),
+                mountpoint = %mountpoint.display(),
+                options = %options.to_option_string(),
+                "took the view over"
+            );
+        }
+        None => tracing::info!(
+            source = %source.display(),
+            mountpoint = %mountpoint.display(),
+            options = %options.to_option_string(),
+            "{}",
+            if recovering {
+                "recovered the view on its connection"
+            } else {
+                "mounted"
+            }
+        ),
+    }
+    // Only now, with the predecessor gone, is the view this process's: its control
+    // socket takes the name over (atomically), and the keeper holds this process's
+    // connection and journal.
+    let pending = Arc::new(Mutex::new(None));
+    let stopper: Arc<Mutex<Option<::fuser::SessionStopper>>> = Arc::new(Mutex::new(None));
+    let control = match control_dir {
+        Some(dir) if dev.is_some() => match handover::ControlSocket::bind(dir, &mountpoint) {
+            Ok(c) => {
+                let c = Arc::new(c);
+                let stop = Arc::clone(&stopper);
+                handover::listen(
+                    Arc::clone(&c),
+                    identity.clone(),
+                    Arc::clone(&pending),
+                    move || {
+                        if let Some(s) = lock(&stop).as_ref() {
+                            s.stop();
+                        }
+                    },
+                )
+                .map_err(MountError::Session)?;
+                Some(c)
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "no control socket: this view cannot be handed to a new process");
+                None
+            }
+        },
+        _ => None,
+    };
+    if let (Some(holder), Some(dev), Some(template)) = (&holder, &dev, &template) {
+        keep_journal(holder, &mountpoint, dev, template);
+    }
+    if recovering {
+        if let Some(dev) = &dev {
+            // The requests the dead process had read and not answered: read them again.
+            if let Err(e) = crate::sys::fuse::notify_resend(dev.as_fd()) {
+                tracing::warn!(error = %e, "the kernel cannot resend the dead view's requests; they fail");
+            }
+        }
+    }
+
+    if let Some(path) = metrics_file {
+        // The driver reads this snapshot for its metrics endpoint (transport/stats.rs); one
+        // small file write a second.
+        let (path, stats) = (path.to_path_buf(), std::sync::Arc::clone(&stats));
+        std::thread::Builder::new()
+            .name("mountgroup-stats".into())
+            .spawn(move || {
+                loop {
+                    if let Err(e) = stats.write_snapshot(&path) {
+                        tracing::debug!(error = %e, "cannot write the metrics snapshot");
+                    }
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            })
+            .map_err(MountError::Session)?;
+    }
+    std::thread::Builder::new()
+        .name("mountgroup-signals".into())
+        .spawn(move || {
+            if let Ok(sig) = signals.wait() {
+                tracing::info!(signal = crate::sys::signal::name(sig), "unmounting");
+                unmounter.unmount();
+            }
+        })
+        .map_err(MountError::Session)?;
+    let handover = match (&control, template, &dev) {
+        (Some(_), Some(template), Some(dev)) => Some(Handover {
+            stopper: &stopper,
+            pending: &pending,
+            template,
+            dev,
+        }),
+        _ => None,
+    };
+    serve(session, handover, &cfg)?;
+    if let Some(c) = &control {
+        c.remove();
+    }
+    drop(guard);
+    if let Some(path) = metrics_file {
+        let _ = std::fs::remove_file(path);
+    }
+    tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
+    Ok(())
+}
+
+/// A session on a connection another process initialised (taken over, or recovered),
+/// and the adapter that serves again if a handover from this process fails.
+fn serve_adopted(
+    mut view: fuse::FuseView,
+    dev: &Arc<OwnedFd>,
+    passthrough: bool,
+    cfg: &::fuser::Config,
+) -> Result<(::fuser::Session<fuse::FuseView>, fuse::FuseView), MountError> {
+    view.set_negotiated(passthrough);
+    view.attach(Arc::clone(dev));
+    let template = view.resume();
+    let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(|e| MountError::Session(e.into()))?;
+    let session = ::fuser::Session::from_fd_initialized(view, fd, cfg.acl, cfg.clone());
+    Ok((session, template))
+}
+
+/// Starts the view's journal with its state now and hands it, with a duplicate of the
+/// connection, to the holder. A view that cannot be journaled still serves; only its
+/// recovery after a crash is lost, and the log says so.
+fn keep_journal(
+    holder: &Arc<dyn handover::Holder + Send + Sync>,
+    mountpoint: &Path,
+    dev: &Arc<OwnedFd>,
+    view: &fuse::FuseView,
+) {
+    let fs = view.fs();
+    if !fs.recoverable() {
+        tracing::info!(
+            "the backing file system has no file handles: a crash of this view cannot be recovered on its mount"
+        );
+        return;
+    }
+    let passthrough = view.passthrough();
+    let keep = {
+        let (holder, mountpoint, dev) = (
+            Arc::clone(holder),
+            mountpoint.to_path_buf(),
+            Arc::clone(dev),
+        );
+        move |j: &journal::Journal| holder.hold(&mountpoint, dev.as_fd(), j.fd())
+    };
+    if let Err(e) = fs.journal_to(passthrough, &keep) {
+        tracing::warn!(error = %e, "the keeper does not hold this view: a crash of it would cost a remount");
+        return;
+    }
+    // The journal grows with every node id given and forgotten: write it anew now and
+    // then, so that it stays a few times the size of what the kernel holds.
+    let spawned = std::thread::Builder::new()
+        .name("mountgroup-journal".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(COMPACT_EVERY);
+                if fs.journal_wants_compaction(COMPACT_FLOOR) {
+                    match fs.journal_to(passthrough, &keep) {
+                        Ok(()) => tracing::debug!("journal compacted"),
+                        Err(e) => tracing::warn!(error = %e, "cannot compact the journal; it keeps growing"),
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no journal compaction thread");
+    }
+}
+
+/// How often the journal's size is looked at, and below what size it is left alone.
+const COMPACT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+const COMPACT_FLOOR: u64 = 8 << 20;
+
+/// The absolute path of `path` without touching its last component (a mountpoint
+/// whose server is gone would not answer).
+fn absolute_untouched(path: &Path) -> Result<PathBuf, MountError> {
+    let err = |errno| MountError::Mountpoint {
+        path: path.into(),
+        errno,
+    };
+    let name = path.file_name().ok_or(err(Errno::EINVAL))?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let parent = std::fs::canonicalize(parent).map_err(|e| err(Errno::from_io(&e)))?;
+    Ok(parent.join(name))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs the session until the connection ends. When the control socket accepted a
+/// successor, the stopped view is handed over and this process exits at once, without
+/// unmounting and without closing the passthrough registrations the successor adopted;
+/// when the handover fails, the same view serves again on the same connection.
+/// What a view that can be handed over serves with.
+struct Handover<'a> {
+    /// Where the control thread finds the running session's stopper.
+    stopper: &'a Mutex<Option<::fuser::SessionStopper>>,
+    /// The request the control thread accepted.
+    pending: &'a Mutex<Option<handover::Accepted>>,
+    /// An adapter over the session's core, counters and connection.
+    template: fuse::FuseView,
+    dev: &'a Arc<OwnedFd>,
+}
+
+fn serve(
+    mut session: ::fuser::Session<fuse::FuseView>,
+    handover: Option<Handover<'_>>,
+    cfg: &::fuser::Config,
+) -> Result<(), MountError> {
+    let Some(Handover {
+        stopper,
+        pending,
+        template,
+        dev,
+    }) = handover
+    else {
+        return session.run().map_err(MountError::Session);
+    };
+    loop {
+        *lock(stopper) = Some(session.stopper().map_err(MountError::Session)?);
+        session.run().map_err(MountError::Session)?;
+        let Some(accepted) = lock(pending).take() else {
+            return Ok(());
+        };
+        match handover::hand_over(accepted, &template, dev.as_fd()) {
+            Ok(()) => {
+                tracing::info!("the view is served by a new process now; exiting");
+                std::process::exit(0);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "handover failed; serving the view again");
+                let fd = crate::sys::fuse::dup(dev.as_fd())
+                    .map_err(|e| MountError::Session(e.into()))?;
+                session = ::fuser::Session::from_fd_initialized(
+                    template.resume(),
+                    fd,
+                    cfg.acl,
+                    cfg.clone(),
+                );
+            }
+        }
+    }
+}
