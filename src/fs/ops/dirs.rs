@@ -159,9 +159,9 @@ impl ViewFs {
     /// The handle of a directory `ino` open as `fd`, whose listing is at `pos`.
     pub(super) fn dir_handle(&self, ino: u64, fd: OwnedFd, pos: u64) -> Handle {
         Handle::Dir(Arc::new(DirHandle {
+            ino,
             asked: AtomicUsize::new(0),
             stream: Mutex::new(DirStream {
-                ino,
                 fd,
                 pos,
                 pending: Pending::new(&self.pending_dir_bytes),
@@ -171,7 +171,7 @@ impl ViewFs {
         }))
     }
 
-    fn open_dir(&self, fh: u64) -> FsResult<Arc<DirHandle>> {
+    pub(super) fn open_dir(&self, fh: u64) -> FsResult<Arc<DirHandle>> {
         match self.handles.get(&fh).as_deref() {
             Some(Handle::Dir(d)) => Ok(Arc::clone(d)),
             _ => Err(FsError::UnknownHandle(fh)),

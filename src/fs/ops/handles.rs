@@ -335,10 +335,7 @@ fn handle_entry(fh: u64, h: &Handle) -> Entry {
             writable: f.data.writable,
             sync: f.sync,
         },
-        Handle::Dir(d) => Entry::Dir {
-            fh,
-            ino: lock(&d.stream).ino,
-        },
+        Handle::Dir(d) => Entry::Dir { fh, ino: d.ino },
     }
 }
 
@@ -384,11 +381,12 @@ impl ViewFs {
                     });
                 }
                 Handle::Dir(d) => {
-                    let d = lock(&d.stream);
-                    fds.push(Arc::new(crate::sys::fuse::dup(d.fd.as_fd())?));
+                    let ino = d.ino;
+                    let stream = lock(&d.stream);
+                    fds.push(Arc::new(crate::sys::fuse::dup(stream.fd.as_fd())?));
                     handles.push(HandleSnapshot::Dir {
                         fh,
-                        ino: d.ino,
+                        ino,
                         fd: fds.len() - 1,
                     });
                 }

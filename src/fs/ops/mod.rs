@@ -138,8 +138,6 @@ struct OpenFile {
 }
 
 struct DirStream {
-    /// The node id of the directory.
-    ino: u64,
     fd: OwnedFd,
     /// The position the kernel will ask for next (the cookie of the front entry).
     pos: u64,
@@ -151,6 +149,10 @@ struct DirStream {
 
 /// An open directory.
 struct DirHandle {
+    /// The node id of the directory: outside the stream's lock, so that a journal
+    /// compaction (which holds the inode table's lock) never waits for a listing
+    /// (which holds the stream while it looks entries up in the table).
+    ino: u64,
     /// Listings that asked for the stream and do not hold it yet: reading ahead gives
     /// way to them (`dirs.rs`).
     asked: AtomicUsize,
@@ -616,6 +618,42 @@ mod tests {
         gid: 1000,
         pid: 0,
     };
+
+    /// A listing holds its directory's stream while it looks entries up (the inode
+    /// table's read lock); a journal compaction holds the table's write lock while it
+    /// lists the open handles. It must not wait for a stream: that deadlocked a kept
+    /// view under `bench/run`'s walk (a compaction during a READDIRPLUS look-ahead).
+    #[test]
+    fn a_compaction_never_waits_for_a_listing_that_waits_for_it() {
+        let dir = populated(4);
+        let v = std::sync::Arc::new(view(dir.path(), "gid=5"));
+        v.journal_to(false, |_| Ok(())).unwrap();
+        let fh = v.opendir(ROOT).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let listing = {
+            let v = std::sync::Arc::clone(&v);
+            std::thread::spawn(move || {
+                let d = v.open_dir(fh).unwrap();
+                // The listing: its stream held, then a lookup.
+                let _stream = lock(&d.stream);
+                let compaction = {
+                    let v = std::sync::Arc::clone(&v);
+                    std::thread::spawn(move || v.journal_to(false, |_| Ok(())).unwrap())
+                };
+                // Let the compaction take the table's lock first.
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                v.lookup(ROOT, OsStr::new("f1")).unwrap();
+                drop(_stream);
+                compaction.join().unwrap();
+                tx.send(()).unwrap();
+            })
+        };
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_secs(30)).is_ok(),
+            "a compaction and a listing wait for each other"
+        );
+        listing.join().unwrap();
+    }
 
     #[test]
     fn a_compacted_journal_replays_to_the_live_tables() {
