@@ -112,23 +112,29 @@ impl Collector for NodeCollector {
         m.encode_family(&[("state", "dead")])?
             .encode_gauge(&(views.len() as i64 - serving))?;
 
+        // Per view: the serving views that wrote a snapshot, labelled by volume and
+        // target.
+        let per_view: Vec<(&str, String, &Snapshot)> = views
+            .iter()
+            .filter(|v| v.serving)
+            .filter_map(|v| {
+                let s = v.stats.as_ref()?;
+                Some((v.volume_id.as_str(), v.target.display().to_string(), s))
+            })
+            .collect();
+        fn labels<'a>(v: &'a (&'a str, String, &Snapshot)) -> [(&'static str, &'a str); 2] {
+            [("volume_id", v.0), ("target", v.1.as_str())]
+        }
         let mut m = encoder.encode_descriptor(
             "mountgroup_view_passthrough",
             "1 when a view's reads and writes go through kernel FUSE passthrough",
             None,
             MetricType::Gauge,
         )?;
-        for v in views.iter().filter(|v| v.serving) {
-            if let Some(s) = &v.stats {
-                let target = v.target.display().to_string();
-                m.encode_family(&[
-                    ("volume_id", v.volume_id.as_str()),
-                    ("target", target.as_str()),
-                ])?
-                .encode_gauge(&i64::from(s.passthrough))?;
-            }
+        for v in &per_view {
+            m.encode_family(&labels(v))?
+                .encode_gauge(&i64::from(v.2.passthrough))?;
         }
-
         // What each view costs, per volume: its process's memory and CPU time. A
         // view that was recovered or taken over starts its CPU count again (a new
         // process), so the counter resets as Prometheus counters may.
@@ -138,15 +144,9 @@ impl Collector for NodeCollector {
             None,
             MetricType::Gauge,
         )?;
-        for v in views.iter().filter(|v| v.serving) {
-            if let Some(s) = &v.stats {
-                let target = v.target.display().to_string();
-                m.encode_family(&[
-                    ("volume_id", v.volume_id.as_str()),
-                    ("target", target.as_str()),
-                ])?
-                .encode_gauge(&(s.process.resident_bytes as i64))?;
-            }
+        for v in &per_view {
+            m.encode_family(&labels(v))?
+                .encode_gauge(&(v.2.process.resident_bytes as i64))?;
         }
         let mut m = encoder.encode_descriptor(
             "mountgroup_view_cpu_seconds",
@@ -154,15 +154,9 @@ impl Collector for NodeCollector {
             None,
             MetricType::Counter,
         )?;
-        for v in views.iter().filter(|v| v.serving) {
-            if let Some(s) = &v.stats {
-                let target = v.target.display().to_string();
-                m.encode_family(&[
-                    ("volume_id", v.volume_id.as_str()),
-                    ("target", target.as_str()),
-                ])?
-                .encode_counter::<NoLabelSet, _, u64>(&s.process.cpu_seconds, None)?;
-            }
+        for v in &per_view {
+            m.encode_family(&labels(v))?
+                .encode_counter::<NoLabelSet, _, u64>(&v.2.process.cpu_seconds, None)?;
         }
 
         let mut total = Snapshot::default();
