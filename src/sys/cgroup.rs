@@ -4,7 +4,6 @@
 //! runtime that kills the container's cgroup, or an OOM kill of the container's group,
 //! never reaches a view, and one view's OOM kill never reaches another.
 
-use std::ffi::OsStr;
 use std::fs;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -21,10 +20,6 @@ const CGROUP2_MAGIC: i64 = 0x6367_7270;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cgroup {
     path: PathBuf,
-}
-
-fn io_errno(e: &std::io::Error) -> Errno {
-    Errno(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
 impl Cgroup {
@@ -58,7 +53,7 @@ impl Cgroup {
         match fs::create_dir(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io_errno(&e)),
+            Err(e) => return Err(Errno::from_io(&e)),
         }
         Ok(Cgroup { path })
     }
@@ -75,24 +70,21 @@ impl Cgroup {
             .collect()
     }
 
-    pub fn name(&self) -> &OsStr {
-        self.path.file_name().unwrap_or_default()
-    }
-
     fn write(&self, file: &str, value: &str) -> SysResult<()> {
         let mut f = fs::OpenOptions::new()
             .write(true)
             .open(self.path.join(file))
-            .map_err(|e| io_errno(&e))?;
-        f.write_all(value.as_bytes()).map_err(|e| io_errno(&e))
+            .map_err(|e| Errno::from_io(&e))?;
+        f.write_all(value.as_bytes())
+            .map_err(|e| Errno::from_io(&e))
     }
 
     fn read(&self, file: &str) -> SysResult<String> {
-        fs::read_to_string(self.path.join(file)).map_err(|e| io_errno(&e))
+        fs::read_to_string(self.path.join(file)).map_err(|e| Errno::from_io(&e))
     }
 
     /// The processes in it.
-    pub fn procs(&self) -> Vec<u32> {
+    fn procs(&self) -> Vec<u32> {
         self.read("cgroup.procs")
             .unwrap_or_default()
             .lines()
@@ -143,7 +135,7 @@ impl Cgroup {
     /// # Errors
     /// `EBUSY` while it has processes or children.
     pub fn remove(&self) -> SysResult<()> {
-        fs::remove_dir(&self.path).map_err(|e| io_errno(&e))
+        fs::remove_dir(&self.path).map_err(|e| Errno::from_io(&e))
     }
 
     /// The controllers its children can use (`cgroup.controllers` of the children is
@@ -177,25 +169,6 @@ impl Cgroup {
         self.write("memory.max", &bytes.to_string())
     }
 
-    /// `memory.max` as set, `None` for `max` or without the memory controller.
-    pub fn memory_max(&self) -> Option<u64> {
-        self.read("memory.max").ok()?.trim().parse().ok()
-    }
-
-    /// The memory charged to it now (`memory.current`), with the memory controller.
-    pub fn memory_current(&self) -> Option<u64> {
-        self.read("memory.current").ok()?.trim().parse().ok()
-    }
-
-    /// How many times a process in it was OOM-killed (`memory.events`).
-    pub fn oom_kills(&self) -> Option<u64> {
-        self.read("memory.events")
-            .ok()?
-            .lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|n| n.trim().parse().ok())
-    }
-
     /// Makes `cmd`'s process join this cgroup between fork and exec, so that the
     /// program starts inside it: nothing of it is ever charged to the parent's cgroup,
     /// and no moment exists in which the parent's container's death would kill it.
@@ -206,7 +179,7 @@ impl Cgroup {
         let procs: OwnedFd = fs::OpenOptions::new()
             .write(true)
             .open(self.path.join("cgroup.procs"))
-            .map_err(|e| io_errno(&e))?
+            .map_err(|e| Errno::from_io(&e))?
             .into();
         let fd = procs.as_raw_fd();
         // SAFETY: between fork and exec only async-signal-safe calls are allowed:
@@ -259,15 +232,15 @@ pub enum NamespaceJoin {
 /// # Errors
 /// The error of `setns` into a namespace that could be read.
 pub fn join_init_cgroup_namespace() -> SysResult<NamespaceJoin> {
-    let own = fs::read_link("/proc/self/ns/cgroup").map_err(|e| io_errno(&e))?;
+    let own = fs::read_link("/proc/self/ns/cgroup").map_err(|e| Errno::from_io(&e))?;
     let init = match fs::read_link("/proc/1/ns/cgroup") {
         Ok(l) => l,
-        Err(e) => return Ok(NamespaceJoin::Hidden(io_errno(&e))),
+        Err(e) => return Ok(NamespaceJoin::Hidden(Errno::from_io(&e))),
     };
     if own == init {
         return Ok(NamespaceJoin::Same);
     }
-    let ns = fs::File::open("/proc/1/ns/cgroup").map_err(|e| io_errno(&e))?;
+    let ns = fs::File::open("/proc/1/ns/cgroup").map_err(|e| Errno::from_io(&e))?;
     rustix::thread::move_into_link_name_space(
         std::os::fd::AsFd::as_fd(&ns),
         Some(rustix::thread::LinkNameSpaceType::ControlGroup),
