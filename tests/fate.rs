@@ -119,18 +119,7 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
         let target = root.join(format!("target-{vol}"));
         guards.push(Unmount(target.clone()));
         guards.push(Unmount(staging.clone()));
-        c.controller
-            .create_volume(create_req(vol, 1 << 30))
-            .await
-            .unwrap();
-        c.node
-            .node_stage_volume(stage_req(vol, &staging))
-            .await
-            .unwrap();
-        c.node
-            .node_publish_volume(publish_req(vol, &staging, &target, gid))
-            .await
-            .unwrap();
+        c.create_stage_publish(vol, &staging, &target, gid).await;
         assert_eq!(
             fs::metadata(&target).unwrap().gid(),
             gid.parse::<u32>().unwrap()
@@ -286,20 +275,35 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
     drop(guards);
 }
 
-#[test]
-fn a_views_cgroup_that_is_not_cgroup2_is_named() {
+/// What a keeper started under `prefix` with `--views-cgroup cgroup` says when it
+/// refuses to start (it must refuse).
+fn keeper_refusal(prefix: &[&str], cgroup: &Path) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
+    let mut cmd = match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(BIN);
+            c
+        }
+        None => Command::new(BIN),
+    };
+    let out = cmd
         .args(["keeper", "--socket"])
         .arg(dir.path().join("k.sock"))
         .arg("--control-dir")
         .arg(dir.path().join("views"))
         .arg("--views-cgroup")
-        .arg(dir.path().join("cg"))
+        .arg(cgroup)
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let said = String::from_utf8_lossy(&out.stderr);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_views_cgroup_that_is_not_cgroup2_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let said = keeper_refusal(&[], &dir.path().join("cg"));
     assert!(
         said.contains("--views-cgroup") && said.contains("cgroup v2"),
         "{said}"
@@ -310,21 +314,8 @@ fn a_views_cgroup_that_is_not_cgroup2_is_named() {
 fn a_keeper_in_a_pid_namespace_of_its_own_refuses_views_cgroup() {
     // A pod without hostPID: the views would leave the container's cgroup but still
     // die with its PID namespace.
-    let dir = tempfile::tempdir().unwrap();
     let cg = TestCgroup::new();
-    let out = Command::new(CONTAINER[0])
-        .args(&CONTAINER[1..])
-        .arg(BIN)
-        .args(["keeper", "--socket"])
-        .arg(dir.path().join("k.sock"))
-        .arg("--control-dir")
-        .arg(dir.path().join("views"))
-        .arg("--views-cgroup")
-        .arg(cg.child("views"))
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let said = String::from_utf8_lossy(&out.stderr);
+    let said = keeper_refusal(CONTAINER, &cg.child("views"));
     assert!(
         said.contains("--views-cgroup") && said.contains("hostPID"),
         "{said}"
@@ -344,18 +335,7 @@ fn serve_alone_recovers_a_view_that_dies() {
     let _guards = (Unmount(target.clone()), Unmount(staging.clone()));
     rt.block_on(async {
         let mut c = d.clients().await;
-        c.controller
-            .create_volume(create_req("v", 1 << 30))
-            .await
-            .unwrap();
-        c.node
-            .node_stage_volume(stage_req("v", &staging))
-            .await
-            .unwrap();
-        c.node
-            .node_publish_volume(publish_req("v", &staging, &target, "2000"))
-            .await
-            .unwrap();
+        c.create_stage_publish("v", &staging, &target, "2000").await;
     });
     let running = Running::start(&target, 20);
     thread::sleep(Duration::from_millis(300));

@@ -79,18 +79,8 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     let mut c = d.clients().await;
     let staging = f.subdir("staging");
     let target = root.join("target");
-    c.controller
-        .create_volume(create_req("vol", 1 << 30))
-        .await
-        .unwrap();
-    c.node
-        .node_stage_volume(stage_req("vol", &staging))
-        .await
-        .unwrap();
-    c.node
-        .node_publish_volume(publish_req("vol", &staging, &target, "2000"))
-        .await
-        .unwrap();
+    c.create_stage_publish("vol", &staging, &target, "2000")
+        .await;
     assert_eq!(fs::metadata(&target).unwrap().gid(), 2000);
 
     let running = Running::start(&target, 100);

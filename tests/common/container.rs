@@ -49,9 +49,9 @@ pub struct TestCgroup {
 impl TestCgroup {
     pub fn new() -> TestCgroup {
         let path = cgroup2_root().join(format!(
-            "mountgroup-test-{}-{}",
+            "mountgroup-test-{}-{:016x}",
             std::process::id(),
-            Instant::now().elapsed().as_nanos() ^ rand_u64()
+            rand_u64()
         ));
         fs::create_dir(&path).unwrap();
         TestCgroup { path }
@@ -63,24 +63,32 @@ impl TestCgroup {
     }
 }
 
-fn rand_u64() -> u128 {
+fn rand_u64() -> u64 {
     let mut b = [0u8; 8];
     rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).unwrap();
-    u64::from_le_bytes(b) as u128
+    u64::from_le_bytes(b)
 }
 
 /// Kills every process in the cgroup at `path` and below, as a runtime does
 /// (`cgroup.kill`), and waits until it is empty.
 pub fn kill_cgroup(path: &Path) {
     fs::write(path.join("cgroup.kill"), "1").unwrap();
+    assert!(emptied(path), "{path:?} still populated");
+}
+
+/// Whether the cgroup at `path` has no process left within 10 s.
+fn emptied(path: &Path) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
     while fs::read_to_string(path.join("cgroup.events"))
         .map(|s| s.contains("populated 1"))
         .unwrap_or(false)
     {
-        assert!(Instant::now() < deadline, "{path:?} still populated");
+        if Instant::now() > deadline {
+            return false;
+        }
         thread::sleep(Duration::from_millis(5));
     }
+    true
 }
 
 fn remove_tree(path: &Path) {
@@ -98,14 +106,7 @@ impl Drop for TestCgroup {
     fn drop(&mut self) {
         if self.path.exists() {
             let _ = fs::write(self.path.join("cgroup.kill"), "1");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while fs::read_to_string(self.path.join("cgroup.events"))
-                .map(|s| s.contains("populated 1"))
-                .unwrap_or(false)
-                && Instant::now() < deadline
-            {
-                thread::sleep(Duration::from_millis(5));
-            }
+            emptied(&self.path);
             remove_tree(&self.path);
         }
     }

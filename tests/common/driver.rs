@@ -333,6 +333,29 @@ pub fn expect<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: tonic::Code
 }
 
 impl Clients {
+    /// Creates the volume `vol` (1 GiB), stages it at `staging` and publishes it at
+    /// `target` with the fsGroup `gid`, as a pod's first use of a new PVC does.
+    pub async fn create_stage_publish(
+        &mut self,
+        vol: &str,
+        staging: &Path,
+        target: &Path,
+        gid: &str,
+    ) {
+        self.controller
+            .create_volume(create_req(vol, 1 << 30))
+            .await
+            .unwrap();
+        self.node
+            .node_stage_volume(stage_req(vol, staging))
+            .await
+            .unwrap();
+        self.node
+            .node_publish_volume(publish_req(vol, staging, target, gid))
+            .await
+            .unwrap();
+    }
+
     /// The node's advertised RPC capabilities.
     pub async fn node_capabilities(&mut self) -> Vec<i32> {
         self.node
