@@ -226,7 +226,9 @@ pub enum NamespaceJoin {
 /// Joins the cgroup namespace of the process with pid 1 if it differs from this
 /// process's own (a container's private cgroup namespace): only from there can a
 /// process be moved to a cgroup outside the container's (on a hierarchy mounted with
-/// `nsdelegate`, as systemd mounts it, a namespace is a delegation boundary). Call it
+/// `nsdelegate`, as systemd mounts it, a namespace is a delegation boundary: Linux
+/// kernel/cgroup/cgroup.c `cgroup_procs_write_permission` refuses a move whose source
+/// or destination is outside the writer's namespace root). Call it
 /// before any thread starts: the children of this thread inherit it.
 ///
 /// # Errors

@@ -170,7 +170,9 @@ const SWEEP_AFTER: Duration = Duration::from_secs(60);
 
 /// The name a liveness check of a view looks up: reserved (`fs/ops/namespace.rs`), so
 /// the view answers `ENOENT` without touching its backing file system, and never cached
-/// (an `ENOENT` answer leaves no lasting negative entry), so each check is a request.
+/// (Linux fs/fuse/dir.c `fuse_lookup`: an `ENOENT` error answer leaves a negative
+/// dentry with its time set to 0 by `fuse_invalidate_entry_cache`, so
+/// `fuse_dentry_revalidate` asks again), so each check is a request.
 const ALIVE_NAME: &str = ".mountgroup.alive";
 
 struct Keeper {
@@ -655,8 +657,10 @@ pub fn ask(socket: &Path, request: &Request) -> io::Result<Response> {
 /// and is ready: a readiness probe, so that a rolling update deletes the old pod only
 /// after the new keeper took its views over. Another container's keeper is one outside
 /// this PID namespace (the kernel gives its pid as 0) or, where pods share the host's
-/// (`hostPID`), one in another cgroup or mount namespace: a runtime runs a probe in its
-/// container's.
+/// (`hostPID`), one in another cgroup or mount namespace: kubelet's exec probe runs
+/// through the CRI's `ExecSync`, which the runtime carries out like `runc exec`: in the
+/// container's namespaces and cgroup (runc libcontainer/process_linux.go,
+/// `setnsProcess`).
 ///
 /// # Errors
 /// Why it is not ready.
