@@ -276,6 +276,29 @@ pub enum Access {
 /// # Errors
 /// `EINVAL` for another kind, otherwise the error of `open(2)`.
 pub fn reopen(fd: BorrowedFd<'_>, kind: Kind, access: Access) -> SysResult<OwnedFd> {
+    reopen_with(fd, kind, access, OFlags::empty())
+}
+
+/// Reopens an open regular file for direct I/O (`O_DIRECT`, through the same magic
+/// link as [`reopen`]), read-write or read-only; see `sys/direct.rs` for the I/O.
+///
+/// # Errors
+/// The error of `open(2)`: `EINVAL` where the file system has no direct I/O.
+pub fn reopen_direct(fd: BorrowedFd<'_>, writable: bool) -> SysResult<OwnedFd> {
+    let access = if writable {
+        Access::ReadWrite
+    } else {
+        Access::ReadOnly
+    };
+    reopen_with(fd, Kind::Regular, access, OFlags::DIRECT)
+}
+
+fn reopen_with(
+    fd: BorrowedFd<'_>,
+    kind: Kind,
+    access: Access,
+    extra: OFlags,
+) -> SysResult<OwnedFd> {
     let allowed = match access {
         Access::Path => true,
         Access::Directory => kind == Kind::Directory,
@@ -286,6 +309,7 @@ pub fn reopen(fd: BorrowedFd<'_>, kind: Kind, access: Access) -> SysResult<Owned
     }
     let flags = OFlags::CLOEXEC
         | OFlags::NOCTTY
+        | extra
         | match access {
             Access::ReadOnly => OFlags::RDONLY,
             Access::ReadWrite => OFlags::RDWR,

@@ -7,6 +7,7 @@
 pub mod btrfs;
 pub mod cgroup;
 pub mod dir;
+pub mod direct;
 pub mod fdpass;
 pub mod file;
 pub mod fuse;
