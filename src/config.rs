@@ -101,6 +101,20 @@ pub enum Passthrough {
     Off,
 }
 
+/// Who reads and writes the files opened with `O_DIRECT` (measured in
+/// docs/BENCHMARKS.md, *Direct I/O: the view or the kernel*).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DirectIo {
+    /// The view, on a descriptor of its own opened with `O_DIRECT`: the kernel sends
+    /// every read and write (`FOPEN_DIRECT_IO`), and writers of one file write at once
+    /// (`FOPEN_PARALLEL_DIRECT_WRITES`) where passthrough takes the file's lock for
+    /// each. Faster with several writers of one file, slower with one.
+    View,
+    /// As any other file: kernel passthrough where it is on.
+    #[default]
+    Kernel,
+}
+
 /// The options of `mode=cifs`, with the defaults of the Linux CIFS client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CifsOptions {
@@ -132,6 +146,8 @@ pub struct ViewOptions {
     pub readonly: bool,
     pub cifs: CifsOptions,
     pub passthrough: Passthrough,
+    /// `direct_io=`: who serves the reads and writes of files opened with `O_DIRECT`.
+    pub direct_io: DirectIo,
     pub noexec: bool,
     /// Worker threads serving the FUSE session.
     pub threads: usize,
@@ -184,6 +200,7 @@ impl Default for ViewOptions {
             readonly: false,
             cifs: CifsOptions::default(),
             passthrough: Passthrough::Auto,
+            direct_io: DirectIo::default(),
             noexec: false,
             threads: default_threads(),
             attr_timeout: Duration::from_secs(1),
@@ -368,6 +385,14 @@ impl ViewOptions {
                         _ => return Err(bad(v, "is not `auto`, `on` or `off`".into())),
                     };
                 }
+                "direct_io" => {
+                    let v = need(value)?;
+                    o.direct_io = match v {
+                        "view" => DirectIo::View,
+                        "kernel" => DirectIo::Kernel,
+                        _ => return Err(bad(v, "is not `view` or `kernel`".into())),
+                    };
+                }
                 "uid" => {
                     let v = need(value)?;
                     o.cifs.uid = parse_id(v).map_err(|r| bad(v, r))?;
@@ -550,6 +575,9 @@ impl ViewOptions {
         }
         // Only what differs from the defaults, so that the canonical string of older
         // options stays what it was (a takeover compares them).
+        if self.direct_io == DirectIo::View {
+            v.push("direct_io=view".into());
+        }
         match self.vfs.atime {
             Atime::Relative => {}
             Atime::Never => v.push("noatime".into()),
@@ -659,6 +687,9 @@ mod tests {
         assert_eq!(o.threads, 3);
         assert_eq!(o.attr_timeout, Duration::from_millis(500));
         assert_eq!(o.entry_timeout, Duration::from_secs(2));
+        assert_eq!(o.direct_io, DirectIo::Kernel);
+        let o = ViewOptions::parse("direct_io=view").unwrap();
+        assert_eq!(o.direct_io, DirectIo::View);
     }
 
     #[test]
@@ -732,6 +763,10 @@ mod tests {
                 "option `threads`: `0` is not a thread count from 1 to 64",
             ),
             (
+                "direct_io=daemon",
+                "option `direct_io`: `daemon` is not `view` or `kernel`",
+            ),
+            (
                 "attr_timeout=-1",
                 "option `attr_timeout`: `-1` is not a number of seconds from 0 to 3600",
             ),
@@ -780,6 +815,8 @@ mod tests {
             "gid=5,ro",
             "uid=3,gid=4,file_mode=0600,noperm",
             "ownership=off,passthrough=on,threads=2",
+            "direct_io=kernel",
+            "direct_io=view",
         ] {
             let o = ViewOptions::parse(s).unwrap();
             assert_eq!(

@@ -701,43 +701,6 @@ fn listings_show_files_created_behind_the_views_back() {
     }
 }
 
-/// Mounts the fixture's view with `options`, writing its counters to the returned file
-/// (read with [`op_counts`] and [`count`]).
-fn mount_counted(f: &Fixture, options: &str) -> (Mounted, std::path::PathBuf) {
-    let metrics = f.dir.path().join("metrics.json");
-    let m = Mounted::start(
-        &f.src,
-        &f.mnt,
-        &["-o", options, "--metrics-file", metrics.to_str().unwrap()],
-    )
-    .unwrap();
-    (m, metrics)
-}
-
-/// The view's operation counters from its `--metrics-file`, once a snapshot written
-/// after `since` is there (one is written every second).
-fn op_counts(metrics: &std::path::Path, since: std::time::SystemTime) -> serde_json::Value {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let fresh = fs::metadata(metrics).is_ok_and(|m| m.modified().unwrap() > since);
-        let snapshot = fresh
-            .then(|| fs::read_to_string(metrics).ok())
-            .flatten()
-            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok());
-        if let Some(v) = snapshot {
-            return v["ops"].clone();
-        }
-        assert!(std::time::Instant::now() < deadline, "no metrics snapshot");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-}
-
-/// How many `op` requests the view has answered, as [`op_counts`] reads them.
-fn count(metrics: &std::path::Path, op: &str) -> u64 {
-    let since = std::time::SystemTime::now();
-    op_counts(metrics, since)[op]["count"].as_u64().unwrap_or(0)
-}
-
 #[test]
 fn a_walk_stats_what_it_lists_without_a_lookup_per_entry_and_a_listing_looks_nothing_up() {
     let f = Fixture::new();

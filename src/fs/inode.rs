@@ -10,7 +10,7 @@
 //! inode keeps its descriptor for as long as the kernel holds it.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 
@@ -85,6 +85,9 @@ pub struct DataFile {
     pub fd: Arc<OwnedFd>,
     pub writable: bool,
     pub passthrough: OnceLock<Option<Backing>>,
+    /// The same file opened with `O_DIRECT`, on the first direct read or write (or
+    /// the first open with `O_DIRECT`): what the view serves direct I/O through.
+    direct: OnceLock<OwnedFd>,
 }
 
 impl DataFile {
@@ -93,7 +96,25 @@ impl DataFile {
             fd: Arc::new(fd),
             writable,
             passthrough: OnceLock::new(),
+            direct: OnceLock::new(),
         }
+    }
+
+    /// The descriptor direct I/O goes through: the shared one reopened with
+    /// `O_DIRECT` (with its access), made on first use and kept with it. Reopened from
+    /// the shared descriptor, so it is the same inode, whatever was renamed or
+    /// unlinked since, and a view that took the handles over makes its own.
+    ///
+    /// # Errors
+    /// The error of reopening: `EINVAL` where the backing file system has no direct
+    /// I/O, as `open(O_DIRECT)` without the view would have failed.
+    pub fn direct(&self) -> SysResult<BorrowedFd<'_>> {
+        if let Some(fd) = self.direct.get() {
+            return Ok(fd.as_fd());
+        }
+        let fd = file::reopen_direct(self.fd.as_fd(), self.writable)?;
+        // Two first uses at once: one descriptor is kept, the other closed.
+        Ok(self.direct.get_or_init(|| fd).as_fd())
     }
 
     /// Whether a passthrough registration exists for this descriptor.

@@ -409,6 +409,23 @@ fn encode_dev(rdev: u64) -> u32 {
     (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
 }
 
+/// What an open reply asks of the kernel. A file the view serves in direct I/O gets
+/// `FOPEN_DIRECT_IO` (every read and write comes to the view, none through the page
+/// cache) and `FOPEN_PARALLEL_DIRECT_WRITES` (writers inside the file hold the inode
+/// lock shared: fs/fuse/file.c `fuse_dio_wr_exclusive_lock`). Where passthrough is on
+/// it still carries the inode's backing id: the kernel refuses an open without
+/// `FOPEN_PASSTHROUGH` of an inode another open bound to a backing file
+/// (fs/fuse/iomode.c `fuse_file_io_open`), and `FOPEN_DIRECT_IO` overrides it for
+/// reads and writes while `mmap` still maps the backing file (fs/fuse/file.c
+/// `fuse_file_read_iter`, `fuse_file_write_iter`, `fuse_file_mmap`).
+fn open_flags(direct: bool) -> FopenFlags {
+    if direct {
+        FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+    } else {
+        FopenFlags::empty()
+    }
+}
+
 fn flush(datasync: bool) -> Flush {
     if datasync { Flush::Data } else { Flush::All }
 }
@@ -514,6 +531,9 @@ impl Filesystem for FuseView {
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_AUTO_INVAL_DATA
             | InitFlags::FUSE_ASYNC_DIO
+            // A file served in direct I/O (`direct_io=view`) can still be mapped shared
+            // where passthrough is off, as an O_DIRECT file can without the view.
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
             | InitFlags::FUSE_MAX_PAGES;
         let _ = config.add_capabilities(wanted & caps);
         // Registrations are made on the connection's descriptor, which only a view that
@@ -723,9 +743,12 @@ impl Filesystem for FuseView {
             ino.0,
             reply,
             |_| self.fs.open(ino.0, flags.0, caller(req)),
-            |reply, Opened { fh, data }| match self.backing(ino.0, &data) {
-                Some(id) => reply.opened_passthrough_raw(FileHandle(fh), FopenFlags::empty(), id),
-                None => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            |reply, Opened { fh, data, direct }| {
+                let flags = open_flags(direct);
+                match self.backing(ino.0, &data) {
+                    Some(id) => reply.opened_passthrough_raw(FileHandle(fh), flags, id),
+                    None => reply.opened(FileHandle(fh), flags),
+                }
             },
         );
     }
@@ -751,24 +774,27 @@ impl Filesystem for FuseView {
                     self.fs.create(parent.0, name, mode, flags, caller(req))
                 })
             },
-            |reply, Created { attr, fh, data }| {
+            |reply,
+             Created {
+                 attr,
+                 fh,
+                 data,
+                 direct,
+             }| {
                 let fa = self.fattr(&attr);
+                let flags = open_flags(direct);
                 match self.backing(attr.ino, &data) {
                     Some(id) => reply.created_passthrough_raw(
                         &self.entry_ttl,
                         &fa,
                         Generation(0),
                         FileHandle(fh),
-                        FopenFlags::empty(),
+                        flags,
                         id,
                     ),
-                    None => reply.created(
-                        &self.entry_ttl,
-                        &fa,
-                        Generation(0),
-                        FileHandle(fh),
-                        FopenFlags::empty(),
-                    ),
+                    None => {
+                        reply.created(&self.entry_ttl, &fa, Generation(0), FileHandle(fh), flags)
+                    }
                 }
             },
         );
@@ -781,15 +807,16 @@ impl Filesystem for FuseView {
         fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let direct = flags.0 & libc::O_DIRECT != 0;
         self.answer(
             Op::Read,
             ino.0,
             reply,
-            |_| self.fs.read(fh.0, offset, size),
+            |_| self.fs.read(fh.0, offset, size, direct),
             |reply, d| reply.data(&d),
         );
     }
@@ -801,16 +828,19 @@ impl Filesystem for FuseView {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        write_flags: WriteFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        // The kernel's write-back of cached pages carries the opener's flags too.
+        let direct =
+            flags.0 & libc::O_DIRECT != 0 && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         self.answer(
             Op::Write,
             ino.0,
             reply,
-            |_| self.fs.write(fh.0, offset, data),
+            |_| self.fs.write(fh.0, offset, data, direct),
             |reply, n| reply.written(n as u32),
         );
     }

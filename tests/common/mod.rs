@@ -307,3 +307,40 @@ pub fn sh(script: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Mounts the fixture's view with `options`, writing its counters to the returned file
+/// (read with [`op_counts`] and [`count`]).
+pub fn mount_counted(f: &Fixture, options: &str) -> (Mounted, PathBuf) {
+    let metrics = f.dir.path().join("metrics.json");
+    let m = Mounted::start(
+        &f.src,
+        &f.mnt,
+        &["-o", options, "--metrics-file", metrics.to_str().unwrap()],
+    )
+    .unwrap();
+    (m, metrics)
+}
+
+/// The view's operation counters from its `--metrics-file`, once a snapshot written
+/// after `since` is there (one is written every second).
+pub fn op_counts(metrics: &Path, since: std::time::SystemTime) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let fresh = fs::metadata(metrics).is_ok_and(|m| m.modified().unwrap() > since);
+        let snapshot = fresh
+            .then(|| fs::read_to_string(metrics).ok())
+            .flatten()
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok());
+        if let Some(v) = snapshot {
+            return v["ops"].clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "no metrics snapshot");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// How many `op` requests the view has answered, as [`op_counts`] reads them.
+pub fn count(metrics: &Path, op: &str) -> u64 {
+    let since = std::time::SystemTime::now();
+    op_counts(metrics, since)[op]["count"].as_u64().unwrap_or(0)
+}

@@ -164,12 +164,28 @@ impl ViewFs {
             }
         }
         let data = self.shared_data(&inode, wants_write)?;
+        let direct = self.serves_direct(flags, &data)?;
         let fh = self.add_handle(Handle::File(OpenFile {
             ino,
             data: Arc::clone(&data),
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
         }));
-        Ok(Opened { fh, data })
+        Ok(Opened { fh, data, direct })
+    }
+
+    /// Whether an open with `flags` is served by the view in direct I/O
+    /// (`direct_io=view` and `O_DIRECT`). Such an open makes the file's direct
+    /// descriptor at once, so that it fails where `open(O_DIRECT)` would fail without
+    /// the view (`EINVAL`: no direct I/O on the backing file system).
+    ///
+    /// # Errors
+    /// The error of reopening the file with `O_DIRECT`.
+    pub(super) fn serves_direct(&self, flags: i32, data: &DataFile) -> FsResult<bool> {
+        if flags & libc::O_DIRECT == 0 || self.direct_io != crate::config::DirectIo::View {
+            return Ok(false);
+        }
+        data.direct()?;
+        Ok(true)
     }
 
     /// The kernel leaves dropping set-id bits on write to the view
@@ -220,26 +236,41 @@ impl ViewFs {
         }
     }
 
-    /// Reads through the daemon (when passthrough is not in use).
+    /// Reads through the daemon (when passthrough is not in use, or the file is served
+    /// in direct I/O). `direct`: the caller's file has `O_DIRECT` (the request's open
+    /// flags, which follow `fcntl(F_SETFL)`), so the read is direct too.
     ///
     /// # Errors
     /// `EBADF` for an unknown handle, or the error of `pread`.
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+    pub fn read(&self, fh: u64, offset: u64, size: u32, direct: bool) -> FsResult<Vec<u8>> {
         let data = self.data(fh)?.data;
+        if direct {
+            return Ok(crate::sys::direct::read_at(
+                data.direct()?,
+                offset,
+                size as usize,
+            )?);
+        }
         Ok(file::read_at(data.fd.as_fd(), offset, size as usize)?)
     }
 
-    /// Writes through the daemon (when passthrough is not in use).
+    /// Writes through the daemon (when passthrough is not in use, or the file is
+    /// served in direct I/O). `direct` as for [`ViewFs::read`]; the kernel's write-back
+    /// of cached pages is never direct (its last page may be short of a block).
     ///
     /// # Errors
     /// `EROFS`, `EBADF` for a read-only handle, or the error of `pwrite`.
-    pub fn write(&self, fh: u64, offset: u64, bytes: &[u8]) -> FsResult<usize> {
+    pub fn write(&self, fh: u64, offset: u64, bytes: &[u8], direct: bool) -> FsResult<usize> {
         self.writable()?;
         let OpenFile { data, sync, .. } = self.data(fh)?;
         if !data.writable {
             return Err(FsError::Os(Errno::EBADF));
         }
-        let n = file::write_at(data.fd.as_fd(), offset, bytes)?;
+        let n = if direct {
+            crate::sys::direct::write_at(data.direct()?, offset, bytes)?
+        } else {
+            file::write_at(data.fd.as_fd(), offset, bytes)?
+        };
         if sync {
             file::sync(data.fd.as_fd(), Flush::Data)?;
         }

@@ -119,6 +119,9 @@ pub struct DirItem {
 pub struct Opened {
     pub fh: u64,
     pub data: Arc<DataFile>,
+    /// The view serves this handle's reads and writes itself, in direct I/O
+    /// (`direct_io=view` and an `O_DIRECT` open).
+    pub direct: bool,
 }
 
 /// A created (or, without `O_EXCL`, opened) file: its attributes and its open handle.
@@ -126,6 +129,8 @@ pub struct Created {
     pub attr: Attr,
     pub fh: u64,
     pub data: Arc<DataFile>,
+    /// As [`Opened::direct`].
+    pub direct: bool,
 }
 
 #[derive(Clone)]
@@ -204,6 +209,8 @@ pub struct ViewFs {
     noatime: (bool, bool),
     /// Threads a walk's listing spreads its lookups over (`dirs.rs`): the cores, up to 4.
     lookup_threads: usize,
+    /// Who serves the I/O of files opened with `O_DIRECT` (`direct_io=`).
+    direct_io: crate::config::DirectIo,
 }
 
 const DIR_BUF: usize = 32 * 1024;
@@ -259,6 +266,7 @@ impl ViewFs {
             listing: super::listing::ListingHints::default(),
             pending_dir_bytes: Arc::default(),
             lookup_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+            direct_io: options.direct_io,
             noatime: (
                 options.vfs.atime == crate::config::Atime::Never,
                 options.vfs.atime == crate::config::Atime::Never || options.vfs.nodiratime,
@@ -1058,7 +1066,7 @@ mod tests {
     fn create_honours_o_excl_and_records_the_creator() {
         let dir = tempfile::tempdir().unwrap();
         let v = view(dir.path(), "gid=5");
-        let Created { attr, fh, data } = v
+        let Created { attr, fh, data, .. } = v
             .create(
                 ROOT,
                 OsStr::new("n"),
@@ -1069,8 +1077,8 @@ mod tests {
             .unwrap();
         assert_eq!((attr.uid, attr.gid, attr.perm), (1000, 5, 0o640));
         assert!(data.writable);
-        assert_eq!(v.write(fh, 0, b"abc").unwrap(), 3);
-        assert_eq!(v.read(fh, 1, 10).unwrap(), b"bc");
+        assert_eq!(v.write(fh, 0, b"abc", false).unwrap(), 3);
+        assert_eq!(v.read(fh, 1, 10, false).unwrap(), b"bc");
         assert_eq!(
             v.create(ROOT, OsStr::new("n"), 0o100600, libc::O_EXCL, ME)
                 .err(),
@@ -1489,9 +1497,9 @@ mod tests {
             Err(FsError::ReadOnly)
         );
         assert_eq!(v.open(f, libc::O_WRONLY, ME).err(), Some(FsError::ReadOnly));
-        let Opened { fh, data } = v.open(f, libc::O_RDONLY, ME).unwrap();
+        let Opened { fh, data, .. } = v.open(f, libc::O_RDONLY, ME).unwrap();
         assert!(!data.writable);
-        assert_eq!(v.write(fh, 0, b"y"), Err(FsError::ReadOnly));
+        assert_eq!(v.write(fh, 0, b"y", false), Err(FsError::ReadOnly));
         assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"x");
     }
 

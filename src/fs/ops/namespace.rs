@@ -310,12 +310,26 @@ impl ViewFs {
         let data = Arc::new(DataFile::new(data_fd, true));
         *lock(&inode.data) = Arc::downgrade(&data);
         let attr = self.attr_of_new(&inode, &st, record);
+        let direct = match self.serves_direct(flags, &data) {
+            Ok(d) => d,
+            Err(e) => {
+                // The file stays, as open(O_CREAT|O_DIRECT) leaves it where the file
+                // system has no direct I/O; the kernel was given no node id.
+                self.forget(inode.id, 1);
+                return Err(e);
+            }
+        };
         let fh = self.add_handle(Handle::File(OpenFile {
             ino: inode.id,
             data: Arc::clone(&data),
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
         }));
-        Ok(Created { attr, fh, data })
+        Ok(Created {
+            attr,
+            fh,
+            data,
+            direct,
+        })
     }
 
     /// The `O_CREAT` open of a name that exists. The kernel sent CREATE because it
@@ -342,7 +356,12 @@ impl ViewFs {
             self.open(attr.ino, flags, caller)
         };
         match checked {
-            Ok(Opened { fh, data }) => Ok(Created { attr, fh, data }),
+            Ok(Opened { fh, data, direct }) => Ok(Created {
+                attr,
+                fh,
+                data,
+                direct,
+            }),
             Err(e) => {
                 self.forget(attr.ino, 1);
                 Err(e)
