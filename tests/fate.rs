@@ -38,15 +38,6 @@ use keeper::*;
 use rustix::process::{Pid, Signal, kill_process};
 use workload::*;
 
-/// Lazily unmounts on drop: a test leaves no mount behind, even when it fails.
-struct Unmount(PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
-    }
-}
-
 /// The cgroup directory `pid` is in (from the root of this machine's cgroup2 mount).
 fn cgroup_dir(pid: u32) -> PathBuf {
     let s = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
@@ -279,15 +270,7 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
 /// refuses to start (it must refuse).
 fn keeper_refusal(prefix: &[&str], cgroup: &Path) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = match prefix.split_first() {
-        Some((first, rest)) => {
-            let mut c = Command::new(first);
-            c.args(rest).arg(BIN);
-            c
-        }
-        None => Command::new(BIN),
-    };
-    let out = cmd
+    let out = command_under(prefix, BIN)
         .args(["keeper", "--socket"])
         .arg(dir.path().join("k.sock"))
         .arg("--control-dir")

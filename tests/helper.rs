@@ -66,17 +66,6 @@ fn wait_unmounted(path: &std::path::Path) {
     }
 }
 
-/// Unmounts on drop, whatever happens in the test.
-struct Unmount(std::path::PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        if is_mounted(&self.0) {
-            let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
-        }
-    }
-}
-
 #[test]
 fn mount_t_fuse_mountgroup_and_fstab_lines_work() {
     let _helper = install_helper();

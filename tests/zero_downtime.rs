@@ -187,15 +187,6 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     d2.signal_first_process(Signal::TERM);
 }
 
-/// Lazily unmounts on drop: a test leaves no mount behind, even when it fails.
-struct Unmount(PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
-    }
-}
-
 #[test]
 fn a_view_served_through_the_daemon_recovers_its_open_handles() {
     use mountgroup::volume::keeper::{Request, Response, ask};

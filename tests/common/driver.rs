@@ -5,7 +5,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use mountgroup::csi::pb;
@@ -83,14 +83,7 @@ impl Driver {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let mut cmd = match self.wrapper.split_first() {
-            Some((first, rest)) => {
-                let mut c = Command::new(first);
-                c.args(rest).arg(&self.bin);
-                c
-            }
-            None => Command::new(&self.bin),
-        };
+        let mut cmd = crate::common::command_under(&self.wrapper, &self.bin);
         cmd.arg("serve")
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket.display()))

@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -20,14 +20,7 @@ pub fn wait_ready(bin: &Path, socket: &Path) {
 pub fn wait_ready_in(prefix: &[String], bin: &Path, socket: &Path) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let mut cmd = match prefix.split_first() {
-            Some((first, rest)) => {
-                let mut c = Command::new(first);
-                c.args(rest).arg(bin);
-                c
-            }
-            None => Command::new(bin),
-        };
+        let mut cmd = crate::common::command_under(prefix, bin);
         let ok = cmd
             .args(["keeper", "--probe", "--socket"])
             .arg(socket)

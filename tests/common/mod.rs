@@ -14,6 +14,31 @@ use rustix::process::{Pid, Signal, kill_process};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_mountgroup");
 
+/// `bin` run under `prefix` (a command and its arguments that execs what follows,
+/// such as the test container's `unshare ...`), or `bin` itself for an empty prefix.
+pub fn command_under<S: AsRef<std::ffi::OsStr>>(
+    prefix: &[S],
+    bin: impl AsRef<std::ffi::OsStr>,
+) -> Command {
+    match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    }
+}
+
+/// Lazily unmounts a path on drop: a test leaves no mount behind, even when it fails.
+pub struct Unmount(pub PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+    }
+}
+
 /// A temp dir with `src/` (the backing tree) and `mnt/`, traversable by every user.
 pub struct Fixture {
     pub dir: tempfile::TempDir,
@@ -80,14 +105,7 @@ impl Mounted {
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = mountpoint.with_extension(format!("log{}-{n}", std::process::id()));
         let err = fs::File::create(&log).unwrap();
-        let mut cmd = match wrapper.split_first() {
-            Some((first, rest)) => {
-                let mut c = Command::new(first);
-                c.args(rest).arg(BIN);
-                c
-            }
-            None => Command::new(BIN),
-        };
+        let mut cmd = command_under(wrapper, BIN);
         let child = cmd
             .arg("mount")
             .arg(source)
