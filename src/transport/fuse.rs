@@ -811,6 +811,8 @@ impl Filesystem for FuseView {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        // The caller's file flags as they are now (fs/fuse/file.c `fuse_read_args_fill`
+        // copies `file->f_flags`), so an fcntl(F_SETFL) of O_DIRECT is followed.
         let direct = flags.0 & libc::O_DIRECT != 0;
         self.answer(
             Op::Read,
@@ -833,7 +835,10 @@ impl Filesystem for FuseView {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        // The kernel's write-back of cached pages carries the opener's flags too.
+        // A caller's write carries its file flags (fs/fuse/file.c `fuse_send_write`,
+        // `fuse_write_flags`). A write-back of cached pages is marked FUSE_WRITE_CACHE
+        // (`fuse_writepage_args_setup`) and is never direct, whatever its flags: its last
+        // page may end short of a block.
         let direct =
             flags.0 & libc::O_DIRECT != 0 && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         self.answer(
