@@ -142,7 +142,7 @@ fn an_o_direct_file_is_read_and_written_by_the_view_in_direct_io() {
         // refuses it for FOPEN_DIRECT_IO without FUSE_DIRECT_IO_ALLOW_MMAP).
         let mapped = sh(&format!(
             "python3 -c 'import mmap, os; fd = os.open(\"{}\", os.O_RDWR | os.O_DIRECT); \
-             m = mmap.mmap(fd, {}); print(m[{}:{}].hex())'",
+             m = mmap.mmap(fd, {}); print(m[{}:{}].hex()); m[0:8] = b\"mapped!!\"; m.flush()'",
             path.display(),
             16 * BLOCK,
             2 * BLOCK,
@@ -155,6 +155,13 @@ fn an_o_direct_file_is_read_and_written_by_the_view_in_direct_io() {
                 .map(|b| format!("{b:02x}"))
                 .collect::<String>(),
             "{options}: mapped"
+        );
+        // A write through the mapping reaches the disk (without passthrough, as a
+        // write-back of cached pages, which the view never does in direct I/O).
+        assert_eq!(
+            &fs::read(f.src.join("data")).unwrap()[..8],
+            b"mapped!!",
+            "{options}: written through the mapping"
         );
     }
 }
@@ -282,4 +289,41 @@ fn an_o_direct_handle_keeps_working_across_a_takeover() {
     let disk = fs::read(f.src.join("held")).unwrap();
     assert_eq!(&disk[..BLOCK], AlignedBytes::new(BLOCK, 1).bytes());
     assert_eq!(&disk[BLOCK..2 * BLOCK], AlignedBytes::new(BLOCK, 2).bytes());
+}
+
+/// Where the backing file system has no direct I/O (ramfs), an `O_DIRECT` open fails
+/// with `EINVAL` as it does without the view (fs/open.c `do_dentry_open`: `O_DIRECT`
+/// without `FMODE_CAN_ODIRECT`), and an `O_DIRECT` create fails so too and leaves the
+/// file it made, as `open(2)` leaves it.
+#[test]
+fn where_the_backing_has_no_direct_io_an_o_direct_open_is_refused_as_without_the_view() {
+    let f = Fixture::new();
+    sh(&format!("mount -t ramfs none '{}'", f.src.display()));
+    let _ramfs = Unmount(f.src.clone());
+    fs::write(f.src.join("old"), "x").unwrap();
+    let open = |path: &Path, create: bool| {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .map(drop)
+            .map_err(|e| e.raw_os_error())
+    };
+    assert_eq!(open(&f.src.join("old"), false), Err(Some(libc::EINVAL)));
+    assert_eq!(
+        open(&f.src.join("native-new"), true),
+        Err(Some(libc::EINVAL))
+    );
+    assert!(f.src.join("native-new").exists());
+
+    // ramfs has no extended attributes, so no ownership records.
+    let _m = f.mount(&format!("gid={G},ownership=off,direct_io=view"));
+    assert_eq!(open(&f.mnt.join("old"), false), Err(Some(libc::EINVAL)));
+    assert_eq!(open(&f.mnt.join("new"), true), Err(Some(libc::EINVAL)));
+    assert!(f.src.join("new").exists(), "the create made no file");
+    // The view is not left holding the file: it opens normally.
+    fs::write(f.mnt.join("old"), "y").unwrap();
+    assert_eq!(fs::read(f.src.join("old")).unwrap(), b"y");
 }
