@@ -66,16 +66,23 @@ fn wait_unmounted(path: &std::path::Path) {
     }
 }
 
+/// mount(8), with the helper told (through its environment) to start this build and
+/// to keep its logs and control sockets in the fixture.
+fn mount_command(f: &Fixture) -> Command {
+    let mut c = Command::new("mount");
+    c.env("MOUNTGROUP_BIN", BIN)
+        .env("MOUNTGROUP_LOG_DIR", f.dir.path())
+        .env("MOUNTGROUP_CONTROL_DIR", f.dir.path().join("ctl"));
+    c
+}
+
 #[test]
 fn mount_t_fuse_mountgroup_and_fstab_lines_work() {
     let _helper = install_helper();
     let f = Fixture::new();
     fs::write(f.src.join("a"), "x").unwrap();
     let _guard = Unmount(f.mnt.clone());
-    let out = Command::new("mount")
-        .env("MOUNTGROUP_BIN", BIN)
-        .env("MOUNTGROUP_LOG_DIR", f.dir.path())
-        .env("MOUNTGROUP_CONTROL_DIR", f.dir.path().join("ctl"))
+    let out = mount_command(&f)
         .args(["-t", "fuse.mountgroup"])
         .arg(&f.src)
         .arg(&f.mnt)
@@ -107,10 +114,7 @@ fn mount_t_fuse_mountgroup_and_fstab_lines_work() {
         ),
     )
     .unwrap();
-    let out = Command::new("mount")
-        .env("MOUNTGROUP_BIN", BIN)
-        .env("MOUNTGROUP_LOG_DIR", f.dir.path())
-        .env("MOUNTGROUP_CONTROL_DIR", f.dir.path().join("ctl"))
+    let out = mount_command(&f)
         .arg("--fstab")
         .arg(&fstab)
         .arg(&f.mnt)
@@ -131,10 +135,7 @@ fn a_bad_option_fails_the_mount_with_the_views_message() {
     let _helper = install_helper();
     let f = Fixture::new();
     let _guard = Unmount(f.mnt.clone());
-    let out = Command::new("mount")
-        .env("MOUNTGROUP_BIN", BIN)
-        .env("MOUNTGROUP_LOG_DIR", f.dir.path())
-        .env("MOUNTGROUP_CONTROL_DIR", f.dir.path().join("ctl"))
+    let out = mount_command(&f)
         .args(["-t", "fuse.mountgroup"])
         .arg(&f.src)
         .arg(&f.mnt)
@@ -159,10 +160,7 @@ fn a_source_option_names_the_backing_and_the_device_is_the_fsname() {
     let f = Fixture::new();
     fs::write(f.src.join("a"), "x").unwrap();
     let _guard = Unmount(f.mnt.clone());
-    let out = Command::new("mount")
-        .env("MOUNTGROUP_BIN", BIN)
-        .env("MOUNTGROUP_LOG_DIR", f.dir.path())
-        .env("MOUNTGROUP_CONTROL_DIR", f.dir.path().join("ctl"))
+    let out = mount_command(&f)
         .args(["-t", "fuse.mountgroup", "placeholder-dev"])
         .arg(&f.mnt)
         .arg("-o")
