@@ -226,28 +226,17 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
     let done_a = running_a.finish();
     let mut report = serde_json::Map::new();
     for (event, from, to) in &events {
-        let stall = |done: &[(&'static str, Outcome)]| {
-            done.iter()
-                .map(|(_, o)| o.stall_during(*from, *to))
-                .max()
-                .unwrap_or_default()
-        };
-        let (sa, sb) = (stall(&done_a), stall(&done_b));
+        let (sa, sb) = (
+            longest_stall(&done_a, *from, *to),
+            longest_stall(&done_b, *from, *to),
+        );
         eprintln!("stall during {event}: view a {sa:?}, view b {sb:?}");
         report.insert(
             event.to_string(),
             serde_json::json!([sa.as_secs_f64() * 1000.0, sb.as_secs_f64() * 1000.0]),
         );
     }
-    if let Some(path) = std::env::var_os("FATE_REPORT") {
-        let mut f = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .unwrap();
-        use std::io::Write;
-        writeln!(f, "{}", serde_json::Value::Object(report)).unwrap();
-    }
+    append_report("FATE_REPORT", report);
     // Every append through the descriptor held throughout reached the disk.
     let h = outcome(&done_a, "held file");
     assert_eq!(held_a.metadata().unwrap().len(), h.rounds * 512);

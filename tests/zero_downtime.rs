@@ -148,23 +148,11 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     // these over several runs for docs/OPERATIONS.md; no bound is asserted here).
     let mut report = serde_json::Map::new();
     for (event, from, to) in &events {
-        let stall = done
-            .iter()
-            .map(|(_, o)| o.stall_during(*from, *to))
-            .max()
-            .unwrap_or_default();
+        let stall = longest_stall(&done, *from, *to);
         eprintln!("stall during {event}: {stall:?}");
         report.insert(event.to_string(), (stall.as_secs_f64() * 1000.0).into());
     }
-    if let Some(path) = std::env::var_os("ZERO_DOWNTIME_REPORT") {
-        let mut f = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .unwrap();
-        use std::io::Write;
-        writeln!(f, "{}", serde_json::Value::Object(report)).unwrap();
-    }
+    append_report("ZERO_DOWNTIME_REPORT", report);
 
     // 5. Only the new binary serves the view; nothing was unmounted (the descriptor held
     // throughout still works and names the same file).

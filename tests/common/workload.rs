@@ -202,3 +202,24 @@ impl Running {
 pub fn outcome<'a>(done: &'a [(&'static str, Outcome)], name: &str) -> &'a Outcome {
     &done.iter().find(|(n, _)| *n == name).unwrap().1
 }
+
+/// The longest stall any of `done`'s loops saw during `from..to`.
+pub fn longest_stall(done: &[(&'static str, Outcome)], from: Instant, to: Instant) -> Duration {
+    done.iter()
+        .map(|(_, o)| o.stall_during(from, to))
+        .max()
+        .unwrap_or_default()
+}
+
+/// Appends `report` as one JSON line to the file the environment variable `var` names,
+/// if it names one (bench/zero-downtime collects these over several runs).
+pub fn append_report(var: &str, report: serde_json::Map<String, serde_json::Value>) {
+    if let Some(path) = std::env::var_os(var) {
+        let mut f = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        writeln!(f, "{}", serde_json::Value::Object(report)).unwrap();
+    }
+}
