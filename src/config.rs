@@ -115,6 +115,22 @@ pub enum DirectIo {
     Kernel,
 }
 
+/// How the kernel hands a view its requests (docs/ARCHITECTURE.md, *FUSE over
+/// io_uring*; measured in docs/BENCHMARKS.md, *The io_uring transport*).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// Reading and writing `/dev/fuse`. A view on it can be handed to a new process
+    /// live and recovered after a crash.
+    #[default]
+    Dev,
+    /// FUSE over io_uring (Linux 6.14+, the `fuse` module's `enable_uring=Y`): one ring
+    /// entry per worker on each CPU's queue. The trade: the kernel (to 6.18 at least)
+    /// can neither hand a ring to another process nor resend the requests a dead one
+    /// held, so such a view is neither handed over nor recovered; if its process dies,
+    /// its mount fails with "transport endpoint is not connected".
+    Ring,
+}
+
 /// The options of `mode=cifs`, with the defaults of the Linux CIFS client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CifsOptions {
@@ -148,6 +164,8 @@ pub struct ViewOptions {
     pub passthrough: Passthrough,
     /// `direct_io=`: who serves the reads and writes of files opened with `O_DIRECT`.
     pub direct_io: DirectIo,
+    /// `transport=`: `/dev/fuse` or FUSE over io_uring.
+    pub transport: Transport,
     pub noexec: bool,
     /// Worker threads serving the FUSE session.
     pub threads: usize,
@@ -201,6 +219,7 @@ impl Default for ViewOptions {
             cifs: CifsOptions::default(),
             passthrough: Passthrough::Auto,
             direct_io: DirectIo::default(),
+            transport: Transport::default(),
             noexec: false,
             threads: default_threads(),
             attr_timeout: Duration::from_secs(1),
@@ -393,6 +412,14 @@ impl ViewOptions {
                         _ => return Err(bad(v, "is not `view` or `kernel`".into())),
                     };
                 }
+                "transport" => {
+                    let v = need(value)?;
+                    o.transport = match v {
+                        "dev" => Transport::Dev,
+                        "ring" => Transport::Ring,
+                        _ => return Err(bad(v, "is not `dev` or `ring`".into())),
+                    };
+                }
                 "uid" => {
                     let v = need(value)?;
                     o.cifs.uid = parse_id(v).map_err(|r| bad(v, r))?;
@@ -577,6 +604,9 @@ impl ViewOptions {
         // options stays what it was (a takeover compares them).
         if self.direct_io == DirectIo::View {
             v.push("direct_io=view".into());
+        }
+        if self.transport == Transport::Ring {
+            v.push("transport=ring".into());
         }
         match self.vfs.atime {
             Atime::Relative => {}
@@ -767,6 +797,10 @@ mod tests {
                 "option `direct_io`: `daemon` is not `view` or `kernel`",
             ),
             (
+                "transport=uring",
+                "option `transport`: `uring` is not `dev` or `ring`",
+            ),
+            (
                 "attr_timeout=-1",
                 "option `attr_timeout`: `-1` is not a number of seconds from 0 to 3600",
             ),
@@ -817,6 +851,8 @@ mod tests {
             "ownership=off,passthrough=on,threads=2",
             "direct_io=kernel",
             "direct_io=view",
+            "transport=dev",
+            "transport=ring,direct_io=view",
         ] {
             let o = ViewOptions::parse(s).unwrap();
             assert_eq!(

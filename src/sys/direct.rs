@@ -21,14 +21,14 @@ use super::{Errno, SysResult, failed};
 /// The buffer's alignment: a page, the largest `dio_mem_align` of ext4, xfs and btrfs.
 const ALIGN: usize = 4096;
 
-/// A zeroed, page-aligned heap buffer.
-struct Aligned {
+/// A zeroed, page-aligned heap buffer (also the FUSE ring's payload buffers, `uring.rs`).
+pub(super) struct Aligned {
     ptr: NonNull<u8>,
     layout: Layout,
 }
 
 impl Aligned {
-    fn new(len: usize) -> Aligned {
+    pub(super) fn new(len: usize) -> Aligned {
         let size = len.max(1).next_multiple_of(ALIGN);
         let layout = Layout::from_size_align(size, ALIGN).expect("a page-aligned layout");
         // SAFETY: the layout has a non-zero size; a null result is handled below.
@@ -40,11 +40,16 @@ impl Aligned {
         Aligned { ptr, layout }
     }
 
-    fn capacity(&self) -> usize {
+    pub(super) fn capacity(&self) -> usize {
         self.layout.size()
     }
 
-    fn slice(&mut self, len: usize) -> &mut [u8] {
+    /// The start of the buffer, for memory the kernel writes into.
+    pub(super) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub(super) fn slice(&mut self, len: usize) -> &mut [u8] {
         assert!(len <= self.capacity());
         // SAFETY: `ptr` points to `capacity()` initialised (zeroed) bytes this value
         // owns, and the `&mut self` borrow makes the slice the only reference to them.

@@ -15,6 +15,7 @@ pub mod handle;
 pub mod mount;
 pub mod process;
 pub mod signal;
+pub mod uring;
 pub mod xattr;
 
 use std::cell::Cell;

@@ -46,6 +46,10 @@ const MAX_WRITE: u32 = 1 << 20;
 /// RSS stayed up to 32 MiB above idle after the walk it had served was forgotten.
 pub const READ_BUFFER: usize = MAX_WRITE as usize + 4096;
 
+/// The payload buffer of a ring entry: the connection's `max_payload_sz`, which is
+/// `max_write` here (`max_pages` follows it: 256 pages of 4 KiB).
+pub const RING_PAYLOAD: usize = MAX_WRITE as usize;
+
 /// A LOOKUP's reply. A name that is not there is answered with node id 0 and the
 /// entry timeout (still counted and logged as ENOENT), which the kernel keeps as a
 /// negative dentry for as long as it keeps a name that is there: a path search, an
@@ -117,6 +121,8 @@ pub struct FuseView {
     stats: Arc<ViewStats>,
     /// Warnings a pod can cause (failures other than the expected ones).
     warnings: RateLimit,
+    /// Whether INIT asks for FUSE over io_uring (`transport=ring`).
+    ring: bool,
 }
 
 /// How many unexpected failures a view logs per [`WARN_WINDOW`] before it only counts
@@ -209,11 +215,18 @@ impl FuseView {
             entry_ttl,
             stats: Arc::new(ViewStats::default()),
             warnings: RateLimit::new(WARN_BURST, WARN_WINDOW),
+            ring: false,
         }
     }
 
     /// Gives the view its connection's descriptor (a duplicate of the one the session
     /// reads): without one, files are served through the daemon.
+    /// Asks for FUSE over io_uring at INIT (`transport=ring`); the connection then holds
+    /// requests back until the view has registered its ring entries.
+    pub fn want_ring(&mut self) {
+        self.ring = true;
+    }
+
     pub fn attach(&mut self, dev: Arc<OwnedFd>) {
         self.dev = Some(dev);
     }
@@ -248,6 +261,7 @@ impl FuseView {
             entry_ttl: self.entry_ttl,
             stats: Arc::clone(&self.stats),
             warnings: RateLimit::new(WARN_BURST, WARN_WINDOW),
+            ring: self.ring,
         }
     }
 
@@ -557,8 +571,21 @@ impl Filesystem for FuseView {
                 }
             }
         }
+        if self.ring {
+            if !caps.contains(InitFlags::FUSE_OVER_IO_URING) {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "transport=ring, but the kernel offers no FUSE over io_uring (Linux 6.14+ with the fuse module's enable_uring=Y)",
+                ));
+            }
+            let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
+        }
         self.stats.set_passthrough(self.passthrough());
-        tracing::info!(passthrough = self.passthrough(), "FUSE session initialised");
+        tracing::info!(
+            passthrough = self.passthrough(),
+            ring = self.ring,
+            "FUSE session initialised"
+        );
         Ok(())
     }
 

@@ -10,6 +10,7 @@
 pub mod fuse;
 pub mod handover;
 pub mod ratelimit;
+pub mod ring;
 pub mod stats;
 
 use std::io;
@@ -17,7 +18,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::config::{Passthrough, ViewOptions};
+use crate::config::{Passthrough, Transport, ViewOptions};
 use crate::sys::Errno;
 use crate::sys::signal::TerminationSignals;
 use crate::sys::{file, xattr};
@@ -69,6 +70,8 @@ pub enum MountError {
         "option `context=` labels files for SELinux, which is not enabled on this machine (kubelet sends it only on SELinux nodes)"
     )]
     NoSelinux,
+    #[error("transport=ring: {0}")]
+    Ring(String),
     #[error("the FUSE session ended with an error: {0}")]
     Session(io::Error),
 }
@@ -175,7 +178,12 @@ pub fn session_config(source: &Path, options: &ViewOptions) -> ::fuser::Config {
     }
     // Pods run as users other than the daemon's.
     cfg.acl = ::fuser::SessionACL::All;
-    cfg.n_threads = Some(options.threads);
+    cfg.n_threads = Some(if options.transport == Transport::Ring {
+        // Over a ring, `/dev/fuse` carries only FORGET and INTERRUPT (ring.rs).
+        1
+    } else {
+        options.threads
+    });
     cfg.clone_fd = true;
     cfg.read_buffer_size = Some(fuse::READ_BUFFER);
     cfg
@@ -335,9 +343,18 @@ pub fn run_foreground(
     crate::sys::process::use_one_heap();
     let root = open_source(source, options)?;
     let as_root = crate::sys::process::is_root();
-    // Only root mounts itself, holds the connection and can hand it over.
-    let control_dir = control_dir.filter(|_| as_root);
-    let holder = holder.filter(|_| as_root);
+    // Only root mounts itself, holds the connection and can hand it over. A view on a
+    // ring can be neither handed over nor recovered (ring.rs).
+    let on_ring = options.transport == Transport::Ring;
+    let control_dir = control_dir.filter(|_| as_root && !on_ring);
+    let holder = holder.filter(|_| as_root && !on_ring);
+    // Made before the mount: a connection that asked for a ring holds every request
+    // back until the ring is there.
+    let rings = if on_ring {
+        Some(ring::Rings::prepare(options.threads, fuse::RING_PAYLOAD)?)
+    } else {
+        None
+    };
     let recovering = holder.as_ref().is_some_and(|h| h.recovering());
     // A view being recovered has no server: anything that touches the mountpoint
     // would wait for the very process that is to answer it.
@@ -376,6 +393,9 @@ pub fn run_foreground(
     let nofile = crate::sys::process::raise_nofile_limit();
     tracing::debug!(nofile, "open-file limit");
     let mut view = build(&source, root, options)?;
+    if on_ring {
+        view.want_ring();
+    }
     let stats = view.stats();
     // Block termination signals before fuser spawns its workers, so that only the
     // waiting thread below ever sees them.
@@ -478,6 +498,16 @@ pub fn run_foreground(
     let guard = match &unmounter {
         Unmounter::Own(own) => Some(OwnMountGuard::new(own)),
         Unmounter::Fuser(_) => None,
+    };
+    let sources = match rings {
+        Some(rings) => {
+            rings.register(session.as_fd())?;
+            tracing::info!(
+                "serving over io_uring: this view is neither handed over nor recovered after a crash"
+            );
+            rings.sources(&stats, fuse::READ_BUFFER)
+        }
+        None => Vec::new(),
     };
     match confirmation {
         Some(confirmation) => {
@@ -584,7 +614,7 @@ pub fn run_foreground(
         }),
         _ => None,
     };
-    serve(session, handover, &cfg)?;
+    serve(session, handover, sources, &cfg)?;
     if let Some(c) = &control {
         c.remove();
     }
@@ -703,6 +733,7 @@ struct Handover<'a> {
 fn serve(
     mut session: ::fuser::Session<fuse::FuseView>,
     handover: Option<Handover<'_>>,
+    sources: Vec<Box<dyn ::fuser::RequestSource>>,
     cfg: &::fuser::Config,
 ) -> Result<(), MountError> {
     let Some(Handover {
@@ -712,8 +743,11 @@ fn serve(
         dev,
     }) = handover
     else {
-        return session.run().map_err(MountError::Session);
+        return session
+            .run_with_sources(sources)
+            .map_err(MountError::Session);
     };
+    debug_assert!(sources.is_empty(), "a view on a ring is never handed over");
     loop {
         *lock(stopper) = Some(session.stopper().map_err(MountError::Session)?);
         session.run().map_err(MountError::Session)?;

@@ -70,6 +70,7 @@ impl Default for OpStats {
 pub struct ViewStats {
     ops: Vec<OpStats>,
     passthrough: AtomicBool,
+    ring_requests: AtomicU64,
 }
 
 impl Default for ViewStats {
@@ -77,6 +78,7 @@ impl Default for ViewStats {
         ViewStats {
             ops: Op::ALL.iter().map(|_| OpStats::default()).collect(),
             passthrough: AtomicBool::new(false),
+            ring_requests: AtomicU64::new(0),
         }
     }
 }
@@ -98,6 +100,10 @@ pub struct OpSnapshot {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     pub passthrough: bool,
+    /// Requests the kernel handed over io_uring (`transport=ring`) rather than
+    /// `/dev/fuse`.
+    #[serde(default)]
+    pub ring_requests: u64,
     pub ops: BTreeMap<String, OpSnapshot>,
     /// What the view's process costs (absent from files of older views).
     #[serde(default)]
@@ -137,6 +143,11 @@ impl ViewStats {
                 s.buckets[i].fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Counts one request that came over io_uring.
+    pub fn count_ring_request(&self) {
+        self.ring_requests.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn set_passthrough(&self, on: bool) {
@@ -184,6 +195,7 @@ impl ViewStats {
         let (resident_bytes, cpu_seconds) = crate::sys::process::own_usage();
         Snapshot {
             passthrough: self.passthrough.load(Ordering::Relaxed),
+            ring_requests: self.ring_requests.load(Ordering::Relaxed),
             ops,
             process: ProcessUsage {
                 resident_bytes,
@@ -207,6 +219,7 @@ impl ViewStats {
 impl Snapshot {
     /// Adds another view's numbers to these (for a node-wide total).
     pub fn add(&mut self, other: &Snapshot) {
+        self.ring_requests += other.ring_requests;
         for (name, o) in &other.ops {
             let e = self.ops.entry(name.clone()).or_insert_with(|| OpSnapshot {
                 buckets: vec![0; BUCKETS.len()],

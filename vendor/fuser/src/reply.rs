@@ -34,10 +34,35 @@ use crate::ll::reply::Response;
 use crate::ll::{self};
 use crate::passthrough::BackingId;
 
+/// Where the replies to requests that did not come from reading `/dev/fuse` go: FUSE
+/// over io_uring hands each request in a ring entry, and its reply is committed to that
+/// entry. `send` gets the whole reply, `fuse_out_header` first, as `/dev/fuse` would.
+pub trait ReplyTarget: Send + Sync {
+    /// Delivers one reply.
+    /// # Errors
+    /// When the kernel refused the reply.
+    fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()>;
+}
+
+/// A reply target with the session's channel, which backing-file registrations still
+/// go through.
+#[derive(Clone)]
+pub(crate) struct TargetSender {
+    pub(crate) target: std::sync::Arc<dyn ReplyTarget>,
+    pub(crate) ch: ChannelSender,
+}
+
+impl std::fmt::Debug for TargetSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TargetSender").finish_non_exhaustive()
+    }
+}
+
 /// Generic reply callback to send data
 #[derive(Debug)]
 pub(crate) enum ReplySender {
     Channel(ChannelSender),
+    Target(TargetSender),
     #[cfg(test)]
     Assert(AssertSender),
     #[cfg(test)]
@@ -49,6 +74,7 @@ impl ReplySender {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()> {
         match self {
             ReplySender::Channel(sender) => sender.send(data),
+            ReplySender::Target(t) => t.target.send(data),
             #[cfg(test)]
             ReplySender::Assert(sender) => sender.send(data),
             #[cfg(test)]
@@ -63,6 +89,7 @@ impl ReplySender {
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
         match self {
             ReplySender::Channel(sender) => sender.open_backing(fd),
+            ReplySender::Target(t) => t.ch.open_backing(fd),
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -74,6 +101,7 @@ impl ReplySender {
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         match self {
             ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
+            ReplySender::Target(t) => unsafe { t.ch.wrap_backing(id) },
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]

@@ -34,6 +34,8 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// Where the reply goes instead, for a request that did not come from the channel
+    target: Option<crate::reply::TargetSender>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +51,23 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self {
+            ch,
+            target: None,
+            request,
+        })
+    }
+
+    /// A request whose reply goes to `target`; `ch` still carries notifications and
+    /// backing-file registrations.
+    pub(crate) fn with_target(
+        ch: ChannelSender,
+        target: std::sync::Arc<dyn crate::reply::ReplyTarget>,
+        data: &'a [u8],
+    ) -> Option<RequestWithSender<'a>> {
+        let mut req = Self::new(ch.clone(), data)?;
+        req.target = Some(crate::reply::TargetSender { target, ch });
+        Some(req)
     }
 
     /// Dispatch request to the given filesystem.
@@ -304,7 +322,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -479,7 +497,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -552,7 +570,15 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.sender())
+    }
+
+    /// Where this request's reply goes.
+    fn sender(&self) -> ReplySender {
+        match &self.target {
+            Some(t) => ReplySender::Target(t.clone()),
+            None => ReplySender::Channel(self.ch.clone()),
+        }
     }
 
     /// Returns a Request reference for this request

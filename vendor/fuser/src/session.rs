@@ -31,6 +31,7 @@ use crate::Filesystem;
 use crate::KernelConfig;
 use crate::MountOption;
 use crate::ReplyEmpty;
+use crate::ReplyTarget;
 use crate::Request;
 use crate::channel::Channel;
 use crate::channel::ChannelSender;
@@ -320,6 +321,18 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
+        self.run_with_sources(Vec::new())
+    }
+
+    /// Runs the session as [`Session::run`] does, and besides its workers on the
+    /// channel, one worker for each of `sources` that serves the requests the source
+    /// yields (FUSE over io_uring: the kernel hands requests in ring entries once the
+    /// ring is ready, and still sends FORGET and INTERRUPT through `/dev/fuse`). A
+    /// source's worker ends when its source does; the session ends when every worker
+    /// has. A stopper stops the channel's workers only.
+    /// # Errors
+    /// Returns any final error when the session comes to an end.
+    pub fn run_with_sources(self, sources: Vec<Box<dyn RequestSource>>) -> io::Result<()> {
         let Session {
             filesystem,
             ch,
@@ -364,6 +377,7 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        let source_ch = ch.clone();
         channels.push(ch);
         if stop.is_some() {
             for ch in &channels {
@@ -388,6 +402,24 @@ impl<FS: Filesystem> Session<FS> {
                 thread::Builder::new()
                     .name(thread_name)
                     .spawn(move || event_loop.event_loop())?,
+            );
+        }
+
+        for (i, source) in sources.into_iter().enumerate() {
+            let thread_name = format!("fuser-src-{i}");
+            let event_loop = SessionEventLoop {
+                thread_name: thread_name.clone(),
+                filesystem: filesystem.clone(),
+                ch: source_ch.clone(),
+                allowed,
+                session_owner,
+                stop: None,
+                read_buf_size,
+            };
+            threads.push(
+                thread::Builder::new()
+                    .name(thread_name)
+                    .spawn(move || event_loop.source_loop(source))?,
             );
         }
 
@@ -607,7 +639,35 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     read_buf_size: usize,
 }
 
+/// Requests that come other than by reading the session's channel (FUSE over
+/// io_uring), for [`Session::run_with_sources`].
+pub trait RequestSource: Send {
+    /// Waits for the next request: its bytes as `/dev/fuse` would give them
+    /// (`fuse_in_header`, the operation's arguments, its payload) and where its reply
+    /// goes. `None` when the source has ended.
+    /// # Errors
+    /// When the source failed; the worker ends with the error.
+    fn next(&mut self) -> io::Result<Option<(&[u8], Arc<dyn ReplyTarget>)>>;
+}
+
 impl<FS: Filesystem> SessionEventLoop<FS> {
+    fn source_loop(&self, mut source: Box<dyn RequestSource>) -> io::Result<()> {
+        while let Some((data, target)) = source.next()? {
+            let Some(req) = RequestWithSender::with_target(self.ch.sender(), target, data) else {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "Invalid request",
+                ));
+            };
+            if let Ok(Operation::Destroy(_)) = req.request.operation() {
+                req.reply::<ReplyEmpty>().ok();
+                return Ok(());
+            }
+            req.dispatch(self);
+        }
+        Ok(())
+    }
+
     fn event_loop(&self) -> io::Result<()> {
         // Buffer for receiving requests from the kernel. Only one is allocated and
         // it is reused immediately after dispatching to conserve memory and allocations.

@@ -1,0 +1,244 @@
+//! `transport=ring`: a view served over FUSE over io_uring. Every request but FORGET
+//! and INTERRUPT comes in a ring entry; the view is what it is over `/dev/fuse`; and
+//! the trade is kept honest: a ring view is not handed over, and when its process
+//! dies, its callers (one of them with a request the dead process held) get an error
+//! rather than wait for good.
+//!
+//! The kernel allows rings only with the fuse module's `enable_uring=Y`; each test sets
+//! what it needs and puts the machine's value back.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const G: u32 = 4242;
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// The fuse module's `enable_uring`, set for one test (one at a time) and put back.
+struct EnableUring {
+    before: String,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl EnableUring {
+    fn set(on: bool) -> EnableUring {
+        static SERIAL: Mutex<()> = Mutex::new(());
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let before = fs::read_to_string(ENABLE_URING)
+            .expect("this kernel has FUSE over io_uring (Linux 6.14+)")
+            .trim()
+            .to_string();
+        fs::write(ENABLE_URING, if on { "Y" } else { "N" }).unwrap();
+        EnableUring {
+            before,
+            _serial: serial,
+        }
+    }
+}
+
+impl Drop for EnableUring {
+    fn drop(&mut self) {
+        let _ = fs::write(ENABLE_URING, &self.before);
+    }
+}
+
+/// The view's snapshot (`--metrics-file`) once one written after `since` is there.
+fn snapshot(metrics: &Path, since: std::time::SystemTime) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let fresh = fs::metadata(metrics).is_ok_and(|m| m.modified().unwrap() > since);
+        if let Some(v) = fresh
+            .then(|| fs::read_to_string(metrics).ok())
+            .flatten()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "no metrics snapshot");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8)
+        .collect()
+}
+
+#[test]
+fn a_ring_view_serves_its_requests_over_io_uring_with_the_same_results() {
+    let _uring = EnableUring::set(true);
+    let f = Fixture::new();
+    fs::write(f.src.join("old"), b"on the disk before").unwrap();
+    // Without passthrough, reads and writes come to the view as well, with their
+    // payloads (up to max_write, 1 MiB, in one ring entry).
+    let (m, metrics) = mount_counted(&f, &format!("gid={G},transport=ring,passthrough=off"));
+    let mnt = &m.mountpoint;
+    assert!(
+        m.log_text().contains("serving over io_uring"),
+        "{}",
+        m.log_text()
+    );
+
+    assert_eq!(fs::read(mnt.join("old")).unwrap(), b"on the disk before");
+    assert_eq!(fs::metadata(mnt.join("old")).unwrap().gid(), G);
+    // Sizes around the entry's payload buffer: one byte, a page, exactly 1 MiB, and a
+    // file the kernel writes and reads in several requests.
+    for (name, len) in [
+        ("one", 1),
+        ("page", 4096),
+        ("mib", 1 << 20),
+        ("big", (3 << 20) + 17),
+    ] {
+        let data = pattern(len, len as u8);
+        fs::write(mnt.join(name), &data).unwrap();
+        assert_eq!(
+            fs::read(f.src.join(name)).unwrap(),
+            data,
+            "{name} on the disk"
+        );
+        assert_eq!(
+            fs::read(mnt.join(name)).unwrap(),
+            data,
+            "{name} through the view"
+        );
+        assert_eq!(fs::metadata(mnt.join(name)).unwrap().gid(), G);
+    }
+    // A listing larger than one READDIRPLUS reply, names in the payload.
+    let dir = mnt.join("many");
+    fs::create_dir(&dir).unwrap();
+    for i in 0..1500 {
+        fs::File::create(dir.join(format!("entry-with-a-longish-name-{i:05}"))).unwrap();
+    }
+    let mut names: Vec<_> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 1500);
+    assert_eq!(names[1499], "entry-with-a-longish-name-01499");
+    // Names in both directions, links, attributes, errors.
+    fs::rename(mnt.join("one"), dir.join("moved")).unwrap();
+    std::os::unix::fs::symlink("moved", dir.join("link")).unwrap();
+    assert_eq!(fs::read_link(dir.join("link")).unwrap(), Path::new("moved"));
+    assert_eq!(fs::read(dir.join("link")).unwrap(), pattern(1, 1));
+    fs::remove_file(mnt.join("page")).unwrap();
+    assert_eq!(errno(fs::metadata(mnt.join("page"))), libc::ENOENT);
+    assert_eq!(errno(fs::create_dir(&dir)), libc::EEXIST);
+    sh(&format!(
+        "setfattr -n user.colour -v blue '{}'",
+        mnt.join("mib").display()
+    ));
+    assert!(
+        sh(&format!(
+            "getfattr -n user.colour '{}'",
+            mnt.join("mib").display()
+        ))
+        .contains("blue")
+    );
+    let mut file = fs::OpenOptions::new()
+        .append(true)
+        .open(mnt.join("big"))
+        .unwrap();
+    file.write_all(b"tail").unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    let mut back = Vec::new();
+    fs::File::open(mnt.join("big"))
+        .unwrap()
+        .read_to_end(&mut back)
+        .unwrap();
+    assert_eq!(&back[back.len() - 4..], b"tail");
+
+    // Every request the view counted came over a ring: only FORGETs (and INTERRUPTs,
+    // which it does not count) still come through /dev/fuse.
+    let snap = snapshot(&metrics, std::time::SystemTime::now());
+    let ring = snap["ring_requests"].as_u64().unwrap();
+    let counted: u64 = snap["ops"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(op, _)| *op != "forget")
+        .map(|(_, v)| v["count"].as_u64().unwrap())
+        .sum();
+    assert!(counted > 3000, "{snap}");
+    assert!(
+        ring >= counted,
+        "{ring} ring requests for {counted} counted: {snap}"
+    );
+    assert_eq!(m.stop(), Some(0));
+}
+
+#[test]
+fn a_dead_ring_view_fails_its_callers_instead_of_keeping_them_waiting() {
+    let _uring = EnableUring::set(true);
+    let f = Fixture::new();
+    fs::write(f.src.join("a"), b"x").unwrap();
+    let m = f.mount(&format!("gid={G},transport=ring"));
+    let mnt = m.mountpoint.clone();
+    assert_eq!(fs::read(mnt.join("a")).unwrap(), b"x");
+
+    // Not handed over: a second daemon on the mountpoint is refused, and the first
+    // serves on.
+    let err = match Mounted::take_over(&f.src, &mnt, &["-o", &format!("gid={G},transport=ring")]) {
+        Ok(_) => panic!("a ring view was taken over"),
+        Err(e) => e,
+    };
+    assert!(err.contains("busy"), "{err}");
+    assert_eq!(fs::read(mnt.join("a")).unwrap(), b"x");
+
+    // A request in a ring entry of a stopped daemon, which then dies: its caller gets
+    // an error (the connection ends with the daemon), not a wait for good.
+    let pid = rustix::process::Pid::from_raw(m.pid() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = mnt.join("never-looked-up");
+    std::thread::spawn(move || {
+        let _ = tx.send(fs::metadata(&path).map(|_| ()));
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(rx.try_recv().is_err(), "the stopped daemon answered");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    let held = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the caller of a dead ring view's request still waits");
+    let e = held.expect_err("a dead view answered");
+    assert!(
+        // ECANCELED where the request was still on its way into the entry when the
+        // process died (`fuse_uring_send_in_task` with `IO_URING_F_TASK_DEAD`).
+        matches!(
+            e.raw_os_error(),
+            Some(libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED)
+        ),
+        "{e}"
+    );
+    let after = errno(fs::metadata(mnt.join("a")));
+    assert!(
+        after == libc::ENOTCONN || after == libc::ECONNABORTED,
+        "errno {after}"
+    );
+    drop(m);
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn a_ring_view_needs_the_kernel_to_allow_rings_and_says_so() {
+    let _uring = EnableUring::set(false);
+    let f = Fixture::new();
+    let err = match Mounted::start(&f.src, &f.mnt, &["-o", "transport=ring"]) {
+        Ok(_) => panic!("mounted a ring view with enable_uring=N"),
+        Err(e) => e,
+    };
+    assert!(
+        err.contains("transport=ring") && err.contains("enable_uring"),
+        "{err}"
+    );
+    assert!(!is_mounted(&f.mnt));
+}
