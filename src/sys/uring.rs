@@ -82,6 +82,9 @@ struct State {
     qid: u16,
     /// The commit id of the request the entry holds, between its completion and its reply.
     holding: Option<u64>,
+    /// Whether the held request is a listing, whose reply is submitted at once (see
+    /// [`FuseRing::commit`]).
+    listing: bool,
     /// Whether the kernel can still write into the buffers.
     registered: bool,
 }
@@ -126,6 +129,7 @@ impl FuseRing {
                 dev: None,
                 qid: 0,
                 holding: None,
+                listing: false,
                 registered: false,
             }),
         })
@@ -227,19 +231,27 @@ impl FuseRing {
         }
         let dev = s.dev.as_ref().map(|d| d.as_raw_fd()).ok_or(Errno::EBADF)?;
         let entry = command(dev, CMD_COMMIT_AND_FETCH, commit_id, s.qid, None);
-        s.submit(&entry)
+        if s.listing {
+            // A listing reads ahead after it answers: its caller gets the reply now.
+            s.submit(&entry)
+        } else {
+            // Submitted by the worker's next wait, in the same system call.
+            s.push(&entry)
+        }
     }
 }
 
 impl State {
-    fn submit(&mut self, entry: &squeue::Entry128) -> SysResult<()> {
+    fn push(&mut self, entry: &squeue::Entry128) -> SysResult<()> {
         // SAFETY: what the entry points to (`iov` and the buffers it names) lives as
         // long as this value, and longer while the kernel may use it (see `Drop`).
         #[allow(unsafe_code)]
         let pushed = unsafe { self.ring.submission().push(entry) };
-        if pushed.is_err() {
-            return Err(Errno(libc::EBUSY));
-        }
+        pushed.map_err(|_| Errno(libc::EBUSY))
+    }
+
+    fn submit(&mut self, entry: &squeue::Entry128) -> SysResult<()> {
+        self.push(entry)?;
         loop {
             match self.ring.submit() {
                 Ok(_) => return Ok(()),
@@ -284,6 +296,8 @@ impl State {
                 payload_sz,
             );
         }
+        // `fuse_in_header.opcode`: FUSE_READDIR (28), FUSE_READDIRPLUS (44).
+        self.listing = matches!(u32_at(IN_OUT + 4), 28 | 44);
         self.holding = Some(commit_id);
         Ok(len)
     }
