@@ -231,6 +231,21 @@ impl Default for ViewOptions {
     }
 }
 
+/// The value named `v` among `choices`, or why it is none of them ("is not `a`, `b`
+/// or `c`").
+fn one_of<T: Copy>(v: &str, choices: &[(&str, T)]) -> Result<T, String> {
+    if let Some((_, t)) = choices.iter().find(|(name, _)| *name == v) {
+        return Ok(*t);
+    }
+    let names: Vec<String> = choices.iter().map(|(n, _)| format!("`{n}`")).collect();
+    let (last, rest) = names.split_last().expect("at least one choice");
+    Err(if rest.is_empty() {
+        format!("is not {last}")
+    } else {
+        format!("is not {} or {last}", rest.join(", "))
+    })
+}
+
 fn default_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
@@ -380,45 +395,43 @@ impl ViewOptions {
                 }
                 "mode" => {
                     let v = need(value)?;
-                    let m = match v {
-                        "fsgroup" => ViewMode::FsGroup,
-                        "cifs" => ViewMode::Cifs,
-                        _ => return Err(bad(v, "is not `fsgroup` or `cifs`".into())),
-                    };
+                    let m = one_of(
+                        v,
+                        &[("fsgroup", ViewMode::FsGroup), ("cifs", ViewMode::Cifs)],
+                    )
+                    .map_err(|r| bad(v, r))?;
                     explicit_mode = Some(m);
                 }
                 "ownership" => {
                     let v = need(value)?;
-                    o.ownership = match v {
-                        "emulate" => Ownership::Emulate,
-                        "off" => Ownership::Off,
-                        _ => return Err(bad(v, "is not `emulate` or `off`".into())),
-                    };
+                    o.ownership = one_of(
+                        v,
+                        &[("emulate", Ownership::Emulate), ("off", Ownership::Off)],
+                    )
+                    .map_err(|r| bad(v, r))?;
                 }
                 "passthrough" => {
                     let v = need(value)?;
-                    o.passthrough = match v {
-                        "auto" => Passthrough::Auto,
-                        "on" => Passthrough::On,
-                        "off" => Passthrough::Off,
-                        _ => return Err(bad(v, "is not `auto`, `on` or `off`".into())),
-                    };
+                    o.passthrough = one_of(
+                        v,
+                        &[
+                            ("auto", Passthrough::Auto),
+                            ("on", Passthrough::On),
+                            ("off", Passthrough::Off),
+                        ],
+                    )
+                    .map_err(|r| bad(v, r))?;
                 }
                 "direct_io" => {
                     let v = need(value)?;
-                    o.direct_io = match v {
-                        "view" => DirectIo::View,
-                        "kernel" => DirectIo::Kernel,
-                        _ => return Err(bad(v, "is not `view` or `kernel`".into())),
-                    };
+                    o.direct_io =
+                        one_of(v, &[("view", DirectIo::View), ("kernel", DirectIo::Kernel)])
+                            .map_err(|r| bad(v, r))?;
                 }
                 "transport" => {
                     let v = need(value)?;
-                    o.transport = match v {
-                        "dev" => Transport::Dev,
-                        "ring" => Transport::Ring,
-                        _ => return Err(bad(v, "is not `dev` or `ring`".into())),
-                    };
+                    o.transport = one_of(v, &[("dev", Transport::Dev), ("ring", Transport::Ring)])
+                        .map_err(|r| bad(v, r))?;
                 }
                 "uid" => {
                     let v = need(value)?;
