@@ -160,12 +160,10 @@ impl FuseRing {
     /// fit what the kernel says of it (`EPROTO`).
     pub fn wait(&self, into: &mut [u8]) -> SysResult<Fetched> {
         let mut s = lock(&self.state);
+        // Every submission is the entry's (`ENTRY`), so any completion is its.
         let res = loop {
             if let Some(cqe) = s.ring.completion().next() {
-                if cqe.user_data() == ENTRY {
-                    break cqe.result();
-                }
-                continue;
+                break cqe.result();
             }
             match s.ring.submit_and_wait(1) {
                 Ok(_) => {}
@@ -201,23 +199,32 @@ impl FuseRing {
             return Err(Errno(libc::EPROTO));
         }
         let (header, payload) = (s.header.as_ptr(), s.payload.as_ptr());
+        // The reply's bytes in order: the first `OUT_HEADER` into `in_out`, the rest
+        // into the payload, a run of bytes at a time (a READ reply is up to 1 MiB).
         let mut at = 0usize;
         for part in reply {
-            for (i, b) in part.iter().enumerate() {
-                let pos = at + i;
+            let mut bytes: &[u8] = part;
+            if at < OUT_HEADER {
+                let n = bytes.len().min(OUT_HEADER - at);
                 // SAFETY: the entry holds a request, so the kernel does not touch the
-                // buffers until the commit below; `pos` is below `OUT_HEADER` (in
-                // `in_out`) or below `OUT_HEADER + payload_len` (checked above).
+                // buffers until the commit below; `at + n <= OUT_HEADER` is in `in_out`.
                 #[allow(unsafe_code)]
                 unsafe {
-                    if pos < OUT_HEADER {
-                        *header.add(IN_OUT + pos) = *b;
-                    } else {
-                        *payload.add(pos - OUT_HEADER) = *b;
-                    }
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), header.add(IN_OUT + at), n);
                 }
+                (at, bytes) = (at + n, &bytes[n..]);
             }
-            at += part.len();
+            // SAFETY: as above; `at - OUT_HEADER + len <= total - OUT_HEADER`, which is
+            // at most `payload_len` (checked above).
+            #[allow(unsafe_code)]
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    payload.add(at - OUT_HEADER),
+                    bytes.len(),
+                );
+            }
+            at += bytes.len();
         }
         let payload_sz = u32::try_from(total - OUT_HEADER).map_err(|_| Errno(libc::EPROTO))?;
         // SAFETY: as above; `payload_sz` is at offset 16 of `ring_ent_in_out`.

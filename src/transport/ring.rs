@@ -30,8 +30,9 @@ pub struct Rings {
 }
 
 impl Rings {
-    /// Checks that the kernel offers FUSE over io_uring and makes `per_queue` rings for
-    /// each of the connection's queues, with payload buffers of `payload` bytes.
+    /// Checks that the kernel offers FUSE over io_uring and spreads `workers` (at least
+    /// one) over the connection's queues, one ring each, rounding up per queue, with
+    /// payload buffers of `payload` bytes.
     ///
     /// # Errors
     /// [`MountError::Ring`] naming what is missing.
@@ -44,7 +45,7 @@ impl Rings {
         let queues = uring::possible_cpus().map_err(|e| {
             MountError::Ring(format!("cannot read /sys/devices/system/cpu/possible: {e}"))
         })?;
-        let per_queue = workers.div_ceil(queues).max(1);
+        let per_queue = workers.div_ceil(queues);
         let mut rings = Vec::with_capacity(queues * per_queue);
         for qid in 0..queues {
             let qid = u16::try_from(qid).map_err(|_| {
@@ -87,8 +88,7 @@ impl Rings {
             .into_iter()
             .map(|(qid, ring)| {
                 Box::new(Source {
-                    target: Arc::new(Reply(Arc::clone(&ring))),
-                    ring,
+                    target: Arc::new(Reply(ring)),
                     qid,
                     pinned: false,
                     buf: vec![0; buffer],
@@ -101,7 +101,7 @@ impl Rings {
 
 /// One worker's entry: waits for a request, copies it out, hands it to the session.
 struct Source {
-    ring: Arc<FuseRing>,
+    /// Where its replies go; holds the entry's ring.
     target: Arc<Reply>,
     qid: u16,
     pinned: bool,
@@ -117,7 +117,7 @@ impl ::fuser::RequestSource for Source {
                 tracing::debug!(qid = self.qid, error = %e, "ring worker not pinned to its CPU");
             }
         }
-        match self.ring.wait(&mut self.buf) {
+        match self.target.0.wait(&mut self.buf) {
             Ok(Fetched::Request(n)) => {
                 self.stats.count_ring_request();
                 let target: Arc<dyn ::fuser::ReplyTarget> = self.target.clone();
