@@ -127,7 +127,7 @@ pub enum Transport {
     /// entry per worker on each CPU's queue. The trade: the kernel (to 6.18 at least)
     /// can neither hand a ring to another process nor resend the requests a dead one
     /// held, so such a view is neither handed over nor recovered; if its process dies,
-    /// its mount fails with "transport endpoint is not connected".
+    /// its callers get `ENOTCONN` or `ECONNABORTED` (`tests/ring.rs`).
     Ring,
 }
 

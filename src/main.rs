@@ -245,8 +245,8 @@ struct MountArgs {
     mountpoint: PathBuf,
     /// Mount options, comma separated (gid=N, mode=fsgroup|cifs, ownership=emulate|off,
     /// ro, uid=, file_mode=, dir_mode=, noperm, passthrough=auto|on|off,
-    /// direct_io=view|kernel, threads=N, attr_timeout=S, entry_timeout=S; all in
-    /// docs/SEMANTICS.md). May be repeated; later ones win.
+    /// direct_io=view|kernel, transport=dev|ring, threads=N, attr_timeout=S,
+    /// entry_timeout=S; all in docs/SEMANTICS.md). May be repeated; later ones win.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// Same as `-o gid=N`.

@@ -46,8 +46,10 @@ const MAX_WRITE: u32 = 1 << 20;
 /// RSS stayed up to 32 MiB above idle after the walk it had served was forgotten.
 pub const READ_BUFFER: usize = MAX_WRITE as usize + 4096;
 
-/// The payload buffer of a ring entry: the connection's `max_payload_sz`, which is
-/// `max_write` here (`max_pages` follows it: 256 pages of 4 KiB).
+/// The payload buffer of a ring entry: the connection's `max_payload_sz`
+/// (fs/fuse/dev_uring.c `fuse_uring_create`: the largest of 8 KiB, `max_write` and
+/// `max_pages` pages), which is `max_write` here (fuser's `max_pages` follows it: 256
+/// pages of 4 KiB).
 pub const RING_PAYLOAD: usize = MAX_WRITE as usize;
 
 /// A LOOKUP's reply. A name that is not there is answered with node id 0 and the
@@ -219,14 +221,15 @@ impl FuseView {
         }
     }
 
-    /// Gives the view its connection's descriptor (a duplicate of the one the session
-    /// reads): without one, files are served through the daemon.
     /// Asks for FUSE over io_uring at INIT (`transport=ring`); the connection then holds
-    /// requests back until the view has registered its ring entries.
+    /// new requests back until every CPU's queue has a ring entry (fs/fuse/dev.c
+    /// `fuse_block_alloc`, fs/fuse/dev_uring.c `is_ring_ready`).
     pub fn want_ring(&mut self) {
         self.ring = true;
     }
 
+    /// Gives the view its connection's descriptor (a duplicate of the one the session
+    /// reads): without one, files are served through the daemon.
     pub fn attach(&mut self, dev: Arc<OwnedFd>) {
         self.dev = Some(dev);
     }

@@ -349,7 +349,7 @@ pub fn run_foreground(
     let control_dir = control_dir.filter(|_| as_root && !on_ring);
     let holder = holder.filter(|_| as_root && !on_ring);
     // Made before the mount: a connection that asked for a ring holds every request
-    // back until the ring is there.
+    // back until the ring is there (fs/fuse/dev.c `fuse_block_alloc`).
     let rings = if on_ring {
         Some(ring::Rings::prepare(options.threads, fuse::RING_PAYLOAD)?)
     } else {
