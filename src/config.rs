@@ -127,7 +127,8 @@ pub enum Transport {
     /// entry per worker on each CPU's queue. The trade: the kernel (to 6.18 at least)
     /// can neither hand a ring to another process nor resend the requests a dead one
     /// held, so such a view is neither handed over nor recovered; if its process dies,
-    /// its callers get `ENOTCONN` or `ECONNABORTED` (`tests/ring.rs`).
+    /// its callers get `ENOTCONN`, `ECONNABORTED` or `ECANCELED`
+    /// (`tests/ring.rs`).
     Ring,
 }
 

@@ -11,8 +11,8 @@
 //! (docs/ARCHITECTURE.md, *What FUSE over io_uring would need*). So a ring view keeps no
 //! control socket (it is not handed over) and gives the keeper no connection (which
 //! would keep the callers of a dead view's held requests waiting for good): if its
-//! process dies, its callers get an error (`ENOTCONN`, `ECONNABORTED`), as with a FUSE
-//! mount without recovery (`tests/ring.rs`).
+//! process dies, its callers get an error (`ENOTCONN`, `ECONNABORTED`, `ECANCELED`),
+//! as with a FUSE mount without recovery (`tests/ring.rs`).
 
 use std::io::{self, IoSlice};
 use std::os::fd::BorrowedFd;

@@ -339,9 +339,9 @@ pub fn mount_counted(f: &Fixture, options: &str) -> (Mounted, PathBuf) {
     (m, metrics)
 }
 
-/// The view's operation counters from its `--metrics-file`, once a snapshot written
-/// after `since` is there (one is written every second).
-pub fn op_counts(metrics: &Path, since: std::time::SystemTime) -> serde_json::Value {
+/// The view's whole `--metrics-file`, once a snapshot written after `since` is there
+/// (one is written every second).
+pub fn metrics_snapshot(metrics: &Path, since: std::time::SystemTime) -> serde_json::Value {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let fresh = fs::metadata(metrics).is_ok_and(|m| m.modified().unwrap() > since);
@@ -350,11 +350,16 @@ pub fn op_counts(metrics: &Path, since: std::time::SystemTime) -> serde_json::Va
             .flatten()
             .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok());
         if let Some(v) = snapshot {
-            return v["ops"].clone();
+            return v;
         }
         assert!(std::time::Instant::now() < deadline, "no metrics snapshot");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+/// The view's operation counters from its `--metrics-file` ([`metrics_snapshot`]).
+pub fn op_counts(metrics: &Path, since: std::time::SystemTime) -> serde_json::Value {
+    metrics_snapshot(metrics, since)["ops"].clone()
 }
 
 /// How many `op` requests the view has answered, as [`op_counts`] reads them.
