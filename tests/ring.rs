@@ -23,7 +23,7 @@ const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
 /// The fuse module's `enable_uring`, set for one test (one at a time) and put back.
 struct EnableUring {
-    before: String,
+    _setting: Setting,
     _serial: std::sync::MutexGuard<'static, ()>,
 }
 
@@ -31,21 +31,33 @@ impl EnableUring {
     fn set(on: bool) -> EnableUring {
         static SERIAL: Mutex<()> = Mutex::new(());
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let before = fs::read_to_string(ENABLE_URING)
-            .expect("this kernel has FUSE over io_uring (Linux 6.14+)")
-            .trim()
-            .to_string();
-        fs::write(ENABLE_URING, if on { "Y" } else { "N" }).unwrap();
         EnableUring {
-            before,
+            _setting: Setting::set(ENABLE_URING, if on { "Y" } else { "N" }),
             _serial: serial,
         }
     }
 }
 
-impl Drop for EnableUring {
+/// A kernel setting (a /sys or /proc/sys file) written for a while and put back.
+struct Setting {
+    path: &'static str,
+    before: String,
+}
+
+impl Setting {
+    fn set(path: &'static str, value: &str) -> Setting {
+        let before = fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("{path}: {e} (FUSE over io_uring needs Linux 6.14+)"))
+            .trim()
+            .to_string();
+        fs::write(path, value).unwrap();
+        Setting { path, before }
+    }
+}
+
+impl Drop for Setting {
     fn drop(&mut self) {
-        let _ = fs::write(ENABLE_URING, &self.before);
+        let _ = fs::write(self.path, &self.before);
     }
 }
 
@@ -224,6 +236,24 @@ fn a_ring_view_needs_the_kernel_to_allow_rings_and_says_so() {
     };
     assert!(
         err.contains("transport=ring") && err.contains("enable_uring"),
+        "{err}"
+    );
+    assert!(!is_mounted(&f.mnt));
+}
+
+#[test]
+fn a_ring_view_where_io_uring_is_forbidden_is_refused_before_anything_is_mounted() {
+    let _uring = EnableUring::set(true);
+    // `kernel.io_uring_disabled=2`: io_uring_setup fails with EPERM for everyone
+    // (io_uring/io_uring.c `io_uring_allowed`).
+    let _forbidden = Setting::set("/proc/sys/kernel/io_uring_disabled", "2");
+    let f = Fixture::new();
+    let err = match Mounted::start(&f.src, &f.mnt, &["-o", "transport=ring"]) {
+        Ok(_) => panic!("mounted a ring view where io_uring is forbidden"),
+        Err(e) => e,
+    };
+    assert!(
+        err.contains("cannot set up an io_uring") && err.contains("io_uring_disabled"),
         "{err}"
     );
     assert!(!is_mounted(&f.mnt));
