@@ -226,22 +226,50 @@ async fn a_stale_socket_is_replaced_and_a_foreign_file_is_not() {
         .unwrap();
     drop(c);
     drop(d);
-    // A regular file where the socket should be is never deleted.
+    // A regular file where the socket should be is never deleted, and a driver that
+    // cannot serve its endpoint (or its metrics) refuses before it starts anything: no
+    // keeper that would take the node's views over and leave them with a process
+    // about to exit, no keeper socket left behind.
     fs::write(sock_dir.join("csi.sock"), "precious").unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["serve", "--endpoint"])
-        .arg(format!("unix://{}", sock_dir.join("csi.sock").display()))
-        .arg("--state-dir")
-        .arg(f.dir.path().join("state"))
-        .arg("--share-root")
-        .arg(f.dir.path().join("share"))
-        .output()
-        .unwrap();
+    let runtime = f.dir.path().join("run-refused");
+    let refused = |extra: &[&str]| {
+        std::process::Command::new(BIN)
+            .args(["serve", "--endpoint"])
+            .arg(format!("unix://{}", sock_dir.join("csi.sock").display()))
+            .arg("--state-dir")
+            .arg(f.dir.path().join("state"))
+            .arg("--share-root")
+            .arg(f.dir.path().join("share"))
+            .arg("--runtime-dir")
+            .arg(&runtime)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = refused(&[]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a socket"));
     assert_eq!(
         fs::read_to_string(sock_dir.join("csi.sock")).unwrap(),
         "precious"
+    );
+    assert!(
+        !runtime.join("keeper.sock").exists(),
+        "a keeper was started"
+    );
+    fs::remove_file(sock_dir.join("csi.sock")).unwrap();
+    // 192.0.2.0/24 is TEST-NET-1 (RFC 5737): never this machine's address.
+    let out = refused(&["--metrics-addr", "192.0.2.1:9809"]);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("--metrics-addr"), "{said}");
+    assert!(
+        !runtime.join("keeper.sock").exists(),
+        "a keeper was started"
+    );
+    assert!(
+        !sock_dir.join("csi.sock").exists(),
+        "the endpoint was bound"
     );
     let out = std::process::Command::new(BIN)
         .args(["serve", "--driver-name", "bad_name!"])

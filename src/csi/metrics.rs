@@ -5,7 +5,6 @@
 //! summed from the snapshots the view processes write.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -291,14 +290,13 @@ where
     }
 }
 
-/// Serves `GET /metrics` on `addr` until the process ends.
-///
-/// # Errors
-/// The error of binding the address.
-pub async fn serve_http(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    tracing::info!(addr = %bound, "serving metrics at /metrics");
+/// Serves `GET /metrics` on `listener` until the process ends, in a task of its own.
+/// The caller binds it, so that a bad `--metrics-addr` is refused before the driver
+/// starts anything.
+pub fn serve_http(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
+    if let Ok(bound) = listener.local_addr() {
+        tracing::info!(addr = %bound, "serving metrics at /metrics");
+    }
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -332,5 +330,4 @@ pub async fn serve_http(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Res
             });
         }
     });
-    Ok(())
 }

@@ -98,14 +98,23 @@ pub fn validate_driver_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Removes a socket file left by a previous run; anything else at the path is an error.
-fn replace_stale_socket(path: &Path) -> Result<(), String> {
+/// Nothing but a socket (or nothing) is at `path`: a file there is never replaced.
+fn not_a_foreign_file(path: &Path) -> Result<(), String> {
     use std::os::unix::fs::FileTypeExt;
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(|e| e.to_string()),
+        Ok(m) if m.file_type().is_socket() => Ok(()),
         Ok(_) => Err("exists and is not a socket".into()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Removes a socket file left by a previous run; anything else at the path is an error.
+fn replace_stale_socket(path: &Path) -> Result<(), String> {
+    not_a_foreign_file(path)?;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
+        _ => Ok(()),
     }
 }
 
@@ -171,6 +180,24 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     .await
     .map_err(|e| setup("--state-dir lock", &e))?
     .map_err(|e| setup("--state-dir lock", &e))?;
+    // What can still refuse is checked before anything with an effect starts: a keeper
+    // started here takes the node's views over, and recovery restarts dead ones; a
+    // driver that then failed on its endpoint or metrics address would leave them with
+    // a process about to exit. The endpoint is bound only below (the driver this one
+    // replaces may serve on it until it has drained).
+    if let Some(parent) = socket.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e.to_string()))?;
+    }
+    not_a_foreign_file(&socket).map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e))?;
+    let metrics_listener = match cfg.metrics_addr {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| ServeError::Setup(format!("--metrics-addr {addr}: {e}")))?,
+        ),
+        None => None,
+    };
     // Without a keeper container, a keeper in this process runs the views: it takes
     // over the views a previous driver left running, recovers a view that dies and
     // replaces one that hangs.
@@ -216,15 +243,8 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     let enforced = *share.capacity() == CapacityMode::Enforced;
     let controller = Arc::new(Controller::new(share, guards, key, Some(Arc::clone(&node))));
     let metrics = Metrics::new(Arc::clone(&node), enforced);
-    if let Some(addr) = cfg.metrics_addr {
-        serve_http(addr, Arc::clone(&metrics))
-            .await
-            .map_err(|e| ServeError::Setup(format!("--metrics-addr {addr}: {e}")))?;
-    }
-
-    if let Some(parent) = socket.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e.to_string()))?;
+    if let Some(listener) = metrics_listener {
+        serve_http(listener, Arc::clone(&metrics));
     }
     replace_stale_socket(&socket).map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e))?;
     let listener = UnixListener::bind(&socket)
