@@ -5,32 +5,10 @@ mod common;
 #[path = "common/driver.rs"]
 mod driver;
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use common::*;
 use driver::*;
-
-fn scrape(addr: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    assert!(
-        out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
-        "{out}"
-    );
-    out
-}
-
-/// The value of the first sample line that starts with `prefix`.
-fn sample(text: &str, prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_count_calls_views_and_operations_and_logs_are_json() {
@@ -49,13 +27,7 @@ async fn metrics_count_calls_views_and_operations_and_logs_are_json() {
             "mountgroup=debug,info",
         ],
     );
-    let log = d.log_text();
-    let addr = log
-        .lines()
-        .find(|l| l.contains("serving metrics"))
-        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .and_then(|v| v["fields"]["addr"].as_str().map(String::from))
-        .unwrap_or_else(|| panic!("no metrics address logged: {log}"));
+    let addr = d.metrics_addr();
     let mut c = d.clients().await;
     let staging = f.subdir("staging");
     let target = f.dir.path().join("target");

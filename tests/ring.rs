@@ -8,6 +8,14 @@
 //! what it needs and puts the machine's value back.
 
 mod common;
+#[path = "common/container.rs"]
+mod container;
+#[path = "common/driver.rs"]
+mod driver;
+#[path = "common/keeper.rs"]
+mod keeper;
+#[path = "common/workload.rs"]
+mod workload;
 
 use std::fs;
 use std::io::{Read, Write};
@@ -17,6 +25,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
+use container::*;
+use driver::*;
+use keeper::*;
+use mountgroup::csi::pb::volume_capability::access_mode::Mode;
+use rustix::process::Signal;
+use workload::{Running, outcome};
 
 const G: u32 = 4242;
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
@@ -257,4 +271,164 @@ fn a_ring_view_where_io_uring_is_forbidden_is_refused_before_anything_is_mounted
         "{err}"
     );
     assert!(!is_mounted(&f.mnt));
+}
+
+/// A rolling update of a node that serves a ring view beside a kept one, as deployed
+/// (the keeper's container a cgroup of its own in the host's PID namespace, each view in
+/// a cgroup under `--views-cgroup`). The new keeper takes the kept view over; the ring
+/// view cannot be handed over, so the old keeper leaves it to run on its own and stops
+/// at once rather than wait out its grace for a view no one can take; the ring view's
+/// process serves throughout (no call fails), a new driver leaves it alone, and its
+/// unpublish ends it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rolling_update_leaves_a_ring_view_to_its_process_and_does_not_wait_for_it() {
+    let _uring = EnableUring::set(true);
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let cg = TestCgroup::new();
+    let bin = Path::new(BIN);
+    let (socket, mut keeper_args) = node_run(root);
+    keeper_args.extend([
+        "--views-cgroup".into(),
+        cg.child("views").to_str().unwrap().into(),
+    ]);
+    let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
+    let keeper_cg = |n: &str| cg.child(&format!("keeper{n}"));
+    let start_keeper = |n: &str| {
+        let k = Container::start_in_cgroup(
+            &keeper_cg(n),
+            false,
+            bin,
+            &keeper_args,
+            &root.join(format!("keeper{n}.log")),
+        );
+        wait_ready_in(&in_cgroup(&keeper_cg(n), false), bin, &socket);
+        k
+    };
+    let keeper_log = |n: &str| fs::read_to_string(root.join(format!("keeper{n}.log"))).unwrap();
+    let mut keeper1 = start_keeper("1");
+    let serve_args = [
+        "--share-key-file",
+        "none",
+        "--keeper-socket",
+        socket.to_str().unwrap(),
+    ];
+    let mut d = Driver::start_in(root, root.join("share"), CONTAINER, bin, &serve_args);
+    let mut c = d.clients().await;
+    let (kept, ring) = (root.join("target-kept"), root.join("target-ring"));
+    let (staging_kept, staging_ring) = (f.subdir("staging-kept"), f.subdir("staging-ring"));
+    let _guards = [&kept, &ring, &staging_kept, &staging_ring].map(|p| Unmount(p.clone()));
+    c.create_stage_publish("kept", &staging_kept, &kept, "2000")
+        .await;
+    c.controller
+        .create_volume(create_req("ring", 1 << 30))
+        .await
+        .unwrap();
+    c.node
+        .node_stage_volume(stage_req("ring", &staging_ring))
+        .await
+        .unwrap();
+    let mut publish_ring = publish_req("ring", &staging_ring, &ring, "3000");
+    publish_ring.volume_capability = Some(mount_cap(
+        &["transport=ring"],
+        "3000",
+        Mode::SingleNodeMultiWriter,
+    ));
+    c.node
+        .node_publish_volume(publish_ring.clone())
+        .await
+        .unwrap();
+    assert_eq!(fs::metadata(&ring).unwrap().gid(), 3000);
+    let ring_pid = view_pid(&ring);
+
+    let running_kept = Running::start(&kept, 0);
+    let running_ring = Running::start(&ring, 50);
+    let held_ring = std::sync::Arc::clone(&running_ring.held);
+    std::thread::sleep(Duration::from_millis(400));
+
+    // The update (maxSurge 1): the new pod's keeper is ready once it took over what it
+    // can; then the old pod is stopped with the grace a runtime gives it.
+    let mut keeper2 = start_keeper("2");
+    keeper1.stop(Duration::from_secs(30));
+    let said = keeper_log("1");
+    assert!(
+        said.contains("keeper stopped"),
+        "the old keeper did not stop by itself within 30 s (it waited for the ring view):\n{said}"
+    );
+    assert!(
+        said.contains("cannot be handed over") && said.contains(ring.to_str().unwrap()),
+        "the old keeper does not say which view it leaves running:\n{said}"
+    );
+    assert!(
+        keeper_log("2").contains("view taken over"),
+        "{}",
+        keeper_log("2")
+    );
+    // The ring view is served by the process that always served it, from its own
+    // cgroup; the kept view by the new keeper's.
+    assert_eq!(view_pid(&ring), ring_pid, "the ring view's process changed");
+    d.signal_first_process(Signal::TERM);
+    let mut d2_args = serve_args.to_vec();
+    d2_args.extend(["--metrics-addr", "127.0.0.1:0", "--log-format", "json"]);
+    let mut d2 = Driver::start_in(root, root.join("share"), CONTAINER, bin, &d2_args);
+    c = d2.clients().await;
+    c.node
+        .node_publish_volume(publish_ring)
+        .await
+        .expect("a repeated publish of the live ring view");
+    assert_eq!(
+        view_pid(&ring),
+        ring_pid,
+        "the new driver served the ring view again"
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    // Its requests came over the ring, and the metrics say so per view (each view
+    // writes its snapshot every second).
+    let ring_requests = |text: &str, vol: &str| {
+        sample(
+            text,
+            &format!("mountgroup_view_ring_requests_total{{volume_id=\"{vol}\""),
+        )
+    };
+    let addr = d2.metrics_addr();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = scrape(&addr);
+        if ring_requests(&text, "ring").unwrap_or(0.0) > 100.0 {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no ring requests counted:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(ring_requests(&text, "kept"), Some(0.0), "{text}");
+
+    // No call on either view failed across the update, and every append through the
+    // descriptor held throughout reached the disk.
+    running_kept.finish();
+    let done = running_ring.finish();
+    let h = outcome(&done, "held file");
+    assert_eq!(held_ring.metadata().unwrap().len(), h.rounds * 512);
+    drop(held_ring);
+
+    // The new driver manages the ring view it never started: unpublishing ends it.
+    for (vol, t) in [("kept", &kept), ("ring", &ring)] {
+        c.node
+            .node_unpublish_volume(unpublish_req(vol, t))
+            .await
+            .unwrap();
+        assert!(!is_mounted(t));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{ring_pid}")).exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ring view's process outlived its unpublish"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    keeper2.stop(Duration::from_secs(10));
+    d2.signal_first_process(Signal::TERM);
 }

@@ -134,6 +134,16 @@ impl Collector for NodeCollector {
             m.encode_family(&labels(v))?
                 .encode_gauge(&i64::from(v.2.passthrough))?;
         }
+        let mut m = encoder.encode_descriptor(
+            "mountgroup_view_ring_requests",
+            "Requests a view received over FUSE over io_uring (transport=ring) rather than /dev/fuse",
+            None,
+            MetricType::Counter,
+        )?;
+        for v in &per_view {
+            m.encode_family(&labels(v))?
+                .encode_counter::<NoLabelSet, _, u64>(&v.2.ring_requests, None)?;
+        }
         // What each view costs, per volume: its process's memory and CPU time. A
         // view that was recovered or taken over starts its CPU count again (a new
         // process), so the counter resets as Prometheus counters may.

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{Transport, ViewOptions};
 use crate::sys::cgroup::Cgroup;
 use crate::sys::fdpass;
 use crate::sys::signal::TerminationSignals;
@@ -121,6 +122,20 @@ impl ChildView {
     /// The mountpoint of a `mount SOURCE MOUNTPOINT ...` view.
     fn mountpoint(&self) -> Option<&Path> {
         self.args.get(2).map(Path::new)
+    }
+
+    /// Whether a successor can take this view over: not a view served over io_uring
+    /// (`-o transport=ring`), whose rings the kernel cannot hand to another process
+    /// (docs/ARCHITECTURE.md, *FUSE over io_uring*). Such a view binds no control
+    /// socket; it runs on its own until its target is unmounted.
+    fn can_be_handed_over(&self) -> bool {
+        let options = self
+            .args
+            .windows(2)
+            .find(|w| w[0] == "-o")
+            .map(|w| w[1].to_string_lossy());
+        !options
+            .is_some_and(|o| ViewOptions::parse(&o).is_ok_and(|v| v.transport == Transport::Ring))
     }
 }
 
@@ -579,6 +594,24 @@ impl Keeper {
             .filter(|c| c.exit.is_none())
             .count()
     }
+
+    /// The running views a successor can take over (and so a keeper that stops waits
+    /// for).
+    fn running_handed_over(&self) -> usize {
+        lock(&self.children)
+            .values()
+            .filter(|c| c.exit.is_none() && c.can_be_handed_over())
+            .count()
+    }
+
+    /// The mountpoints of running views no successor can take over.
+    fn not_handed_over(&self) -> Vec<PathBuf> {
+        lock(&self.children)
+            .values()
+            .filter(|c| c.exit.is_none() && !c.can_be_handed_over())
+            .filter_map(|c| c.mountpoint().map(Path::to_path_buf))
+            .collect()
+    }
 }
 
 /// A view's line to the keeper that started it (`MOUNTGROUP_KEEPER_SOCKET`).
@@ -698,8 +731,9 @@ pub fn probe(socket: &Path) -> Result<(), String> {
 /// Runs the keeper until SIGINT or SIGTERM: takes the socket's name, takes over the
 /// views other keepers started, then answers. On a signal, a keeper whose name a newer
 /// keeper has taken asks it to take over its views and waits (up to a minute) until
-/// they are gone; a keeper with no successor leaves its views running (they are
-/// processes of their own; in a container they end with it).
+/// those it can take are gone (a ring view, which no successor can take, is left
+/// running without a wait); a keeper with no successor leaves its views running (they
+/// are processes of their own; in a container they end with it).
 ///
 /// # Errors
 /// The error of binding the socket.
@@ -730,11 +764,20 @@ pub fn run(cfg: KeeperConfig) -> io::Result<()> {
         Ok(other) => tracing::warn!(answer = ?other, "the newer keeper did not take over"),
         Err(e) => tracing::warn!(error = %e, "cannot reach the newer keeper"),
     }
+    for m in keeper.not_handed_over() {
+        tracing::info!(mountpoint = %m.display(), "a view over io_uring cannot be handed over; it keeps running on its own until its target is unmounted");
+    }
+    // Only what a successor can take is waited for: a ring view would hold the old
+    // pod for its whole grace period and then be left all the same.
     let deadline = Instant::now() + LEAVE_TIMEOUT;
-    while keeper.running() > 0 && Instant::now() < deadline {
+    while keeper.running_handed_over() > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    tracing::info!(left = keeper.running(), "keeper stopped");
+    tracing::info!(
+        left = keeper.running_handed_over(),
+        on_their_own = keeper.not_handed_over().len(),
+        "keeper stopped"
+    );
     Ok(())
 }
 

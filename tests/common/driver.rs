@@ -122,6 +122,17 @@ impl Driver {
         }
     }
 
+    /// The address its metrics are served at (`--metrics-addr`, with `--log-format
+    /// json`), as it logged it.
+    pub fn metrics_addr(&self) -> String {
+        let log = self.log_text();
+        log.lines()
+            .find(|l| l.contains("serving metrics"))
+            .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .and_then(|v| v["fields"]["addr"].as_str().map(String::from))
+            .unwrap_or_else(|| panic!("no metrics address logged: {log}"))
+    }
+
     /// The share key the driver generated.
     pub fn key(&self) -> String {
         fs::read_to_string(self.state.join("share.key")).expect("a generated share key")
@@ -382,4 +393,27 @@ impl Clients {
             })
             .collect()
     }
+}
+
+/// `GET /metrics` at `addr`: the Prometheus text.
+pub fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(
+        out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
+        "{out}"
+    );
+    out
+}
+
+/// The value of the first sample line that starts with `prefix`.
+pub fn sample(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
 }
