@@ -5,7 +5,8 @@
 //! directory once, the first time the kernel asks about it (names, kinds, modes,
 //! sizes), and from then on every request is answered from a map, without a system
 //! call. Creates, unlinks and renames change only the map; written data is dropped and
-//! reads return zeros. It runs on the same transport as a view (the vendored fuser, the
+//! reads return zeros. An `O_DIRECT` open is served in direct I/O with parallel
+//! writes (a view's `direct_io=view`), so direct jobs measure the round trip alone. It runs on the same transport as a view (the vendored fuser, the
 //! same worker count, `clone_fd`, `default_permissions`, the view's one-second entry
 //! and attribute timeouts), so a job measured through it costs the kernel's requests
 //! and the `/dev/fuse` round trips alone. A ratio to native it does not reach is one
@@ -235,6 +236,17 @@ impl Floor {
     }
 }
 
+/// An `O_DIRECT` open is served in direct I/O with parallel writes, as a view serves
+/// it with `direct_io=view`: every read and write a round trip, writers not serialised
+/// on the inode. Others go through the page cache.
+fn open_flags(flags: i32) -> FopenFlags {
+    if flags & libc::O_DIRECT != 0 {
+        FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+    } else {
+        FopenFlags::empty()
+    }
+}
+
 impl Filesystem for Floor {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         // What a view asks for, but passthrough (there is no backing file to pass to).
@@ -252,9 +264,16 @@ impl Filesystem for Floor {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.child(parent.0, name) {
             Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            // As a view answers a missing name: node id 0 with the entry timeout, a
+            // negative dentry the kernel keeps (src/transport/fuse.rs `LookupReply`).
+            Err(Errno::ENOENT) => {
+                let mut absent = new_attr(0, FileType::RegularFile, 0, req);
+                absent.nlink = 0;
+                reply.entry_with_ttls(&Duration::ZERO, &TTL, &absent, Generation(0));
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -337,11 +356,11 @@ impl Filesystem for Floor {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         match self.make(parent.0, name, FileType::RegularFile, mode & !umask, req) {
-            Ok(a) => reply.created(&TTL, &a, Generation(0), FileHandle(0), FopenFlags::empty()),
+            Ok(a) => reply.created(&TTL, &a, Generation(0), FileHandle(0), open_flags(flags)),
             Err(e) => reply.error(e),
         }
     }
@@ -392,8 +411,8 @@ impl Filesystem for Floor {
         }
     }
 
-    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.opened(FileHandle(0), FopenFlags::empty());
+    fn open(&self, _req: &Request, _ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(0), open_flags(flags.0));
     }
 
     fn read(
