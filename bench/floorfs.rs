@@ -26,7 +26,7 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{RwLock, RwLockWriteGuard};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -129,20 +129,47 @@ impl Floor {
         })
     }
 
-    /// The map, with the directory `dir` read from the backing directory if it has not
-    /// been yet (once per directory, under the write lock).
-    fn loaded(&self, dir: u64) -> Result<RwLockWriteGuard<'_, HashMap<u64, Node>>, Errno> {
-        let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
-        let node = nodes.get(&dir).ok_or(Errno::ENOENT)?;
-        if node.attr.kind != FileType::Directory {
-            return Err(Errno::ENOTDIR);
+    fn read(&self) -> RwLockReadGuard<'_, HashMap<u64, Node>> {
+        self.nodes.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, HashMap<u64, Node>> {
+        self.nodes.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The map for reading, with the directory `dir` loaded ([`Floor::load`]).
+    fn loaded(&self, dir: u64) -> Result<RwLockReadGuard<'_, HashMap<u64, Node>>, Errno> {
+        self.load(dir)?;
+        Ok(self.read())
+    }
+
+    /// The map for changing, with the directory `dir` loaded ([`Floor::load`]).
+    fn loaded_mut(&self, dir: u64) -> Result<RwLockWriteGuard<'_, HashMap<u64, Node>>, Errno> {
+        self.load(dir)?;
+        Ok(self.write())
+    }
+
+    /// Reads the directory `dir` from the backing directory if it has not been yet:
+    /// once per directory, under the write lock; every later request only reads the
+    /// map, so the workers do not take turns on it.
+    fn load(&self, dir: u64) -> Result<(), Errno> {
+        let is_loaded = |nodes: &HashMap<u64, Node>| {
+            let node = nodes.get(&dir).ok_or(Errno::ENOENT)?;
+            if node.attr.kind != FileType::Directory {
+                return Err(Errno::ENOTDIR);
+            }
+            Ok(node.children.is_some())
+        };
+        if is_loaded(&self.read())? {
+            return Ok(());
         }
-        if node.children.is_some() {
-            return Ok(nodes);
+        let mut nodes = self.write();
+        if is_loaded(&nodes)? {
+            return Ok(());
         }
         let mut children = BTreeMap::new();
         let mut made = Vec::new();
-        if let Some(path) = node.backing.clone() {
+        if let Some(path) = nodes[&dir].backing.clone() {
             for e in std::fs::read_dir(&path)
                 .map_err(|e| Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)))?
                 .flatten()
@@ -164,7 +191,7 @@ impl Floor {
         if let Some(n) = nodes.get_mut(&dir) {
             n.children = Some(children);
         }
-        Ok(nodes)
+        Ok(())
     }
 
     fn child(&self, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
@@ -185,7 +212,7 @@ impl Floor {
         mode: u32,
         req: &Request,
     ) -> Result<FileAttr, Errno> {
-        let mut nodes = self.loaded(parent)?;
+        let mut nodes = self.loaded_mut(parent)?;
         if nodes[&parent]
             .children
             .as_ref()
@@ -214,18 +241,13 @@ impl Floor {
     }
 
     fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> Result<(), Errno> {
-        let mut nodes = self.loaded(parent)?;
-        let ino = *nodes[&parent]
-            .children
-            .as_ref()
-            .and_then(|c| c.get(name))
-            .ok_or(Errno::ENOENT)?;
+        let ino = self.child(parent, name)?.ino.0;
         if dir {
-            drop(nodes);
-            nodes = self.loaded(ino)?;
-            if nodes[&ino].children.as_ref().is_some_and(|c| !c.is_empty()) {
-                return Err(Errno::ENOTEMPTY);
-            }
+            self.load(ino)?;
+        }
+        let mut nodes = self.write();
+        if dir && nodes[&ino].children.as_ref().is_some_and(|c| !c.is_empty()) {
+            return Err(Errno::ENOTEMPTY);
         }
         if let Some(p) = nodes.get_mut(&parent) {
             p.children.get_or_insert_default().remove(name);
@@ -233,6 +255,20 @@ impl Floor {
             p.attr.ctime = p.attr.mtime;
         }
         Ok(())
+    }
+}
+
+fn entry(reply: ReplyEntry, made: Result<FileAttr, Errno>) {
+    match made {
+        Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn done(reply: ReplyEmpty, result: Result<(), Errno>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
     }
 }
 
@@ -266,7 +302,6 @@ impl Filesystem for Floor {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.child(parent.0, name) {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             // As a view answers a missing name: node id 0 with the entry timeout, a
             // negative dentry the kernel keeps (src/transport/fuse.rs `LookupReply`).
             Err(Errno::ENOENT) => {
@@ -274,12 +309,12 @@ impl Filesystem for Floor {
                 absent.nlink = 0;
                 reply.entry_with_ttls(&Duration::ZERO, &TTL, &absent, Generation(0));
             }
-            Err(e) => reply.error(e),
+            found => entry(reply, found),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let nodes = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        let nodes = self.read();
         match nodes.get(&ino.0) {
             Some(n) => reply.attr(&TTL, &n.attr),
             None => reply.error(Errno::ENOENT),
@@ -304,7 +339,7 @@ impl Filesystem for Floor {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+        let mut nodes = self.write();
         let Some(n) = nodes.get_mut(&ino.0) else {
             return reply.error(Errno::ENOENT);
         };
@@ -328,10 +363,10 @@ impl Filesystem for Floor {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        match self.make(parent.0, name, FileType::RegularFile, mode & !umask, req) {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        entry(
+            reply,
+            self.make(parent.0, name, FileType::RegularFile, mode & !umask, req),
+        );
     }
 
     fn mkdir(
@@ -343,10 +378,10 @@ impl Filesystem for Floor {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        match self.make(parent.0, name, FileType::Directory, mode & !umask, req) {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        entry(
+            reply,
+            self.make(parent.0, name, FileType::Directory, mode & !umask, req),
+        );
     }
 
     fn create(
@@ -366,17 +401,11 @@ impl Filesystem for Floor {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.remove(parent.0, name, false) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        done(reply, self.remove(parent.0, name, false));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.remove(parent.0, name, true) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        done(reply, self.remove(parent.0, name, true));
     }
 
     fn rename(
@@ -390,8 +419,8 @@ impl Filesystem for Floor {
         reply: ReplyEmpty,
     ) {
         let moved = (|| {
-            drop(self.loaded(newparent.0)?);
-            let mut nodes = self.loaded(parent.0)?;
+            self.load(newparent.0)?;
+            let mut nodes = self.loaded_mut(parent.0)?;
             let ino = nodes
                 .get_mut(&parent.0)
                 .and_then(|p| p.children.as_mut())
@@ -405,10 +434,7 @@ impl Filesystem for Floor {
                 .insert(newname.to_os_string(), ino);
             Ok(())
         })();
-        match moved {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        done(reply, moved);
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -426,12 +452,7 @@ impl Filesystem for Floor {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        let len = self
-            .nodes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&ino.0)
-            .map_or(0, |n| n.attr.size);
+        let len = self.read().get(&ino.0).map_or(0, |n| n.attr.size);
         let n = len.saturating_sub(offset).min(u64::from(size)) as usize;
         reply.data(&vec![0; n]);
     }
@@ -448,7 +469,7 @@ impl Filesystem for Floor {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+        let mut nodes = self.write();
         if let Some(n) = nodes.get_mut(&ino.0) {
             n.attr.size = n.attr.size.max(offset + data.len() as u64);
         }
