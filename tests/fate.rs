@@ -95,13 +95,7 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
     let said = String::from_utf8_lossy(&elsewhere.stderr);
     assert!(said.contains("another container's"), "{said}");
 
-    let serve_args = [
-        "--share-key-file",
-        "none",
-        "--keeper-socket",
-        socket.to_str().unwrap(),
-    ];
-    let mut d = Driver::start_in(root, root.join("share"), CONTAINER, bin, &serve_args);
+    let mut d = Driver::start_kept(root, CONTAINER, bin, &socket, &[]);
     let mut c = d.clients().await;
     let mut targets = Vec::new();
     let mut guards = Vec::new();

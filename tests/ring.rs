@@ -307,37 +307,21 @@ async fn a_rolling_update_leaves_a_ring_view_to_its_process_and_does_not_wait_fo
     };
     let keeper_log = |n: &str| fs::read_to_string(root.join(format!("keeper{n}.log"))).unwrap();
     let mut keeper1 = start_keeper("1");
-    let serve_args = [
-        "--share-key-file",
-        "none",
-        "--keeper-socket",
-        socket.to_str().unwrap(),
-    ];
-    let mut d = Driver::start_in(root, root.join("share"), CONTAINER, bin, &serve_args);
+    let mut d = Driver::start_kept(root, CONTAINER, bin, &socket, &[]);
     let mut c = d.clients().await;
     let (kept, ring) = (root.join("target-kept"), root.join("target-ring"));
     let (staging_kept, staging_ring) = (f.subdir("staging-kept"), f.subdir("staging-ring"));
     let _guards = [&kept, &ring, &staging_kept, &staging_ring].map(|p| Unmount(p.clone()));
     c.create_stage_publish("kept", &staging_kept, &kept, "2000")
         .await;
-    c.controller
-        .create_volume(create_req("ring", 1 << 30))
-        .await
-        .unwrap();
-    c.node
-        .node_stage_volume(stage_req("ring", &staging_ring))
-        .await
-        .unwrap();
     let mut publish_ring = publish_req("ring", &staging_ring, &ring, "3000");
     publish_ring.volume_capability = Some(mount_cap(
         &["transport=ring"],
         "3000",
         Mode::SingleNodeMultiWriter,
     ));
-    c.node
-        .node_publish_volume(publish_ring.clone())
-        .await
-        .unwrap();
+    c.create_stage_publish_with("ring", &staging_ring, publish_ring.clone())
+        .await;
     assert_eq!(fs::metadata(&ring).unwrap().gid(), 3000);
     let ring_pid = view_pid(&ring);
 
@@ -364,13 +348,11 @@ async fn a_rolling_update_leaves_a_ring_view_to_its_process_and_does_not_wait_fo
         "{}",
         keeper_log("2")
     );
-    // The ring view is served by the process that always served it, from its own
-    // cgroup; the kept view by the new keeper's.
+    // The ring view is served by the process that always served it.
     assert_eq!(view_pid(&ring), ring_pid, "the ring view's process changed");
     d.signal_first_process(Signal::TERM);
-    let mut d2_args = serve_args.to_vec();
-    d2_args.extend(["--metrics-addr", "127.0.0.1:0", "--log-format", "json"]);
-    let mut d2 = Driver::start_in(root, root.join("share"), CONTAINER, bin, &d2_args);
+    let metrics = ["--metrics-addr", "127.0.0.1:0", "--log-format", "json"];
+    let mut d2 = Driver::start_kept(root, CONTAINER, bin, &socket, &metrics);
     c = d2.clients().await;
     c.node
         .node_publish_volume(publish_ring)

@@ -65,17 +65,11 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     let (keeper_socket, keeper_args) = node_run(root);
     let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
     let (v1, v2) = (version(root, "v1"), version(root, "v2"));
-    let serve_args = [
-        "--share-key-file",
-        "none",
-        "--keeper-socket",
-        keeper_socket.to_str().unwrap(),
-    ];
 
     // The old pod: keeper and driver, each in a container of its own.
     let mut keeper1 = Container::start(&v1, &keeper_args, &root.join("keeper1.log"));
     wait_ready(&v1, &keeper_socket);
-    let mut d = Driver::start_in(root, root.join("share"), CONTAINER, &v1, &serve_args);
+    let mut d = Driver::start_kept(root, CONTAINER, &v1, &keeper_socket, &[]);
     let mut c = d.clients().await;
     let staging = f.subdir("staging");
     let target = root.join("target");
@@ -134,7 +128,7 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     settle();
     keeper1.stop(Duration::from_secs(30));
     d.signal_first_process(Signal::TERM);
-    let mut d2 = Driver::start_in(root, root.join("share"), CONTAINER, &v2, &serve_args);
+    let mut d2 = Driver::start_kept(root, CONTAINER, &v2, &keeper_socket, &[]);
     c = d2.clients().await;
     c.node
         .node_publish_volume(publish_req("vol", &staging, &target, "2000"))

@@ -53,6 +53,26 @@ impl Driver {
         Driver::start_in(root, share, &[], Path::new(BIN), args)
     }
 
+    /// A driver whose views the keeper at `keeper` runs (`serve --keeper-socket`, as
+    /// the DaemonSet runs it), without a share key, under `wrapper`, with the binary
+    /// `bin` and `extra` arguments.
+    pub fn start_kept(
+        root: &Path,
+        wrapper: &[&str],
+        bin: &Path,
+        keeper: &Path,
+        extra: &[&str],
+    ) -> Driver {
+        let mut args = vec![
+            "--share-key-file",
+            "none",
+            "--keeper-socket",
+            keeper.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        Driver::start_in(root, root.join("share"), wrapper, bin, &args)
+    }
+
     /// [`Driver::start_with`] under `wrapper` (a command and its arguments that execs
     /// the rest), with the binary `bin`.
     pub fn start_in(
@@ -346,6 +366,18 @@ impl Clients {
         target: &Path,
         gid: &str,
     ) {
+        self.create_stage_publish_with(vol, staging, publish_req(vol, staging, target, gid))
+            .await;
+    }
+
+    /// [`Clients::create_stage_publish`] with a publish request of the test's own (other
+    /// mount flags, another access mode).
+    pub async fn create_stage_publish_with(
+        &mut self,
+        vol: &str,
+        staging: &Path,
+        publish: pb::NodePublishVolumeRequest,
+    ) {
         self.controller
             .create_volume(create_req(vol, 1 << 30))
             .await
@@ -354,10 +386,7 @@ impl Clients {
             .node_stage_volume(stage_req(vol, staging))
             .await
             .unwrap();
-        self.node
-            .node_publish_volume(publish_req(vol, staging, target, gid))
-            .await
-            .unwrap();
+        self.node.node_publish_volume(publish).await.unwrap();
     }
 
     /// The node's advertised RPC capabilities.
