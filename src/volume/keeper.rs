@@ -125,9 +125,12 @@ impl ChildView {
     }
 
     /// Whether a successor can take this view over: not a view served over io_uring
-    /// (`-o transport=ring`), whose rings the kernel cannot hand to another process
-    /// (docs/ARCHITECTURE.md, *FUSE over io_uring*). Such a view binds no control
-    /// socket; it runs on its own until its target is unmounted.
+    /// (`-o transport=ring`). A ring's entries belong to the process that registered
+    /// them: Linux (6.14 to 6.18) has no command to give them back, `fuse_uring_cancel`
+    /// (fs/fuse/dev_uring.c) releases only idle ones when that process goes, and
+    /// `fuse_resend` (fs/fuse/dev.c) does not walk ring queues (docs/ARCHITECTURE.md,
+    /// *What FUSE over io_uring would need*). Such a view binds no control socket; it
+    /// runs on its own until its target is unmounted.
     fn can_be_handed_over(&self) -> bool {
         let options = self
             .args
