@@ -757,6 +757,63 @@ fn a_walk_stats_what_it_lists_without_a_lookup_per_entry_and_a_listing_looks_not
     );
 }
 
+/// A walk made again once the entries' timeouts have passed (`du` every minute, a
+/// build's second scan, `ls -l` run twice) is no slower than the first. The kernel
+/// keeps listings (FOPEN_CACHE_DIR) but not the attributes that came with them, so a
+/// listing it serves itself left every entry stated after it to a LOOKUP round trip:
+/// 2400 of them for these three directories, and a second walk of 100,000 files took
+/// three times as long as the first.
+#[test]
+fn a_walk_made_again_after_the_timeouts_is_not_a_lookup_per_entry() {
+    let f = Fixture::new();
+    let dirs = ["a", "b", "c"];
+    for d in dirs {
+        fs::create_dir(f.src.join(d)).unwrap();
+        for i in 0..800 {
+            fs::write(f.src.join(d).join(format!("f{i:03}")), "").unwrap();
+        }
+    }
+    let (_m, metrics) = mount_counted(&f, &format!("gid={G}"));
+    let walk = |d: &str| {
+        let entries: Vec<_> = fs::read_dir(f.mnt.join(d))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(entries.len(), 800);
+        for e in entries {
+            assert_eq!(fs::symlink_metadata(e).unwrap().gid(), G);
+        }
+    };
+    for d in dirs {
+        walk(d);
+    }
+    // Past the entry and attribute timeouts (1 s) and the walk window (1 s).
+    let past_timeouts = || std::thread::sleep(std::time::Duration::from_millis(1500));
+    past_timeouts();
+    let before = count(&metrics, "lookup");
+    for d in dirs {
+        walk(d);
+    }
+    let again = count(&metrics, "lookup") - before;
+    // "a": the kernel lists it from its cache and asks again for each entry (801),
+    // which tells the view a walk is on; "b" and "c" are then listed with their
+    // attributes, but for their probes.
+    assert!(
+        again <= 801 + 2 * 800 / 32,
+        "{again} lookups to walk 2400 entries again, the first directory 801"
+    );
+    // One directory walked again and again (`ls -l` in a loop): the view remembers
+    // that it is walked and lists it with attributes.
+    past_timeouts();
+    let before = count(&metrics, "lookup");
+    walk("a");
+    let third = count(&metrics, "lookup") - before;
+    assert!(
+        third <= 800 / 32,
+        "{third} lookups to walk a directory walked before"
+    );
+}
+
 /// A name that is not there is remembered as absent for the entry timeout, as a name
 /// that is there is remembered: stats of a missing file after the first ask the daemon
 /// nothing. A file made through this view shows at once; one made behind its back

@@ -269,6 +269,11 @@ impl Inode {
         Ok(fd)
     }
 
+    /// The kernel's lookups of this inode that are not forgotten yet.
+    pub fn lookups(&self) -> u64 {
+        self.lookups.load(Ordering::Relaxed)
+    }
+
     /// Keeps `fd` as this inode's descriptor, within the cache's bound.
     fn cache(self: &Arc<Self>, fd: Arc<OwnedFd>) {
         let Source::Handle(cached) = &self.source else {

@@ -18,6 +18,15 @@
 //! listings carry attributes (but for their probes, which keep the evidence coming).
 //! With no such lookup, listings are names only. A probe costs its one round trip when
 //! it is stated, which is what every entry cost before.
+//!
+//! The kernel keeps listings ([`ListingHints::may_keep_listing`], `FOPEN_CACHE_DIR`)
+//! but not the attributes that came with them: a walk made again once the entries'
+//! timeouts have passed got its listing from the kernel, unseen by the view, and
+//! every entry it stated was a LOOKUP round trip (three times the first walk's time).
+//! So a few lookups of entries the kernel already holds, in a directory it may have
+//! listed from its cache, count as a walk too; and a directory walked lately is not
+//! listed from the kernel's cache but by the view, with attributes, which refresh the
+//! kernel's entries in place ([`DIR_MEMORY`]).
 
 use std::collections::{HashSet, VecDeque};
 use std::hash::{BuildHasher, Hasher};
@@ -41,6 +50,19 @@ pub const WALK_WINDOW: Duration = Duration::from_secs(1);
 /// Probes remembered; older ones are forgotten unstated.
 const MAX_PROBES: usize = 4096;
 
+/// How long a directory seen walked is listed with attributes and not from the
+/// kernel's cache (`ls -l` or `du` run again and again). A probe stated in one of its
+/// listings starts the time again.
+pub const DIR_MEMORY: Duration = Duration::from_secs(60);
+
+/// Lookups of entries the kernel already holds, in a directory opened with a kept
+/// listing within [`WALK_WINDOW`], that count as a walk. One is an `ls` followed by
+/// the open of a file; a walk makes one for every entry.
+const HELD_LOOKUPS_FOR_WALK: u32 = 4;
+
+/// Directories remembered in each of the two maps; older ones are dropped first.
+const MAX_DIRS: usize = 4096;
+
 /// The evidence of one view.
 pub struct ListingHints {
     start: Instant,
@@ -51,6 +73,38 @@ pub struct ListingHints {
     last_hit: AtomicU64,
     probes: Mutex<Probes>,
     keys: std::hash::RandomState,
+    /// Directories opened with a kept listing: when, and the lookups of held entries
+    /// since.
+    kept: Mutex<Dirs<(u64, u32)>>,
+    /// Directories seen walked, and when last.
+    walked: Mutex<Dirs<u64>>,
+}
+
+/// A bounded map of directories (their node ids) to what is remembered of them.
+struct Dirs<T> {
+    map: std::collections::HashMap<u64, T>,
+}
+
+impl<T> Default for Dirs<T> {
+    fn default() -> Self {
+        Dirs {
+            map: std::collections::HashMap::new(),
+        }
+    }
+}
+
+impl<T> Dirs<T> {
+    /// Inserts or replaces; past [`MAX_DIRS`], keeps only what `fresh` says is still
+    /// worth keeping, and if that is still too many, nothing older.
+    fn put(&mut self, dir: u64, value: T, fresh: impl Fn(&T) -> bool) {
+        if self.map.len() >= MAX_DIRS && !self.map.contains_key(&dir) {
+            self.map.retain(|_, v| fresh(v));
+            if self.map.len() >= MAX_DIRS {
+                self.map.clear();
+            }
+        }
+        self.map.insert(dir, value);
+    }
 }
 
 #[derive(Default)]
@@ -67,6 +121,8 @@ impl Default for ListingHints {
             last_hit: AtomicU64::new(0),
             probes: Mutex::new(Probes::default()),
             keys: std::hash::RandomState::new(),
+            kept: Mutex::default(),
+            walked: Mutex::default(),
         }
     }
 }
@@ -83,10 +139,45 @@ impl ListingHints {
         u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX - 1) + 1
     }
 
+    fn within(&self, then: u64, window: Duration) -> bool {
+        then != 0 && self.now().saturating_sub(then) < window.as_nanos() as u64
+    }
+
     /// Whether listings should carry attributes now.
     pub fn walking(&self) -> bool {
-        let hit = self.last_hit.load(Ordering::Relaxed);
-        hit != 0 && self.now().saturating_sub(hit) < WALK_WINDOW.as_nanos() as u64
+        self.within(self.last_hit.load(Ordering::Relaxed), WALK_WINDOW)
+    }
+
+    /// Whether a listing of `dir` should carry attributes now: a walk is on, or `dir`
+    /// was walked within [`DIR_MEMORY`].
+    pub fn walking_in(&self, dir: u64) -> bool {
+        self.walking() || {
+            let walked = lock(&self.walked);
+            walked
+                .map
+                .get(&dir)
+                .is_some_and(|&t| self.within(t, DIR_MEMORY))
+        }
+    }
+
+    /// Whether the kernel may keep the listing of `dir` opened now, and list it
+    /// from its cache: not while the view would list it with attributes.
+    pub fn may_keep_listing(&self, dir: u64) -> bool {
+        if self.walking_in(dir) {
+            return false;
+        }
+        let now = self.now();
+        let fresh = |&(t, _): &(u64, u32)| self.within(t, WALK_WINDOW);
+        lock(&self.kept).put(dir, (now, 0), fresh);
+        true
+    }
+
+    /// Notes that `dir` is walked.
+    fn hit(&self, dir: u64) {
+        let now = self.now();
+        self.last_hit.store(now, Ordering::Relaxed);
+        let fresh = |&t: &u64| self.within(t, DIR_MEMORY);
+        lock(&self.walked).put(dir, now, fresh);
     }
 
     /// Counts one listed entry; whether it is to be a probe, in a listing that carries
@@ -103,7 +194,7 @@ impl ListingHints {
     /// Remembers that `name` in `dir` was listed without attributes as a probe.
     pub fn listed(&self, dir: u64, name: &[u8]) {
         let key = self.key(dir, name);
-        let mut p = self.probes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = lock(&self.probes);
         if p.pending.insert(key) {
             p.order.push_back(key);
         }
@@ -114,20 +205,36 @@ impl ListingHints {
         }
     }
 
-    /// Notes a kernel lookup of `name` in `dir`: a probe's counts as a walk.
-    pub fn looked_up(&self, dir: u64, name: &[u8]) {
+    /// Notes a kernel lookup of `name` in `dir`, of an inode the kernel already held
+    /// (`held`) or not: a probe's counts as a walk, and so do a few of held entries
+    /// in a directory the kernel may have listed from its cache.
+    pub fn looked_up(&self, dir: u64, name: &[u8], held: bool) {
         let key = self.key(dir, name);
-        let hit = {
-            let mut p = self.probes.lock().unwrap_or_else(|e| e.into_inner());
+        let probe = {
+            let mut p = lock(&self.probes);
             // Its place in `order` goes when it comes to the front. (Listed again
             // before then, it is pending twice in `order`, and the older place ends it
             // early: a probe lost, never a walk made up.)
             p.pending.remove(&key)
         };
-        if hit {
-            self.last_hit.store(self.now(), Ordering::Relaxed);
+        let revalidated = held && {
+            let mut kept = lock(&self.kept);
+            match kept.map.get_mut(&dir) {
+                Some((opened, n)) if self.within(*opened, WALK_WINDOW) => {
+                    *n += 1;
+                    *n >= HELD_LOOKUPS_FOR_WALK
+                }
+                _ => false,
+            }
+        };
+        if probe || revalidated {
+            self.hit(dir);
         }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
@@ -139,10 +246,10 @@ mod tests {
         let h = ListingHints::default();
         assert!(!h.walking());
         h.listed(7, b"a");
-        h.looked_up(7, b"b");
-        h.looked_up(8, b"a");
+        h.looked_up(7, b"b", false);
+        h.looked_up(8, b"a", false);
         assert!(!h.walking(), "only the probe itself counts");
-        h.looked_up(7, b"a");
+        h.looked_up(7, b"a", false);
         assert!(h.walking());
     }
 
@@ -152,12 +259,53 @@ mod tests {
         for i in 0..(MAX_PROBES as u64 + 10) {
             h.listed(1, &i.to_le_bytes());
         }
-        h.looked_up(1, &0u64.to_le_bytes());
+        h.looked_up(1, &0u64.to_le_bytes(), false);
         assert!(!h.walking(), "the oldest probe was forgotten");
-        h.looked_up(1, &(MAX_PROBES as u64).to_le_bytes());
+        h.looked_up(1, &(MAX_PROBES as u64).to_le_bytes(), false);
         assert!(h.walking());
         let p = h.probes.lock().unwrap();
         assert!(p.pending.len() <= MAX_PROBES && p.order.len() <= MAX_PROBES);
+    }
+
+    #[test]
+    fn held_entries_looked_up_in_a_directory_listed_from_the_cache_start_a_walk_there() {
+        // Started a while ago, so that a time can be set before the walk window.
+        let h = ListingHints {
+            start: Instant::now() - 2 * WALK_WINDOW,
+            ..ListingHints::default()
+        };
+        // Held entries of a directory not opened with a kept listing: a process
+        // statting files it knows, no walk.
+        for _ in 0..10 {
+            h.looked_up(3, b"x", true);
+        }
+        assert!(!h.walking());
+        assert!(h.may_keep_listing(5));
+        for n in 1..HELD_LOOKUPS_FOR_WALK {
+            h.looked_up(5, &n.to_le_bytes(), true);
+            h.looked_up(5, b"new", false);
+        }
+        assert!(!h.walking(), "an ls and a few opens are no walk");
+        h.looked_up(5, b"last", true);
+        assert!(h.walking() && h.walking_in(5));
+        assert!(!h.may_keep_listing(5) && !h.may_keep_listing(6));
+        // After the walk window, only the walked directory is still listed with
+        // attributes.
+        h.last_hit.store(1, Ordering::Relaxed);
+        assert!(!h.walking());
+        assert!(h.walking_in(5) && !h.may_keep_listing(5));
+        assert!(!h.walking_in(6) && h.may_keep_listing(6));
+    }
+
+    #[test]
+    fn remembered_directories_are_bounded() {
+        let h = ListingHints::default();
+        for d in 0..(MAX_DIRS as u64 * 3) {
+            h.may_keep_listing(d);
+            h.hit(d);
+        }
+        assert!(lock(&h.kept).map.len() <= MAX_DIRS);
+        assert!(lock(&h.walked).map.len() <= MAX_DIRS);
     }
 
     #[test]

@@ -925,17 +925,24 @@ impl Filesystem for FuseView {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // The kernel may keep listings: it drops them when this view changes the
         // directory, and (FUSE_AUTO_INVAL_DATA) when a refresh of its attributes shows
-        // another writer changed it.
+        // another writer changed it. Not while the directory is walked: a kept listing
+        // has no attributes, so every entry past its timeouts would be a LOOKUP round
+        // trip (fs/listing.rs).
         self.answer(
             Op::Opendir,
             ino.0,
             reply,
-            |_| self.fs.opendir(ino.0),
-            |reply, fh| {
-                reply.opened(
-                    FileHandle(fh),
-                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
-                );
+            |_| {
+                let fh = self.fs.opendir(ino.0)?;
+                Ok((fh, self.fs.may_keep_listing(ino.0)))
+            },
+            |reply, (fh, keep)| {
+                let flags = if keep {
+                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+                } else {
+                    FopenFlags::empty()
+                };
+                reply.opened(FileHandle(fh), flags);
             },
         );
     }

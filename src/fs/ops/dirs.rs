@@ -145,6 +145,12 @@ impl Drop for LookedUp<'_> {
 }
 
 impl ViewFs {
+    /// Whether the kernel may keep the listing of `ino` it is opening now and list
+    /// it from its cache ([`super::super::listing`]).
+    pub fn may_keep_listing(&self, ino: u64) -> bool {
+        self.listing.may_keep_listing(ino)
+    }
+
     /// Opens a directory for listing.
     ///
     /// # Errors
@@ -207,7 +213,7 @@ impl ViewFs {
         let attributes = match listing {
             Listing::Names => false,
             Listing::WithAttributes => true,
-            Listing::AsNeeded => self.listing.walking(),
+            Listing::AsNeeded => self.listing.walking_in(ino),
         };
         if offset != s.pos {
             dir::seek(s.fd.as_fd(), offset)?;

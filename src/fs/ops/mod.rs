@@ -420,12 +420,20 @@ impl ViewFs {
     /// # Errors
     /// `ENOENT` when absent, `ENOTDIR` when `parent` is not a directory.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
-        self.listing.looked_up(parent, name.as_bytes());
-        self.lookup_entry(parent, name)
+        let found = self.find(parent, name);
+        let held = matches!(found, Ok((_, true)));
+        self.listing.looked_up(parent, name.as_bytes(), held);
+        found.map(|(attr, _)| attr)
     }
 
     /// [`ViewFs::lookup`] made by the view itself (a listing's attributes).
     pub(super) fn lookup_entry(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        self.find(parent, name).map(|(attr, _)| attr)
+    }
+
+    /// A lookup: the attributes, and whether the kernel held the inode already (a
+    /// revalidation, most often).
+    fn find(&self, parent: u64, name: &OsStr) -> FsResult<(Attr, bool)> {
         if namespace::is_reserved_name(name.as_bytes()) {
             return Err(FsError::Os(Errno::ENOENT));
         }
@@ -439,14 +447,20 @@ impl ViewFs {
             Err(Errno::EXDEV) => return Err(FsError::Os(Errno::ENOENT)),
             Err(e) => return Err(e.into()),
         };
-        self.register(fd)
+        self.register_held(fd)
     }
 
     pub(super) fn register(&self, fd: OwnedFd) -> FsResult<Attr> {
+        self.register_held(fd).map(|(attr, _)| attr)
+    }
+
+    /// [`ViewFs::register`], and whether the kernel held the inode already.
+    fn register_held(&self, fd: OwnedFd) -> FsResult<(Attr, bool)> {
         let st = file::stat(fd.as_fd())?;
         let inode = self.inodes.lookup(fd, &st);
+        let held = inode.lookups() > 1;
         match self.attr(&inode, &st) {
-            Ok(a) => Ok(a),
+            Ok(a) => Ok((a, held)),
             Err(e) => {
                 self.inodes.forget(inode.id, 1);
                 Err(e)
