@@ -814,6 +814,55 @@ fn a_walk_made_again_after_the_timeouts_is_not_a_lookup_per_entry() {
     );
 }
 
+/// A walk finds the directories it lists next warmed (fs/ahead.rs): the view listed
+/// them ahead, on its own thread, while the walker worked through the one before.
+#[test]
+fn a_walk_lists_the_next_directories_ahead() {
+    let f = Fixture::new();
+    let dirs: Vec<String> = (0..6).map(|i| format!("d{i}")).collect();
+    for d in &dirs {
+        fs::create_dir(f.src.join(d)).unwrap();
+        for i in 0..300 {
+            fs::write(f.src.join(d).join(format!("f{i:03}")), "").unwrap();
+        }
+    }
+    let (_m, metrics) = mount_counted(&f, &format!("gid={G}"));
+    // Depth first, as find goes: the root, then each directory listed whole and
+    // every entry stated.
+    let mut listed: Vec<String> = fs::read_dir(&f.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    listed.sort();
+    assert_eq!(listed, dirs);
+    for d in fs::read_dir(&f.mnt).unwrap() {
+        let entries: Vec<_> = fs::read_dir(d.unwrap().path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(entries.len(), 300);
+        for e in entries {
+            assert_eq!(fs::symlink_metadata(e).unwrap().gid(), G);
+        }
+    }
+    // The first directory tells the view a walk is on; from the second on, the next
+    // two are warmed as each starts.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let warmed = metrics_snapshot(&metrics, std::time::SystemTime::now())["walked_ahead"]
+            .as_u64()
+            .unwrap_or(0);
+        if warmed >= 3 {
+            assert!(warmed <= 6, "{warmed} directories warmed of 6");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{warmed} directories warmed ahead of a walk of 6"
+        );
+    }
+}
+
 /// A name that is not there is remembered as absent for the entry timeout, as a name
 /// that is there is remembered: stats of a missing file after the first ask the daemon
 /// nothing. A file made through this view shows at once; one made behind its back

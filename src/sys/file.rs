@@ -253,6 +253,18 @@ pub fn stat(fd: BorrowedFd<'_>) -> SysResult<Stat> {
     })
 }
 
+/// `statx(2)` of `name` in `dir` for its side effect only: the file system reads
+/// the inode into its caches (`fs/ahead.rs`). Never follows a symlink or triggers an
+/// automount; the result, and any error, are dropped.
+pub fn warm_child(dir: BorrowedFd<'_>, name: &OsStr) {
+    let _ = rustix::fs::statx(
+        dir,
+        name,
+        AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT,
+        StatxFlags::BASIC_STATS,
+    );
+}
+
 /// How a regular file or directory is reopened for I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {

@@ -397,6 +397,7 @@ pub fn run_foreground(
         view.want_ring();
     }
     let stats = view.stats();
+    let fs = view.fs();
     // Block termination signals before fuser spawns its workers, so that only the
     // waiting thread below ever sees them.
     let signals = TerminationSignals::block().map_err(|e| MountError::Session(e.into()))?;
@@ -588,6 +589,7 @@ pub fn run_foreground(
             .name("mountgroup-stats".into())
             .spawn(move || {
                 loop {
+                    stats.set_walked_ahead(fs.walked_ahead());
                     if let Err(e) = stats.write_snapshot(&path) {
                         tracing::debug!(error = %e, "cannot write the metrics snapshot");
                     }

@@ -71,6 +71,7 @@ pub struct ViewStats {
     ops: Vec<OpStats>,
     passthrough: AtomicBool,
     ring_requests: AtomicU64,
+    walked_ahead: AtomicU64,
 }
 
 impl Default for ViewStats {
@@ -79,6 +80,7 @@ impl Default for ViewStats {
             ops: Op::ALL.iter().map(|_| OpStats::default()).collect(),
             passthrough: AtomicBool::new(false),
             ring_requests: AtomicU64::new(0),
+            walked_ahead: AtomicU64::new(0),
         }
     }
 }
@@ -104,6 +106,9 @@ pub struct Snapshot {
     /// `/dev/fuse`.
     #[serde(default)]
     pub ring_requests: u64,
+    /// Directories the view warmed ahead of a walk (`fs/ahead.rs`).
+    #[serde(default)]
+    pub walked_ahead: u64,
     pub ops: BTreeMap<String, OpSnapshot>,
     /// What the view's process costs (absent from files of older views).
     #[serde(default)]
@@ -148,6 +153,11 @@ impl ViewStats {
     /// Counts one request that came over io_uring.
     pub fn count_ring_request(&self) {
         self.ring_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sets the count of directories warmed ahead of a walk, which the view keeps.
+    pub fn set_walked_ahead(&self, n: u64) {
+        self.walked_ahead.store(n, Ordering::Relaxed);
     }
 
     pub fn set_passthrough(&self, on: bool) {
@@ -196,6 +206,7 @@ impl ViewStats {
         Snapshot {
             passthrough: self.passthrough.load(Ordering::Relaxed),
             ring_requests: self.ring_requests.load(Ordering::Relaxed),
+            walked_ahead: self.walked_ahead.load(Ordering::Relaxed),
             ops,
             process: ProcessUsage {
                 resident_bytes,
@@ -220,6 +231,7 @@ impl Snapshot {
     /// Adds another view's numbers to these (for a node-wide total).
     pub fn add(&mut self, other: &Snapshot) {
         self.ring_requests += other.ring_requests;
+        self.walked_ahead += other.walked_ahead;
         for (name, o) in &other.ops {
             let e = self.ops.entry(name.clone()).or_insert_with(|| OpSnapshot {
                 buckets: vec![0; BUCKETS.len()],

@@ -151,6 +151,11 @@ impl ViewFs {
         self.listing.may_keep_listing(ino)
     }
 
+    /// Directories warmed ahead of a walk so far (`fs/ahead.rs`).
+    pub fn walked_ahead(&self) -> u64 {
+        self.ahead.warmed()
+    }
+
     /// Opens a directory for listing.
     ///
     /// # Errors
@@ -173,6 +178,7 @@ impl ViewFs {
                 pending: Pending::new(&self.pending_dir_bytes),
                 at_end: false,
                 buf: vec![MaybeUninit::uninit(); DIR_BUF].into_boxed_slice(),
+                subdirs: Vec::new(),
             }),
         }))
     }
@@ -215,6 +221,9 @@ impl ViewFs {
             Listing::WithAttributes => true,
             Listing::AsNeeded => self.listing.walking_in(ino),
         };
+        if attributes && offset == 0 {
+            self.ahead.starts(ino);
+        }
         if offset != s.pos {
             dir::seek(s.fd.as_fd(), offset)?;
             s.pending.clear();
@@ -239,6 +248,12 @@ impl ViewFs {
                 let batch = dir::read_batch(fd.as_fd(), buf)?;
                 s.at_end = batch.is_empty();
                 if s.at_end {
+                    if !s.subdirs.is_empty() {
+                        let subdirs = std::mem::take(&mut s.subdirs);
+                        if let Ok(fd) = self.dir(ino).and_then(|d| d.fd()) {
+                            self.ahead.planned(fd, subdirs, attributes);
+                        }
+                    }
                     return Ok(());
                 }
                 s.pending.extend(batch);
@@ -311,6 +326,14 @@ impl ViewFs {
             handed = true;
             left = left.saturating_sub(room.cost(&item.name));
             s.pos = next;
+            // The node id of an entry handed without attributes is not known; its
+            // backing inode number is, which is the node id unless it was taken.
+            if item.kind == Kind::Directory
+                && !dot
+                && s.subdirs.len() < crate::fs::ahead::MAX_PLANNED
+            {
+                s.subdirs.push((item.ino, item.name.clone()));
+            }
         }
     }
 

@@ -150,6 +150,9 @@ struct DirStream {
     /// The backing stream gave nothing the last time it was read: nothing to read ahead.
     at_end: bool,
     buf: Box<[MaybeUninit<u8>]>,
+    /// The subdirectories handed so far (node id and name), for the walk-ahead once
+    /// the listing ends (`fs/ahead.rs`).
+    subdirs: Vec<(u64, Vec<u8>)>,
 }
 
 /// An open directory.
@@ -197,6 +200,8 @@ pub struct ViewFs {
     journal: std::sync::OnceLock<Arc<super::journal::Journaling>>,
     /// What decides whether a listing carries attributes.
     listing: super::listing::ListingHints,
+    /// What warms the caches for the directories a walk lists next.
+    ahead: super::ahead::WalkAhead,
     /// Bytes of directory entries read and not yet handed to the kernel, over all open
     /// directories (`dirs::Pending`).
     pending_dir_bytes: Arc<AtomicUsize>,
@@ -264,6 +269,7 @@ impl ViewFs {
             daemon_ids: crate::sys::process::effective_ids(),
             journal: std::sync::OnceLock::new(),
             listing: super::listing::ListingHints::default(),
+            ahead: super::ahead::WalkAhead::new(st.mnt_id),
             pending_dir_bytes: Arc::default(),
             lookup_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
             direct_io: options.direct_io,
