@@ -863,6 +863,98 @@ fn a_walk_lists_the_next_directories_ahead() {
     }
 }
 
+/// A request stuck alone while the view answers everything else shows in the view's
+/// metrics, with how long it has waited. A backing file system frozen for a snapshot
+/// (`fsfreeze`) holds every change and lets every read through: a create in a
+/// subdirectory waits, and the keeper's liveness check, a lookup in the root that the
+/// view answers, passes meanwhile.
+#[test]
+fn a_request_stuck_alone_is_timed_in_the_metrics() {
+    use std::process::Command;
+    let f = Fixture::new();
+    let run = |c: &mut Command| {
+        let out = c
+            .output()
+            .expect("e2fsprogs, util-linux and mount are installed");
+        assert!(
+            out.status.success(),
+            "{c:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // The backing: an ext4 image of its own, which can be frozen.
+    let img = f.dir.path().join("backing.img");
+    fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
+    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
+    let backing = f.subdir("backing");
+    run(Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&img)
+        .arg(&backing));
+    /// Unmounts the backing (after the view), whatever happens to the test.
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+    let backing = Unmount(backing);
+    fs::create_dir(backing.0.join("sub")).unwrap();
+    let metrics = f.dir.path().join("view.json");
+    let _view = Mounted::start(
+        &backing.0,
+        &f.mnt,
+        &[
+            "-o",
+            &format!("gid={G}"),
+            "--metrics-file",
+            metrics.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    /// Thaws the backing (before the view stops: a frozen one would hold it).
+    struct Thaw<'a>(&'a std::path::Path);
+    impl Drop for Thaw<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("fsfreeze").arg("-u").arg(self.0).output();
+        }
+    }
+    let oldest = || {
+        metrics_snapshot(&metrics, std::time::SystemTime::now())["oldest_request_seconds"]
+            .as_f64()
+            .unwrap_or(0.0)
+    };
+    assert_eq!(oldest(), 0.0);
+    run(Command::new("fsfreeze").arg("-f").arg(&backing.0));
+    let thaw = Thaw(&backing.0);
+    let path = f.mnt.join("sub/new");
+    let stuck = std::thread::spawn(move || fs::write(path, "x"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while oldest() < 2.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiting create never showed"
+        );
+    }
+    let alive = fs::symlink_metadata(f.mnt.join(".mountgroup.alive")).unwrap_err();
+    assert_eq!(
+        alive.raw_os_error(),
+        Some(libc::ENOENT),
+        "the liveness check passes"
+    );
+    assert!(!stuck.is_finished());
+    drop(thaw);
+    stuck.join().unwrap().unwrap();
+    assert_eq!(fs::read(f.mnt.join("sub/new")).unwrap(), b"x");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while oldest() != 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the answered request still shows"
+        );
+    }
+}
+
 /// A name that is not there is remembered as absent for the entry timeout, as a name
 /// that is there is remembered: stats of a missing file after the first ask the daemon
 /// nothing. A file made through this view shows at once; one made behind its back

@@ -145,6 +145,16 @@ impl Collector for NodeCollector {
                 .encode_counter::<NoLabelSet, _, u64>(&v.2.ring_requests, None)?;
         }
         let mut m = encoder.encode_descriptor(
+            "mountgroup_view_oldest_request_seconds",
+            "How long the oldest request a view is serving has waited (0: none); a request stuck alone while other workers answer shows here and not in the keeper's liveness check",
+            None,
+            MetricType::Gauge,
+        )?;
+        for v in &per_view {
+            m.encode_family(&labels(v))?
+                .encode_gauge(&v.2.oldest_request_seconds)?;
+        }
+        let mut m = encoder.encode_descriptor(
             "mountgroup_view_walked_ahead_dirs",
             "Directories a view listed and warmed ahead of a walk through it",
             None,

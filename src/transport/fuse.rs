@@ -284,6 +284,7 @@ impl FuseView {
         ok: impl FnOnce(R, T),
     ) {
         let start = Instant::now();
+        let _busy = self.stats.busy();
         crate::sys::take_failed_call();
         let r = run(&mut reply);
         self.stats

@@ -588,8 +588,17 @@ pub fn run_foreground(
         std::thread::Builder::new()
             .name("mountgroup-stats".into())
             .spawn(move || {
+                let mut stuck_told = false;
                 loop {
                     stats.set_walked_ahead(fs.walked_ahead());
+                    // Told once per episode: the keeper's liveness check passes while
+                    // another worker answers, so this line and the metric are what show
+                    // a request stuck alone (a backing file system that stopped answering).
+                    let oldest = stats.oldest_request();
+                    if oldest >= STUCK_REQUEST && !stuck_told {
+                        tracing::warn!(waited = ?oldest, "a request has waited this long and is still in progress: the backing file system, or the view, is stuck on it");
+                    }
+                    stuck_told = oldest >= STUCK_REQUEST;
                     if let Err(e) = stats.write_snapshot(&path) {
                         tracing::debug!(error = %e, "cannot write the metrics snapshot");
                     }
@@ -692,6 +701,9 @@ fn keep_journal(
         tracing::warn!(error = %e, "no journal compaction thread");
     }
 }
+
+/// A request in progress this long is logged as stuck (and shown in the metrics).
+const STUCK_REQUEST: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How often the journal's size is looked at, and below what size it is left alone.
 const COMPACT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);

@@ -66,12 +66,42 @@ impl Default for OpStats {
     }
 }
 
+/// Threads whose requests in progress are tracked (a view serves on a few: one worker
+/// per CPU, or one per ring queue); a thread past these is served, not tracked.
+const BUSY_SLOTS: usize = 256;
+
+thread_local! {
+    /// This thread's place among [`BUSY_SLOTS`], given on its first request.
+    static BUSY_SLOT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Places given to threads so far, over the process.
+static BUSY_SLOTS_GIVEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// The counters of one view.
 pub struct ViewStats {
     ops: Vec<OpStats>,
     passthrough: AtomicBool,
     ring_requests: AtomicU64,
     walked_ahead: AtomicU64,
+    /// When each thread's request in progress started (nanoseconds after `epoch`, plus
+    /// one; 0: none): what a request stuck alone is seen by, which the keeper's liveness
+    /// check is not (another worker answers it).
+    busy: Box<[AtomicU64]>,
+    epoch: Instant,
+}
+
+/// A request in progress on this thread, until dropped.
+pub struct Busy<'a> {
+    slot: Option<&'a AtomicU64>,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            slot.store(0, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Default for ViewStats {
@@ -81,6 +111,8 @@ impl Default for ViewStats {
             passthrough: AtomicBool::new(false),
             ring_requests: AtomicU64::new(0),
             walked_ahead: AtomicU64::new(0),
+            busy: (0..BUSY_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            epoch: Instant::now(),
         }
     }
 }
@@ -109,6 +141,9 @@ pub struct Snapshot {
     /// Directories the view warmed ahead of a walk (`fs/ahead.rs`).
     #[serde(default)]
     pub walked_ahead: u64,
+    /// How long the oldest request in progress has waited, in seconds (0: none).
+    #[serde(default)]
+    pub oldest_request_seconds: f64,
     pub ops: BTreeMap<String, OpSnapshot>,
     /// What the view's process costs (absent from files of older views).
     #[serde(default)]
@@ -148,6 +183,38 @@ impl ViewStats {
                 s.buckets[i].fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Marks a request in progress on this thread until the guard is dropped.
+    pub fn busy(&self) -> Busy<'_> {
+        let slot = BUSY_SLOT.with(|c| {
+            if c.get().is_none() {
+                c.set(Some(BUSY_SLOTS_GIVEN.fetch_add(1, Ordering::Relaxed)));
+            }
+            c.get()
+        });
+        let slot = slot.and_then(|i| self.busy.get(i));
+        if let Some(slot) = slot {
+            let since = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+            slot.store(since + 1, Ordering::Relaxed);
+        }
+        Busy { slot }
+    }
+
+    /// How long the oldest request in progress has waited.
+    pub fn oldest_request(&self) -> Duration {
+        let now = self.epoch.elapsed().as_nanos();
+        self.busy
+            .iter()
+            .map(|s| s.load(Ordering::Relaxed))
+            .filter(|&t| t != 0)
+            .map(|t| {
+                Duration::from_nanos(
+                    u64::try_from(now.saturating_sub(u128::from(t - 1))).unwrap_or(u64::MAX),
+                )
+            })
+            .max()
+            .unwrap_or_default()
     }
 
     /// Counts one request that came over io_uring.
@@ -207,6 +274,7 @@ impl ViewStats {
             passthrough: self.passthrough.load(Ordering::Relaxed),
             ring_requests: self.ring_requests.load(Ordering::Relaxed),
             walked_ahead: self.walked_ahead.load(Ordering::Relaxed),
+            oldest_request_seconds: self.oldest_request().as_secs_f64(),
             ops,
             process: ProcessUsage {
                 resident_bytes,
@@ -232,6 +300,9 @@ impl Snapshot {
     pub fn add(&mut self, other: &Snapshot) {
         self.ring_requests += other.ring_requests;
         self.walked_ahead += other.walked_ahead;
+        self.oldest_request_seconds = self
+            .oldest_request_seconds
+            .max(other.oldest_request_seconds);
         for (name, o) in &other.ops {
             let e = self.ops.entry(name.clone()).or_insert_with(|| OpSnapshot {
                 buckets: vec![0; BUCKETS.len()],
@@ -333,5 +404,33 @@ mod tests {
         // A snapshot of its own, taken a moment later: the process's usage has moved on.
         assert_eq!((back.passthrough, &back.ops), (snap.passthrough, &snap.ops));
         assert!(back.process.resident_bytes > 0 && back.process.cpu_seconds > 0.0);
+    }
+
+    #[test]
+    fn the_oldest_request_in_progress_is_timed_on_any_thread() {
+        let s = std::sync::Arc::new(ViewStats::default());
+        assert_eq!(s.oldest_request(), Duration::ZERO);
+        let (held, release) = std::sync::mpsc::channel::<()>();
+        let (started, wait_started) = std::sync::mpsc::channel();
+        let stuck = {
+            let s = std::sync::Arc::clone(&s);
+            std::thread::spawn(move || {
+                let _busy = s.busy();
+                started.send(()).unwrap();
+                let _ = release.recv();
+            })
+        };
+        wait_started.recv().unwrap();
+        // Requests that come and go on this thread leave the stuck one the oldest.
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(50));
+            let _busy = s.busy();
+        }
+        let oldest = s.oldest_request();
+        assert!(oldest >= Duration::from_millis(150), "{oldest:?}");
+        assert!(s.snapshot().oldest_request_seconds >= 0.15);
+        drop(held);
+        stuck.join().unwrap();
+        assert_eq!(s.oldest_request(), Duration::ZERO, "none in progress");
     }
 }
