@@ -815,7 +815,8 @@ fn a_walk_made_again_after_the_timeouts_is_not_a_lookup_per_entry() {
 }
 
 /// A walk finds the directories it lists next warmed (fs/ahead.rs): the view listed
-/// them ahead, on its own thread, while the walker worked through the one before.
+/// them ahead, on its own thread, while the walker worked through the one before, and
+/// opened their entries, which the walker's lookups then took.
 #[test]
 fn a_walk_lists_the_next_directories_ahead() {
     let f = Fixture::new();
@@ -854,6 +855,12 @@ fn a_walk_lists_the_next_directories_ahead() {
             .unwrap_or(0);
         if warmed >= 3 {
             assert!(warmed <= 6, "{warmed} directories warmed of 6");
+            let snapshot = metrics_snapshot(&metrics, std::time::SystemTime::now());
+            let opened = snapshot["opened_ahead"].as_u64().unwrap_or(0);
+            assert!(
+                opened > 0 && opened <= 6 * 300,
+                "{opened} lookups answered with entries opened ahead, of 1800"
+            );
             break;
         }
         assert!(

@@ -164,6 +164,16 @@ impl Collector for NodeCollector {
             m.encode_family(&labels(v))?
                 .encode_counter::<NoLabelSet, _, u64>(&v.2.walked_ahead, None)?;
         }
+        let mut m = encoder.encode_descriptor(
+            "mountgroup_view_opened_ahead_lookups",
+            "Lookups a view answered with an entry it opened ahead of a walk through it",
+            None,
+            MetricType::Counter,
+        )?;
+        for v in &per_view {
+            m.encode_family(&labels(v))?
+                .encode_counter::<NoLabelSet, _, u64>(&v.2.opened_ahead, None)?;
+        }
         // What each view costs, per volume: its process's memory and CPU time. A
         // view that was recovered or taken over starts its CPU count again (a new
         // process), so the counter resets as Prometheus counters may.

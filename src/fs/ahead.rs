@@ -14,22 +14,29 @@
 //! only: the backing file system reads their inodes into its caches, and the
 //! lookups of the listing to come find them there.
 //!
-//! Nothing is kept but the caches: the view's answers are made when asked, as before,
-//! so warming changes no result, only its time. Warming opens only directories
-//! (beneath the view's root, as lookups do) and never follows a symlink or triggers
-//! an automount; it is bounded by [`MAX_ENTRIES`] per directory and by the plans
-//! kept, and it stops when no walk starts another directory for [`IDLE`].
+//! The entries are also opened ahead (`O_PATH`, beneath the view's root, as a lookup
+//! opens them) with their file handles, up to [`MAX_OPENED`] descriptors: the open
+//! and the handle are half of a warm lookup's time, and here they run on the idle
+//! core. A lookup takes such a descriptor only while the name still leads to the
+//! inode it pins ([`WalkAhead::claim`]); otherwise it opens the name itself, as
+//! before. So the view's answers are still made when asked, from the inode the name
+//! leads to then: warming changes no result, only its time. Warming opens only
+//! beneath the view's root, never follows a symlink or triggers an automount, lists
+//! only directories; it is bounded by [`MAX_ENTRIES`] per directory and by the plans
+//! kept, and it stops, closing what it opened, when no walk starts another directory
+//! for [`IDLE`].
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::sys::dir;
-use crate::sys::file::{self, Access, Kind};
+use crate::sys::file::{self, Access, Kind, Stat};
+use crate::sys::handle::{self, FileHandle};
 
 /// Directories warmed ahead of the one the walker starts listing.
 pub const AHEAD: usize = 2;
@@ -39,6 +46,10 @@ pub const MAX_ENTRIES: usize = 16_384;
 
 /// Subdirectories remembered of one listed directory at most.
 pub const MAX_PLANNED: usize = 4096;
+
+/// Entries held open ahead of the walker, over every warmed directory, at most (and
+/// no more than the view gives it of its open-file limit).
+pub const MAX_OPENED: usize = 4096;
 
 /// Listed directories whose subdirectories are remembered; the oldest go first.
 const MAX_PLANS: usize = 16;
@@ -54,7 +65,8 @@ struct Plan {
     /// The listed directory (an `O_PATH` descriptor), to open its subdirectories
     /// beneath.
     parent: Arc<OwnedFd>,
-    names: Vec<Vec<u8>>,
+    /// Each subdirectory's node id and name.
+    subdirs: Vec<(u64, Vec<u8>)>,
     /// The first subdirectory not queued yet.
     next: usize,
     /// One past the place of the subdirectory the walker started last (0: none).
@@ -65,6 +77,8 @@ struct Plan {
 /// ahead of.
 struct Job {
     parent: Arc<OwnedFd>,
+    /// The directory's node id and name.
+    dir: u64,
     name: Vec<u8>,
     place: usize,
     walker: Arc<AtomicUsize>,
@@ -93,16 +107,89 @@ struct State {
     stop: bool,
 }
 
+/// An entry of a warmed directory, opened ahead of the walker's lookup of it.
+pub struct Opened {
+    /// `O_PATH`, opened beneath the directory as a lookup opens a name.
+    pub fd: OwnedFd,
+    /// The inode it pins.
+    dev: u64,
+    ino: u64,
+    /// Its file handle (`None`: the file system has none).
+    pub handle: Option<FileHandle>,
+}
+
+/// The entries opened ahead, by directory.
+struct Stash {
+    /// Each warmed directory's node id, plan and place, and its entries by name;
+    /// the oldest first.
+    dirs: VecDeque<StashedDir>,
+    /// Descriptors held, over every directory.
+    held: usize,
+    /// Descriptors held at most.
+    max: usize,
+}
+
+struct StashedDir {
+    dir: u64,
+    plan: Arc<AtomicUsize>,
+    place: usize,
+    entries: HashMap<Vec<u8>, Opened>,
+}
+
+impl Stash {
+    fn new(max: usize) -> Stash {
+        Stash {
+            dirs: VecDeque::new(),
+            held: 0,
+            max,
+        }
+    }
+
+    /// Closes everything held.
+    fn clear(&mut self) {
+        self.dirs.clear();
+        self.held = 0;
+    }
+    /// Drops the directories `keep` refuses, closing their descriptors.
+    fn drop_dirs(&mut self, mut keep: impl FnMut(&StashedDir) -> bool) {
+        let held = &mut self.held;
+        self.dirs.retain(|d| {
+            let k = keep(d);
+            if !k {
+                *held -= d.entries.len();
+            }
+            k
+        });
+    }
+
+    /// Room for one more descriptor for `dir`: the oldest other directories go first.
+    /// `false` when `dir`'s own fill the stash.
+    fn make_room(&mut self, dir: u64) -> bool {
+        while self.held >= self.max {
+            let Some(i) = self.dirs.iter().position(|d| d.dir != dir) else {
+                return false;
+            };
+            let gone = self.dirs.remove(i).expect("a place found just now");
+            self.held -= gone.entries.len();
+        }
+        true
+    }
+}
+
 struct Shared {
     state: Mutex<State>,
     wake: Condvar,
     /// Directories listed and warmed so far.
     warmed: AtomicU64,
+    /// Entries opened ahead, until a lookup claims them.
+    opened: Mutex<Stash>,
+    /// Lookups answered with a descriptor opened ahead.
+    claimed: AtomicU64,
     /// The view root's mount: a name with another mount on it is not opened.
     root_mnt: Option<u64>,
 }
 
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -112,12 +199,16 @@ pub struct WalkAhead {
 }
 
 impl WalkAhead {
-    pub fn new(root_mnt: Option<u64>) -> WalkAhead {
+    /// The walk-ahead of a view whose root is on the mount `root_mnt`, holding at
+    /// most `max_opened` entries open ahead of a walk (0: warming only).
+    pub fn new(root_mnt: Option<u64>, max_opened: usize) -> WalkAhead {
         WalkAhead {
             shared: Arc::new(Shared {
                 state: Mutex::default(),
                 wake: Condvar::new(),
                 warmed: AtomicU64::new(0),
+                opened: Mutex::new(Stash::new(max_opened)),
+                claimed: AtomicU64::new(0),
                 root_mnt,
             }),
         }
@@ -138,16 +229,16 @@ impl WalkAhead {
         }
         let seq = s.next_seq;
         s.next_seq += 1;
-        let mut names = Vec::with_capacity(subdirs.len().min(MAX_PLANNED));
+        let mut kept = Vec::with_capacity(subdirs.len().min(MAX_PLANNED));
         for (i, (id, name)) in subdirs.into_iter().take(MAX_PLANNED).enumerate() {
             s.index.insert(id, (seq, i));
-            names.push(name);
+            kept.push((id, name));
         }
         s.plans.push_back((
             seq,
             Plan {
                 parent,
-                names,
+                subdirs: kept,
                 next: 0,
                 walker: Arc::default(),
             },
@@ -162,15 +253,60 @@ impl WalkAhead {
         self.shared.warmed.load(Ordering::Relaxed)
     }
 
-    /// The walker starts listing `dir`: the [`AHEAD`] planned after it are warmed.
+    /// Lookups answered with a descriptor opened ahead so far (the view's metrics).
+    pub fn claimed(&self) -> u64 {
+        self.shared.claimed.load(Ordering::Relaxed)
+    }
+
+    /// The walker starts listing `dir`: the [`AHEAD`] planned after it are warmed, and
+    /// what was opened ahead in the directories of its plan it went past is closed.
     pub fn starts(&self, dir: u64) {
         let mut s = lock(&self.shared.state);
         if let Some(&(seq, i)) = s.index.get(&dir) {
             if let Some((_, plan)) = s.plans.iter().find(|(q, _)| *q == seq) {
                 plan.walker.fetch_max(i + 1, Ordering::Relaxed);
+                let walker = Arc::clone(&plan.walker);
+                lock(&self.shared.opened)
+                    .drop_dirs(|d| !Arc::ptr_eq(&d.plan, &walker) || d.place >= i);
             }
             self.warm_through(&mut s, seq, i + AHEAD);
         }
+    }
+
+    /// The descriptor opened ahead for `name` in the directory `dir` (a node id, whose
+    /// backing descriptor is `parent`), with the inode's attributes as of now, if the
+    /// name still leads to the inode it pins; `None` otherwise, and the lookup opens
+    /// the name itself.
+    ///
+    /// Why the check is sound: a held descriptor pins its inode, so while it is held
+    /// no other inode of its file system has its device and number; a `statx` of the
+    /// name now that meets that device and number, on the view root's mount, met that
+    /// very inode, as an open of the name now would have (and the attributes are
+    /// read there). A name renamed over, unlinked, or with a mount put on it since
+    /// the entry was opened fails the check. The descriptor is never used to reach
+    /// anything the name does not lead to.
+    pub fn claim(&self, dir: u64, parent: BorrowedFd<'_>, name: &[u8]) -> Option<(Opened, Stat)> {
+        let opened = {
+            let mut stash = lock(&self.shared.opened);
+            let at = stash.dirs.iter().position(|d| d.dir == dir)?;
+            let d = &mut stash.dirs[at];
+            let opened = d.entries.remove(name)?;
+            if d.entries.is_empty() {
+                stash.dirs.remove(at);
+            }
+            stash.held -= 1;
+            opened
+        };
+        let st = file::stat_child(parent, OsStr::from_bytes(name)).ok()?;
+        let same_mount = match (self.shared.root_mnt, st.mnt_id) {
+            (Some(root), Some(here)) => root == here,
+            _ => true,
+        };
+        if (st.dev, st.ino) != (opened.dev, opened.ino) || !same_mount {
+            return None;
+        }
+        self.shared.claimed.fetch_add(1, Ordering::Relaxed);
+        Some((opened, st))
     }
 
     /// Queues the subdirectories of plan `seq` not warmed yet, up to place `last`.
@@ -178,13 +314,15 @@ impl WalkAhead {
         let Some((_, plan)) = s.plans.iter_mut().find(|(q, _)| *q == seq) else {
             return;
         };
-        let end = (last + 1).min(plan.names.len());
+        let end = (last + 1).min(plan.subdirs.len());
         let mut work = Vec::new();
         plan.next = plan.next.max(plan.walker.load(Ordering::Relaxed));
         while plan.next < end {
+            let (dir, name) = &plan.subdirs[plan.next];
             work.push(Job {
                 parent: Arc::clone(&plan.parent),
-                name: plan.names[plan.next].clone(),
+                dir: *dir,
+                name: name.clone(),
                 place: plan.next,
                 walker: Arc::clone(&plan.walker),
             });
@@ -217,6 +355,8 @@ impl Drop for WalkAhead {
         s.stop = true;
         s.queue.clear();
         self.shared.wake.notify_all();
+        drop(s);
+        lock(&self.shared.opened).clear();
     }
 }
 
@@ -228,6 +368,7 @@ impl Shared {
                 loop {
                     if s.stop {
                         s.running = false;
+                        lock(&self.opened).clear();
                         return;
                     }
                     if let Some(job) = s.queue.pop_front() {
@@ -243,6 +384,8 @@ impl Shared {
                     s = next;
                     if timeout.timed_out() && s.queue.is_empty() {
                         s.running = false;
+                        // No walk for a while: what it did not claim is closed.
+                        lock(&self.opened).clear();
                         return;
                     }
                 }
@@ -253,9 +396,9 @@ impl Shared {
         }
     }
 
-    /// Lists the job's directory and `statx`es its entries, until the walker reaches
-    /// it: how many, or `None` when it was not listed (gone, not a directory, a
-    /// symlink, a mount point).
+    /// Lists the job's directory and opens its entries (or, with [`MAX_OPENED`] held,
+    /// `statx`es them), until the walker reaches it: how many, or `None` when it was
+    /// not listed (gone, not a directory, a symlink, a mount point).
     fn warm(&self, job: &Job) -> Option<usize> {
         let name = OsStr::from_bytes(&job.name);
         let at = file::open_child(job.parent.as_fd(), name, self.root_mnt).ok()?;
@@ -265,6 +408,10 @@ impl Shared {
         let _ = file::set_noatime(d.as_fd());
         let mut buf = vec![std::mem::MaybeUninit::uninit(); 32 * 1024];
         let mut warmed = 0;
+        // Opened entries go to the stash a few at a time, so that a walker that comes
+        // close finds the first ones there.
+        let mut opened = Vec::with_capacity(OVERTAKEN_EVERY);
+        let mut room = lock(&self.opened).max > 0;
         'batches: while warmed < MAX_ENTRIES && !lock(&self.state).stop {
             let batch = match dir::read_batch(d.as_fd(), &mut buf) {
                 Ok(b) if !b.is_empty() => b,
@@ -272,15 +419,73 @@ impl Shared {
             };
             for e in batch {
                 if e.name != b"." && e.name != b".." {
-                    if warmed % OVERTAKEN_EVERY == 0 && job.overtaken() {
-                        break 'batches;
+                    if warmed % OVERTAKEN_EVERY == 0 {
+                        room = room && self.stash(job, &mut opened);
+                        if job.overtaken() {
+                            break 'batches;
+                        }
                     }
-                    file::warm_child(d.as_fd(), OsStr::from_bytes(&e.name));
+                    let name = OsStr::from_bytes(&e.name);
+                    if room {
+                        if let Some(o) = self.open(at.as_fd(), name) {
+                            opened.push((e.name, o));
+                        }
+                    } else {
+                        file::warm_child(d.as_fd(), name);
+                    }
                     warmed += 1;
                 }
             }
         }
+        // The walker may be in this directory already, behind what was opened.
+        self.stash(job, &mut opened);
         Some(warmed)
+    }
+
+    /// Opens `name` in `dir` as a lookup does and takes its handle; `None` for what a
+    /// lookup would not reach (a mount point) or any error, which the lookup meets
+    /// itself.
+    fn open(&self, dir: BorrowedFd<'_>, name: &OsStr) -> Option<Opened> {
+        let fd = file::open_child(dir, name, self.root_mnt).ok()?;
+        let st = file::stat(fd.as_fd()).ok()?;
+        let handle = handle::of(fd.as_fd()).ok();
+        Some(Opened {
+            fd,
+            dev: st.dev,
+            ino: st.ino,
+            handle,
+        })
+    }
+
+    /// Moves what `job` opened into the stash, room made; `false` once the job's
+    /// directory fills it (what did not fit is closed).
+    fn stash(&self, job: &Job, opened: &mut Vec<(Vec<u8>, Opened)>) -> bool {
+        if opened.is_empty() {
+            return true;
+        }
+        let mut stash = lock(&self.opened);
+        for (name, o) in opened.drain(..) {
+            // Never the job's own directory goes to make room.
+            if !stash.make_room(job.dir) {
+                return false;
+            }
+            let at = match stash.dirs.iter().position(|d| d.dir == job.dir) {
+                Some(at) => at,
+                None => {
+                    stash.dirs.push_back(StashedDir {
+                        dir: job.dir,
+                        plan: Arc::clone(&job.walker),
+                        place: job.place,
+                        entries: HashMap::new(),
+                    });
+                    stash.dirs.len() - 1
+                }
+            };
+            if stash.dirs[at].entries.insert(name, o).is_none() {
+                stash.held += 1;
+            }
+        }
+        true
     }
 }
 
@@ -295,7 +500,7 @@ mod tests {
     #[test]
     fn the_next_subdirectories_are_queued_as_the_walker_reaches_each() {
         let tmp = tempfile::tempdir().unwrap();
-        let w = WalkAhead::new(None);
+        let w = WalkAhead::new(None, MAX_OPENED);
         let parent = dir_fd(tmp.path());
         let subdirs = (0..6u64)
             .map(|i| (100 + i, format!("d{i}").into_bytes()))
@@ -335,7 +540,7 @@ mod tests {
     #[test]
     fn plans_are_bounded() {
         let tmp = tempfile::tempdir().unwrap();
-        let w = WalkAhead::new(None);
+        let w = WalkAhead::new(None, MAX_OPENED);
         lock(&w.shared.state).running = true;
         for p in 0..(MAX_PLANS as u64 * 2) {
             let subdirs = (0..10u64).map(|i| (p * 100 + i, b"x".to_vec())).collect();
@@ -354,12 +559,13 @@ mod tests {
             std::fs::write(tmp.path().join("d").join(format!("f{i}")), "").unwrap();
         }
         std::os::unix::fs::symlink("/", tmp.path().join("up")).unwrap();
-        let w = WalkAhead::new(None);
+        let w = WalkAhead::new(None, MAX_OPENED);
         let parent = dir_fd(tmp.path());
         // A directory, a symlink out, a missing name, the parent: only the first is
         // listed.
         let job = |name: &[u8]| Job {
             parent: Arc::clone(&parent),
+            dir: 1,
             name: name.to_vec(),
             place: 0,
             walker: Arc::default(),
@@ -384,5 +590,134 @@ mod tests {
         }
         assert!(lock(&w.shared.state).queue.is_empty());
         assert_eq!(w.warmed(), 1, "the directory, not the symlink");
+    }
+
+    /// The node id a job's directory is stashed under in these tests.
+    const DIR: u64 = 42;
+
+    fn job_for(parent: &Arc<OwnedFd>, name: &[u8]) -> Job {
+        Job {
+            parent: Arc::clone(parent),
+            dir: DIR,
+            name: name.to_vec(),
+            place: 0,
+            walker: Arc::default(),
+        }
+    }
+
+    #[test]
+    fn an_entry_opened_ahead_is_claimed_only_while_its_name_leads_to_it() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path().join("d");
+        std::fs::create_dir(&d).unwrap();
+        for name in ["f0", "f1", "gone", "renamed", "over", "again"] {
+            std::fs::write(d.join(name), name).unwrap();
+        }
+        std::fs::create_dir(d.join("sub")).unwrap();
+        std::os::unix::fs::symlink("/", d.join("up")).unwrap();
+        let w = WalkAhead::new(None, MAX_OPENED);
+        let parent = dir_fd(tmp.path());
+        assert_eq!(w.shared.warm(&job_for(&parent, b"d")), Some(8));
+        assert_eq!(lock(&w.shared.opened).held, 8, "every entry opened ahead");
+        let dfd = file::open_child(parent.as_fd(), OsStr::new("d"), None).unwrap();
+        let claim = |name: &str| w.claim(DIR, dfd.as_fd(), name.as_bytes());
+        // A name that still leads to its inode: the descriptor and today's attributes.
+        let (o, st) = claim("f0").expect("f0 was opened ahead and is still there");
+        let disk = std::fs::symlink_metadata(d.join("f0")).unwrap();
+        assert_eq!((st.ino, st.size), (disk.ino(), 2));
+        assert_eq!(file::stat(o.fd.as_fd()).unwrap().ino, disk.ino());
+        assert!(claim("f0").is_none(), "claimed once");
+        // The symlink itself, not what it points to; a directory.
+        assert_eq!(claim("up").unwrap().1.kind, Kind::Symlink);
+        assert_eq!(claim("sub").unwrap().1.kind, Kind::Directory);
+        // Another directory's lookup of the same name does not take it.
+        assert!(w.claim(DIR + 1, dfd.as_fd(), b"f1").is_none());
+        // Changed since it was opened: the lookup must open the name itself.
+        std::fs::remove_file(d.join("gone")).unwrap();
+        assert!(claim("gone").is_none(), "unlinked");
+        std::fs::rename(d.join("renamed"), d.join("elsewhere")).unwrap();
+        assert!(claim("renamed").is_none(), "renamed away");
+        std::fs::rename(d.join("f1"), d.join("over")).unwrap();
+        assert!(claim("over").is_none(), "another file renamed over it");
+        std::fs::remove_file(d.join("again")).unwrap();
+        std::fs::write(d.join("again"), "new").unwrap();
+        assert!(
+            claim("again").is_none(),
+            "a new file under the old name (the old inode is pinned, so its number is not reused)"
+        );
+        assert_eq!(w.claimed(), 3, "f0, up and sub");
+        assert_eq!(
+            lock(&w.shared.opened).held,
+            1,
+            "f1, whose name no lookup asked for, until the walker passes or stops"
+        );
+    }
+
+    #[test]
+    fn entries_opened_ahead_are_bounded_and_closed_when_the_walker_passes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let big = tmp.path().join("big");
+        std::fs::create_dir(&big).unwrap();
+        // More than a batch between two looks at the stash, past the bound.
+        let (max, n) = (OVERTAKEN_EVERY + 16, 3 * OVERTAKEN_EVERY);
+        for i in 0..n {
+            std::fs::write(big.join(format!("f{i}")), "").unwrap();
+        }
+        let w = WalkAhead::new(None, max);
+        let parent = dir_fd(tmp.path());
+        // Past the bound, the rest is warmed without being opened.
+        assert_eq!(w.shared.warm(&job_for(&parent, b"big")), Some(n));
+        assert_eq!(lock(&w.shared.opened).held, max);
+        // With no descriptors to spare, nothing is opened ahead at all.
+        let none = WalkAhead::new(None, 0);
+        assert_eq!(none.shared.warm(&job_for(&parent, b"big")), Some(n));
+        assert_eq!(lock(&none.shared.opened).held, 0);
+        // Another directory takes room from the oldest one, which goes whole: the
+        // walker has left it behind.
+        for d in ["a", "b", "c"] {
+            std::fs::create_dir(tmp.path().join(d)).unwrap();
+            for i in 0..5 {
+                std::fs::write(tmp.path().join(d).join(format!("f{i}")), "").unwrap();
+            }
+        }
+        let mut other = job_for(&parent, b"a");
+        other.dir = DIR + 1;
+        assert_eq!(w.shared.warm(&other), Some(5));
+        {
+            let stash = lock(&w.shared.opened);
+            assert_eq!(stash.held, 5);
+            assert_eq!(stash.dirs.len(), 1);
+            assert_eq!(stash.dirs[0].dir, DIR + 1);
+        }
+        // Through a plan: the walker starting `b` closes what was opened in `a`, which
+        // it went past, and keeps `b`'s.
+        let w = WalkAhead::new(None, MAX_OPENED);
+        let subdirs = vec![(1, b"a".to_vec()), (2, b"b".to_vec()), (3, b"c".to_vec())];
+        w.planned(Arc::clone(&parent), subdirs, true);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while w.warmed() < 2 {
+            assert!(std::time::Instant::now() < deadline, "a and b never warmed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let stashed = |w: &WalkAhead| -> Vec<u64> {
+            let mut v: Vec<u64> = lock(&w.shared.opened).dirs.iter().map(|d| d.dir).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(stashed(&w), [1, 2]);
+        w.starts(2);
+        assert!(!stashed(&w).contains(&1), "a, which the walker went past");
+        assert!(stashed(&w).contains(&2));
+        // And everything is closed once no walk goes on.
+        while lock(&w.shared.state).running {
+            assert!(
+                std::time::Instant::now() < deadline + IDLE * 2,
+                "the thread never ended"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(lock(&w.shared.opened).held, 0);
+        assert!(lock(&w.shared.opened).dirs.is_empty());
     }
 }

@@ -433,12 +433,26 @@ impl InodeTable {
     /// deleted one is a new inode (with a spare id while the kernel still holds the
     /// old one), never the old entry with the old file's handle and kind.
     pub fn lookup(&self, fd: OwnedFd, st: &Stat) -> Arc<Inode> {
-        // Outside the lock: the handle costs a system call. Without a mount descriptor
-        // to open handles against, inodes keep their descriptors.
-        let handle = match self.shared.mount_fd {
-            Some(_) => handle::of(fd.as_fd()).ok(),
+        let handle = self.handle_of(fd.as_fd());
+        self.lookup_handled(fd, st, handle)
+    }
+
+    /// The handle [`InodeTable::lookup`] names the inode of `fd` by: `None` where the
+    /// file system has none, or without a mount descriptor to open handles against.
+    /// A system call: taken outside the table's lock.
+    pub fn handle_of(&self, fd: BorrowedFd<'_>) -> Option<FileHandle> {
+        match self.shared.mount_fd {
+            Some(_) => handle::of(fd).ok(),
             None => None,
-        };
+        }
+    }
+
+    /// [`InodeTable::lookup`] with the handle of `fd` taken already (`None`: it has
+    /// none), as the walk-ahead takes it off the walker's path (`fs/ahead.rs`).
+    pub fn lookup_handled(&self, fd: OwnedFd, st: &Stat, handle: Option<FileHandle>) -> Arc<Inode> {
+        // Without a mount descriptor to open handles against, inodes keep their
+        // descriptors.
+        let handle = handle.filter(|_| self.shared.mount_fd.is_some());
         let key = match &handle {
             Some(h) => InodeKey::Handle {
                 dev: st.dev,

@@ -219,14 +219,29 @@ pub fn open_child(
 /// # Errors
 /// The error of `statx`; `EIO` for a file type the kernel does not name.
 pub fn stat(fd: BorrowedFd<'_>) -> SysResult<Stat> {
+    statx_at(fd, c"", AtFlags::EMPTY_PATH)
+}
+
+/// `statx(2)` of what the single name `name` in `dir` is now, never following a
+/// symlink or triggering an automount. A name with a mount on it gives the mounted
+/// root (another device). The answer says what the name led to at one moment only:
+/// it is a check against a descriptor already held (`fs/ahead.rs`), never a way to
+/// reach an inode.
+///
+/// # Errors
+/// `EINVAL` for an empty name, `.`, `..` or a name with `/`; otherwise as [`stat`].
+pub fn stat_child(dir: BorrowedFd<'_>, name: &OsStr) -> SysResult<Stat> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    statx_at(dir, name, AtFlags::NO_AUTOMOUNT)
+}
+
+fn statx_at<P: rustix::path::Arg>(dir: BorrowedFd<'_>, path: P, flags: AtFlags) -> SysResult<Stat> {
     let want = StatxFlags::BASIC_STATS | StatxFlags::BTIME | StatxFlags::MNT_ID;
-    let sx = rustix::fs::statx(
-        fd,
-        c"",
-        AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
-        want,
-    )
-    .map_err(failed("statx"))?;
+    let sx = rustix::fs::statx(dir, path, flags | AtFlags::SYMLINK_NOFOLLOW, want)
+        .map_err(failed("statx"))?;
     let mask = StatxFlags::from_bits_retain(sx.stx_mask);
     let kind = Kind::from_mode(u32::from(sx.stx_mode)).ok_or(Errno::EIO)?;
     let t = |ts: rustix::fs::StatxTimestamp| Time {

@@ -591,6 +591,7 @@ pub fn run_foreground(
                 let mut stuck_told = false;
                 loop {
                     stats.set_walked_ahead(fs.walked_ahead());
+                    stats.set_opened_ahead(fs.opened_ahead());
                     // Told once per episode: the keeper's liveness check passes while
                     // another worker answers, so this line and the metric are what show
                     // a request stuck alone (a backing file system that stopped answering).

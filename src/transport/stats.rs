@@ -84,6 +84,7 @@ pub struct ViewStats {
     passthrough: AtomicBool,
     ring_requests: AtomicU64,
     walked_ahead: AtomicU64,
+    opened_ahead: AtomicU64,
     /// When each thread's request in progress started (nanoseconds after `epoch`, plus
     /// one; 0: none): what a request stuck alone is seen by, which the keeper's liveness
     /// check is not (another worker answers it).
@@ -111,6 +112,7 @@ impl Default for ViewStats {
             passthrough: AtomicBool::new(false),
             ring_requests: AtomicU64::new(0),
             walked_ahead: AtomicU64::new(0),
+            opened_ahead: AtomicU64::new(0),
             busy: (0..BUSY_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
         }
@@ -141,6 +143,9 @@ pub struct Snapshot {
     /// Directories the view warmed ahead of a walk (`fs/ahead.rs`).
     #[serde(default)]
     pub walked_ahead: u64,
+    /// Lookups the view answered with an entry opened ahead of a walk (`fs/ahead.rs`).
+    #[serde(default)]
+    pub opened_ahead: u64,
     /// How long the oldest request in progress has waited, in seconds (0: none).
     #[serde(default)]
     pub oldest_request_seconds: f64,
@@ -227,6 +232,12 @@ impl ViewStats {
         self.walked_ahead.store(n, Ordering::Relaxed);
     }
 
+    /// Sets the count of lookups answered with an entry opened ahead of a walk, which
+    /// the view keeps.
+    pub fn set_opened_ahead(&self, n: u64) {
+        self.opened_ahead.store(n, Ordering::Relaxed);
+    }
+
     pub fn set_passthrough(&self, on: bool) {
         self.passthrough.store(on, Ordering::Relaxed);
     }
@@ -274,6 +285,7 @@ impl ViewStats {
             passthrough: self.passthrough.load(Ordering::Relaxed),
             ring_requests: self.ring_requests.load(Ordering::Relaxed),
             walked_ahead: self.walked_ahead.load(Ordering::Relaxed),
+            opened_ahead: self.opened_ahead.load(Ordering::Relaxed),
             oldest_request_seconds: self.oldest_request().as_secs_f64(),
             ops,
             process: ProcessUsage {
@@ -300,6 +312,7 @@ impl Snapshot {
     pub fn add(&mut self, other: &Snapshot) {
         self.ring_requests += other.ring_requests;
         self.walked_ahead += other.walked_ahead;
+        self.opened_ahead += other.opened_ahead;
         self.oldest_request_seconds = self
             .oldest_request_seconds
             .max(other.oldest_request_seconds);

@@ -156,6 +156,11 @@ impl ViewFs {
         self.ahead.warmed()
     }
 
+    /// Lookups answered with an entry opened ahead of a walk so far (`fs/ahead.rs`).
+    pub fn opened_ahead(&self) -> u64 {
+        self.ahead.claimed()
+    }
+
     /// Opens a directory for listing.
     ///
     /// # Errors

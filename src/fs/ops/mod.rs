@@ -18,6 +18,7 @@ use dashmap::DashMap;
 use crate::config::ViewOptions;
 use crate::sys::Errno;
 use crate::sys::file::{self, Access, Flush, FsStat, Kind, Remove, SetTime, Stat, Time};
+use crate::sys::handle::FileHandle;
 
 use crate::sys::{dir, xattr};
 
@@ -253,8 +254,9 @@ impl ViewFs {
             policy: Policy::from_options(options),
             readonly: options.readonly,
             root_mnt: st.mnt_id,
-            // Half the open-file limit for cached inode descriptors; the rest is for
-            // open files and directories.
+            // Half the open-file limit for cached inode descriptors, an eighth for
+            // entries opened ahead of a walk; the rest is for open files and
+            // directories.
             inodes: InodeTable::new(
                 root,
                 &st,
@@ -269,7 +271,11 @@ impl ViewFs {
             daemon_ids: crate::sys::process::effective_ids(),
             journal: std::sync::OnceLock::new(),
             listing: super::listing::ListingHints::default(),
-            ahead: super::ahead::WalkAhead::new(st.mnt_id),
+            ahead: super::ahead::WalkAhead::new(
+                st.mnt_id,
+                (crate::sys::process::nofile_limit() / 8).min(super::ahead::MAX_OPENED as u64)
+                    as usize,
+            ),
             pending_dir_bytes: Arc::default(),
             lookup_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
             direct_io: options.direct_io,
@@ -445,6 +451,9 @@ impl ViewFs {
         }
         let p = self.dir(parent)?;
         let pfd = p.fd()?;
+        if let Some((opened, st)) = self.ahead.claim(parent, pfd.as_fd(), name.as_bytes()) {
+            return self.register_stat(opened.fd, &st, opened.handle);
+        }
         let fd = match self
             .inodes
             .with_fds(|| file::open_child(pfd.as_fd(), name, self.root_mnt))
@@ -463,9 +472,20 @@ impl ViewFs {
     /// [`ViewFs::register`], and whether the kernel held the inode already.
     fn register_held(&self, fd: OwnedFd) -> FsResult<(Attr, bool)> {
         let st = file::stat(fd.as_fd())?;
-        let inode = self.inodes.lookup(fd, &st);
+        let handle = self.inodes.handle_of(fd.as_fd());
+        self.register_stat(fd, &st, handle)
+    }
+
+    /// [`ViewFs::register_held`] with the inode's attributes and handle read already.
+    fn register_stat(
+        &self,
+        fd: OwnedFd,
+        st: &file::Stat,
+        handle: Option<FileHandle>,
+    ) -> FsResult<(Attr, bool)> {
+        let inode = self.inodes.lookup_handled(fd, st, handle);
         let held = inode.lookups() > 1;
-        match self.attr(&inode, &st) {
+        match self.attr(&inode, st) {
             Ok(a) => Ok((a, held)),
             Err(e) => {
                 self.inodes.forget(inode.id, 1);
