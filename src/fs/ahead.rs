@@ -460,6 +460,11 @@ impl Shared {
     /// Moves what `job` opened into the stash, room made; `false` once the job's
     /// directory fills it (what did not fit is closed).
     fn stash(&self, job: &Job, opened: &mut Vec<(Vec<u8>, Opened)>) -> bool {
+        if job.walker.load(Ordering::Relaxed) > job.place + 1 {
+            // The walker started a later directory: it is done with this one.
+            opened.clear();
+            return false;
+        }
         if opened.is_empty() {
             return true;
         }
@@ -668,6 +673,16 @@ mod tests {
         let parent = dir_fd(tmp.path());
         // Past the bound, the rest is warmed without being opened.
         assert_eq!(w.shared.warm(&job_for(&parent, b"big")), Some(n));
+        assert_eq!(lock(&w.shared.opened).held, max);
+        // A directory the walker went past by the time it is warmed keeps nothing.
+        let passed = job_for(&parent, b"big");
+        passed.walker.store(2, Ordering::Relaxed);
+        let mut late = vec![(
+            b"f0".to_vec(),
+            w.shared.open(parent.as_fd(), OsStr::new("big")).unwrap(),
+        )];
+        assert!(!w.shared.stash(&passed, &mut late));
+        assert!(late.is_empty());
         assert_eq!(lock(&w.shared.opened).held, max);
         // With no descriptors to spare, nothing is opened ahead at all.
         let none = WalkAhead::new(None, 0);
