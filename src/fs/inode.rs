@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 
 use crate::sys::file::{self, Access, Kind, Stat};
@@ -225,6 +225,11 @@ pub struct Inode {
     source: Source,
     shared: Arc<Shared>,
     lookups: AtomicU64,
+    /// Whether its node id is in the journal, or needs no line there (no journal when
+    /// it was made: the journal's first write holds the table). A lookup that finds it
+    /// still `false` writes the line itself before its answer, so that the kernel never
+    /// holds a node id the journal lacks ([`InodeTable::lookup_handled`]).
+    journaled: AtomicBool,
     /// The shared I/O descriptor while any handle is open.
     pub data: Mutex<Weak<DataFile>>,
 }
@@ -360,6 +365,7 @@ impl InodeTable {
             source: Source::Pinned(root_fd),
             shared: Arc::clone(&shared),
             lookups: AtomicU64::new(1),
+            journaled: AtomicBool::new(true),
             data: Mutex::new(Weak::new()),
         });
         let mut maps = Maps {
@@ -471,6 +477,7 @@ impl InodeTable {
                 inode.lookups.fetch_add(1, Ordering::Relaxed);
                 let inode = Arc::clone(inode);
                 drop(maps);
+                self.journal_owed(&inode);
                 inode.cache(Arc::new(fd));
                 return inode;
             }
@@ -483,7 +490,10 @@ impl InodeTable {
         let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
         if let Some(inode) = maps.by_key.get(&key).and_then(|id| maps.by_id.get(id)) {
             inode.lookups.fetch_add(1, Ordering::Relaxed);
-            return Arc::clone(inode);
+            let inode = Arc::clone(inode);
+            drop(maps);
+            self.journal_owed(&inode);
+            return inode;
         }
         let id = if st.ino > ROOT_ID && st.ino < SPARE_BASE && !maps.by_id.contains_key(&st.ino) {
             st.ino
@@ -498,24 +508,43 @@ impl InodeTable {
             source,
             shared: Arc::clone(&self.shared),
             lookups: AtomicU64::new(1),
+            // Read under the lock: a journal started later writes this inode with the
+            // table (`journal_to` holds the lock).
+            journaled: AtomicBool::new(self.journal.get().is_none()),
             data: Mutex::new(Weak::new()),
         });
         maps.by_id.insert(id, Arc::clone(&inode));
-        maps.by_key.insert(key.clone(), id);
-        if let Some(j) = self.journal.get() {
-            // Under the lock: a FORGET of this id cannot be journaled before it.
-            j.append(&Entry::Inode {
-                id,
-                mode: st.kind.mode_bits(),
-                key: key.snapshot(),
-            });
-        }
+        maps.by_key.insert(key, id);
         drop(maps);
+        // The line is written outside the table's lock, which every lookup of a walk
+        // needs (a kept view's walk waited on it). Its order against a `Forgot` of this
+        // id holds without the lock: this lookup's count keeps the id alive until it
+        // has answered, so the id cannot be forgotten before the line; a lookup that
+        // finds the inode sooner writes the line itself ([`InodeTable::journal_owed`]),
+        // and a repeated line replays to the same table.
+        self.journal_owed(&inode);
         if let Some(fd) = to_cache {
             // The lookup's descriptor is open already: it is the first cached one.
             inode.cache(Arc::new(fd));
         }
         inode
+    }
+
+    /// Writes an inode's journal line if it is still owed: by the lookup that made it,
+    /// or by one that found it first, before that lookup's answer gives the kernel its
+    /// node id. Two lines for one inode replay to the same table.
+    fn journal_owed(&self, inode: &Inode) {
+        if inode.journaled.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(j) = self.journal.get() {
+            j.append(&Entry::Inode {
+                id: inode.id,
+                mode: inode.kind.mode_bits(),
+                key: inode.key.snapshot(),
+            });
+        }
+        inode.journaled.store(true, Ordering::Release);
     }
 
     /// Drops `n` kernel lookups of `id`; the inode goes when none are left.
@@ -647,6 +676,8 @@ impl InodeTable {
                 source,
                 shared: Arc::clone(&self.shared),
                 lookups: AtomicU64::new(s.lookups),
+                // Restored before any journal: the journal's first write holds it.
+                journaled: AtomicBool::new(true),
                 data: Mutex::new(Weak::new()),
             });
             maps.by_id.insert(s.id, inode);
@@ -685,6 +716,55 @@ mod tests {
         .unwrap();
         let st = file::stat(fd.as_fd()).unwrap();
         (fd, st)
+    }
+
+    /// The node ids a journal holds, replayed.
+    fn journaled_ids(j: &Journaling) -> Vec<u64> {
+        let fd = j.read().fd().try_clone_to_owned().unwrap();
+        let replayed = super::super::journal::Replayed::read(&fd).unwrap();
+        replayed.inodes.keys().copied().collect()
+    }
+
+    /// A node id goes to the journal outside the table's lock; until its maker has
+    /// written the line, a lookup that finds the inode writes it, so no answer gives
+    /// the kernel an id the journal lacks.
+    #[test]
+    fn an_inode_found_before_its_maker_journaled_it_is_journaled_by_the_finder() {
+        use super::super::journal::Journal;
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["a", "b"] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        let (rfd, rst) = open(dir.path());
+        let table = InodeTable::new(rfd, &rst, 16);
+        let journal = Arc::new(Journaling::new(Journal::create().unwrap()));
+        table.set_journal(Arc::clone(&journal));
+        let lookup = |name: &str| {
+            let (fd, st) = open(&dir.path().join(name));
+            table.lookup(fd, &st)
+        };
+        // Made with the journal on: the maker writes the line before it returns.
+        let a = lookup("a");
+        assert_eq!(journaled_ids(&journal), [a.id]);
+        assert_eq!(lookup("a").id, a.id);
+        // `b` as its maker leaves it between the table and its write: its line owed.
+        let b = lookup("b");
+        b.journaled.store(false, Ordering::Release);
+        let before = journal.read().size();
+        let found = lookup("b");
+        assert!(Arc::ptr_eq(&found, &b));
+        assert!(
+            journal.read().size() > before,
+            "the finder wrote the owed line"
+        );
+        let after = journal.read().size();
+        lookup("b");
+        assert_eq!(journal.read().size(), after, "written once, not per lookup");
+        let mut ids = journaled_ids(&journal);
+        ids.sort_unstable();
+        let mut want = vec![a.id, b.id];
+        want.sort_unstable();
+        assert_eq!(ids, want, "the repeated line replays to the same table");
     }
 
     #[test]
