@@ -993,3 +993,60 @@ fn a_missing_name_is_remembered_for_the_entry_timeout() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// `attr_timeout` bounds how long the kernel keeps attributes from every reply that
+/// carries them: a walk's listing and a create, not only a lookup, also when names
+/// are kept longer (`entry_timeout`). Both replies gave the attributes the entry's
+/// time: with `entry_timeout=600,attr_timeout=0`, a size changed on the backing
+/// stayed hidden for ten minutes (docs/SEMANTICS.md: a change made on the backing
+/// shows within `attr_timeout`).
+#[test]
+fn attributes_from_listings_and_creates_expire_with_attr_timeout() {
+    use std::io::Write;
+    let f = Fixture::new();
+    let dirs = ["a", "b", "c"];
+    for d in dirs {
+        fs::create_dir(f.src.join(d)).unwrap();
+        for i in 0..100 {
+            fs::write(f.src.join(d).join(format!("f{i:02}")), "x").unwrap();
+        }
+    }
+    let (_m, metrics) = mount_counted(&f, &format!("gid={G},entry_timeout=600,attr_timeout=0"));
+    // A walk: after the first directory the view lists with attributes.
+    for d in dirs {
+        for e in fs::read_dir(f.mnt.join(d)).unwrap() {
+            assert_eq!(fs::symlink_metadata(e.unwrap().path()).unwrap().len(), 1);
+        }
+    }
+    let lookups =
+        metrics_snapshot(&metrics, std::time::SystemTime::now())["ops"]["lookup"]["count"]
+            .as_u64()
+            .unwrap_or(0);
+    assert!(
+        lookups < 200,
+        "{lookups} lookups: the last directories were listed with attributes"
+    );
+    let created = f.mnt.join("c").join("new");
+    fs::File::create(&created).unwrap();
+    assert_eq!(fs::symlink_metadata(&created).unwrap().len(), 0);
+    // Grown on the backing, behind the view's back.
+    for name in ["f00", "f99", "new"] {
+        let mut file = fs::OpenOptions::new()
+            .append(true)
+            .open(f.src.join("c").join(name))
+            .unwrap();
+        file.write_all(b"grown").unwrap();
+    }
+    for name in ["f00", "f99", "new"] {
+        let shown = fs::symlink_metadata(f.mnt.join("c").join(name))
+            .unwrap()
+            .len();
+        let on_disk = fs::symlink_metadata(f.src.join("c").join(name))
+            .unwrap()
+            .len();
+        assert_eq!(
+            shown, on_disk,
+            "{name}: the size before the change is still shown"
+        );
+    }
+}

@@ -816,6 +816,7 @@ impl Filesystem for FuseView {
                 let flags = open_flags(direct);
                 match self.backing(attr.ino, &data) {
                     Some(id) => reply.created_passthrough_raw(
+                        &self.attr_ttl,
                         &self.entry_ttl,
                         &fa,
                         Generation(0),
@@ -823,9 +824,14 @@ impl Filesystem for FuseView {
                         flags,
                         id,
                     ),
-                    None => {
-                        reply.created(&self.entry_ttl, &fa, Generation(0), FileHandle(fh), flags)
-                    }
+                    None => reply.created_with_ttls(
+                        &self.attr_ttl,
+                        &self.entry_ttl,
+                        &fa,
+                        Generation(0),
+                        FileHandle(fh),
+                        flags,
+                    ),
                 }
             },
         );
@@ -1010,10 +1016,11 @@ impl Filesystem for FuseView {
                     |item, next| {
                         let name = OsStr::from_bytes(&item.name);
                         match &item.attr {
-                            Some(a) => reply.add(
+                            Some(a) => reply.add_with_ttls(
                                 INodeNo(item.ino),
                                 next,
                                 name,
+                                &self.attr_ttl,
                                 &self.entry_ttl,
                                 &self.fattr(a),
                                 Generation(0),

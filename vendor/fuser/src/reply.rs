@@ -545,9 +545,26 @@ impl ReplyCreate {
         fh: ll::FileHandle,
         flags: FopenFlags,
     ) {
+        self.created_with_ttls(ttl, ttl, attr, generation, fh, flags);
+    }
+
+    /// [`ReplyCreate::created`] with the attributes and the entry valid for their own
+    /// times, as [`ReplyEntry::entry_with_ttls`].
+    /// # Panics
+    /// When attempting to use kernel passthrough.
+    pub fn created_with_ttls(
+        self,
+        attr_ttl: &Duration,
+        entry_ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+        fh: ll::FileHandle,
+        flags: FopenFlags,
+    ) {
         assert!(!flags.contains(FopenFlags::FOPEN_PASSTHROUGH));
         self.reply.send_ll(&ll::ResponseStruct::new_create(
-            ttl,
+            attr_ttl,
+            entry_ttl,
             &attr.into(),
             generation,
             fh,
@@ -601,6 +618,7 @@ impl ReplyCreate {
     ) {
         self.reply.send_ll(&ll::ResponseStruct::new_create(
             ttl,
+            ttl,
             &attr.into(),
             generation,
             fh,
@@ -613,9 +631,13 @@ impl ReplyCreate {
     /// the caller manages (from [`BackingId::create_raw()`], or one that an earlier
     /// process serving this connection registered and handed over). An id that is not
     /// open on this connection makes the kernel fail the open; nothing else goes wrong.
+    /// The attributes and the entry are valid for their own times, as
+    /// [`ReplyEntry::entry_with_ttls`].
+    #[allow(clippy::too_many_arguments)]
     pub fn created_passthrough_raw(
         self,
-        ttl: &Duration,
+        attr_ttl: &Duration,
+        entry_ttl: &Duration,
         attr: &FileAttr,
         generation: Generation,
         fh: ll::FileHandle,
@@ -623,7 +645,8 @@ impl ReplyCreate {
         backing_id: u32,
     ) {
         self.reply.send_ll(&ll::ResponseStruct::new_create(
-            ttl,
+            attr_ttl,
+            entry_ttl,
             &attr.into(),
             generation,
             fh,
@@ -830,15 +853,31 @@ impl ReplyDirectoryPlus {
         attr: &FileAttr,
         generation: Generation,
     ) -> bool {
+        self.add_with_ttls(ino, offset, name, ttl, ttl, attr, generation)
+    }
+
+    /// [`ReplyDirectoryPlus::add`] with the attributes and the entry valid for their
+    /// own times, as [`ReplyEntry::entry_with_ttls`]. Returns true if the buffer is full.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_with_ttls<T: AsRef<OsStr>>(
+        &mut self,
+        ino: INodeNo,
+        offset: u64,
+        name: T,
+        attr_ttl: &Duration,
+        entry_ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+    ) -> bool {
         let name = name.as_ref();
         self.buf.push(&DirEntryPlus::new(
             ino,
             generation,
             DirEntOffset(offset),
             name,
-            *ttl,
+            *entry_ttl,
             attr.into(),
-            *ttl,
+            *attr_ttl,
         ))
     }
 
