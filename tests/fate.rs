@@ -35,6 +35,7 @@ use common::*;
 use container::*;
 use driver::*;
 use keeper::*;
+use mountgroup::csi::pb::volume_capability::access_mode::Mode;
 use rustix::process::{Pid, Signal, kill_process};
 use workload::*;
 
@@ -309,6 +310,79 @@ fn serve_alone_recovers_a_view_that_dies() {
     fs::metadata(target.join("held.log")).unwrap();
     thread::sleep(Duration::from_millis(300));
     running.finish();
+    assert!(d.log_text().contains("recovering it"), "{}", d.log_text());
+    rt.block_on(async {
+        let mut c = d.clients().await;
+        c.node
+            .node_unpublish_volume(unpublish_req("v", &target))
+            .await
+            .unwrap();
+    });
+    assert!(!is_mounted(&target));
+}
+
+/// The node ids a walk's listings give the kernel are journaled before each listing's
+/// reply (their lines go out together, `fs/inode.rs` `JournalBatch`): a view killed
+/// right after a walk is recovered knowing every id the kernel holds. Descriptors
+/// opened `O_PATH` through the listed names (cached for ten minutes: no request names
+/// them again) are asked for their attributes after the recovery, which the kernel
+/// does by the listed id alone (`attr_timeout=0`), with no retry by name as an open's
+/// `ESTALE` would get. The entries are made on the backing, so that the listings and
+/// not creates give their ids.
+#[test]
+fn a_view_killed_after_a_walk_knows_every_node_id_it_listed() {
+    use std::os::fd::AsFd;
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let d = Driver::start(root);
+    let staging = f.subdir("staging");
+    let target = root.join("target");
+    let _guards = (Unmount(target.clone()), Unmount(staging.clone()));
+    let mut publish = publish_req("v", &staging, &target, "2000");
+    publish.volume_capability = Some(mount_cap(
+        &["entry_timeout=600", "attr_timeout=0"],
+        "2000",
+        Mode::SingleNodeMultiWriter,
+    ));
+    rt.block_on(async {
+        let mut c = d.clients().await;
+        c.create_stage_publish_with("v", &staging, publish).await;
+    });
+    let backing = root.join("share").join("volumes").join("v");
+    let dirs = ["a", "b", "c", "d"];
+    for dir in dirs {
+        fs::create_dir(backing.join(dir)).unwrap();
+        for i in 0..200 {
+            fs::write(backing.join(dir).join(format!("f{i:03}")), dir).unwrap();
+        }
+    }
+    // A walk, as find makes it: each directory listed whole, every entry stated.
+    let mut held = Vec::new();
+    for dir in dirs {
+        for e in fs::read_dir(target.join(dir)).unwrap() {
+            let path = e.unwrap().path();
+            assert_eq!(fs::symlink_metadata(&path).unwrap().gid(), 2000);
+            let fd = rustix::fs::open(
+                &path,
+                rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW,
+                rustix::fs::Mode::empty(),
+            )
+            .unwrap();
+            held.push((path, fd));
+        }
+    }
+    assert_eq!(held.len(), 4 * 200);
+    kill_view(&target);
+    for (path, fd) in &held {
+        if let Err(e) = rustix::fs::fstat(fd.as_fd()) {
+            panic!(
+                "{} after the view was recovered: {e} (its listed node id was not journaled)",
+                path.display()
+            );
+        }
+    }
+    drop(held);
     assert!(d.log_text().contains("recovering it"), "{}", d.log_text());
     rt.block_on(async {
         let mut c = d.clients().await;

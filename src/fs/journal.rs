@@ -69,9 +69,17 @@ impl Journal {
     /// Appends one record. A journal that cannot be written (out of memory) only
     /// costs the view its crash recovery; it is logged, not answered to the kernel.
     pub fn append(&self, r: &Entry) {
-        let mut line = Vec::with_capacity(128);
-        if encode(r, &mut line) {
-            self.write_lines(&line);
+        self.append_all(std::slice::from_ref(r));
+    }
+
+    /// Appends records in one write, in order (a listing's new node ids).
+    pub fn append_all(&self, records: &[Entry]) {
+        let mut lines = Vec::with_capacity(128 * records.len());
+        for r in records {
+            encode(r, &mut lines);
+        }
+        if !lines.is_empty() {
+            self.write_lines(&lines);
         }
     }
 
@@ -171,6 +179,11 @@ impl Journaling {
 
     pub fn append(&self, e: &Entry) {
         self.read().append(e);
+    }
+
+    /// [`Journal::append_all`] on the journal in use.
+    pub fn append_all(&self, records: &[Entry]) {
+        self.read().append_all(records);
     }
 
     /// Whether the journal has grown enough to be worth writing anew: past `floor`

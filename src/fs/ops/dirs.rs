@@ -387,6 +387,9 @@ impl ViewFs {
         #[cfg(test)]
         looked_up::add(names.len());
         let look = |part: &[&dir::DirEntry]| -> Vec<FsResult<Attr>> {
+            // The new node ids' journal lines in one write, before the reply gives
+            // them to the kernel (it is sent after this returns).
+            let _batch = self.inodes.batch_journal();
             part.iter()
                 .map(|e| self.lookup_entry(dir, OsStr::from_bytes(&e.name)))
                 .collect()

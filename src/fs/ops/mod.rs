@@ -964,6 +964,43 @@ mod tests {
         v.release(fh);
     }
 
+    /// A walk's listing makes hundreds of node ids before its reply; their journal
+    /// lines go out together, before `readdir` returns (the reply is sent after it), so
+    /// a view that dies then is recovered knowing each (`fs/inode.rs` `JournalBatch`).
+    #[test]
+    fn a_walk_listings_node_ids_are_journaled_before_it_returns() {
+        use super::super::journal::Replayed;
+        let dir = populated(600);
+        let v = view(dir.path(), "gid=5");
+        let held: Mutex<Option<OwnedFd>> = Mutex::new(None);
+        v.journal_to(false, |j| {
+            *lock(&held) = Some(rustix::io::dup(j.fd())?);
+            Ok(())
+        })
+        .unwrap();
+        let fh = v.opendir(ROOT).unwrap();
+        let listed = rest(&v, fh, 0, Listing::WithAttributes);
+        let ids: Vec<u64> = listed
+            .iter()
+            .filter(|i| i.name.starts_with(b"f"))
+            .map(|i| i.attr.expect("a walk's entry carries attributes").ino)
+            .collect();
+        assert_eq!(ids.len(), 600);
+        let journaled = Replayed::read(lock(&held).as_ref().unwrap())
+            .unwrap()
+            .inodes;
+        let missing: Vec<_> = ids
+            .iter()
+            .filter(|id| !journaled.contains_key(id))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{} listed ids not journaled",
+            missing.len()
+        );
+        v.release(fh);
+    }
+
     #[test]
     fn a_walk_listing_looks_up_only_what_fits_in_a_small_reply() {
         let dir = populated(1000);
