@@ -289,21 +289,34 @@ fn a_keeper_in_a_pid_namespace_of_its_own_refuses_views_cgroup() {
     );
 }
 
-#[test]
-fn serve_alone_recovers_a_view_that_dies() {
-    // `serve` without a keeper container (scripts/run): its own keeper recovers the
-    // view on its mount, as a keeper container does.
-    let f = Fixture::new();
+/// `serve` alone (its own keeper, as `scripts/run` starts it) with volume `v`
+/// published for group 2000 with the mount options `options`: the runtime, the
+/// driver, the target, and guards that unmount the target and its staging.
+fn served_alone(
+    f: &Fixture,
+    options: &[&str],
+) -> (tokio::runtime::Runtime, Driver, PathBuf, (Unmount, Unmount)) {
     let root = f.dir.path();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let d = Driver::start(root);
     let staging = f.subdir("staging");
     let target = root.join("target");
-    let _guards = (Unmount(target.clone()), Unmount(staging.clone()));
+    let guards = (Unmount(target.clone()), Unmount(staging.clone()));
+    let mut publish = publish_req("v", &staging, &target, "2000");
+    publish.volume_capability = Some(mount_cap(options, "2000", Mode::SingleNodeMultiWriter));
     rt.block_on(async {
         let mut c = d.clients().await;
-        c.create_stage_publish("v", &staging, &target, "2000").await;
+        c.create_stage_publish_with("v", &staging, publish).await;
     });
+    (rt, d, target, guards)
+}
+
+#[test]
+fn serve_alone_recovers_a_view_that_dies() {
+    // `serve` without a keeper container (scripts/run): its own keeper recovers the
+    // view on its mount, as a keeper container does.
+    let f = Fixture::new();
+    let (rt, d, target, _guards) = served_alone(&f, &[]);
     let running = Running::start(&target, 20);
     thread::sleep(Duration::from_millis(300));
     kill_view(&target);
@@ -333,23 +346,8 @@ fn serve_alone_recovers_a_view_that_dies() {
 fn a_view_killed_after_a_walk_knows_every_node_id_it_listed() {
     use std::os::fd::AsFd;
     let f = Fixture::new();
-    let root = f.dir.path();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let d = Driver::start(root);
-    let staging = f.subdir("staging");
-    let target = root.join("target");
-    let _guards = (Unmount(target.clone()), Unmount(staging.clone()));
-    let mut publish = publish_req("v", &staging, &target, "2000");
-    publish.volume_capability = Some(mount_cap(
-        &["entry_timeout=600", "attr_timeout=0"],
-        "2000",
-        Mode::SingleNodeMultiWriter,
-    ));
-    rt.block_on(async {
-        let mut c = d.clients().await;
-        c.create_stage_publish_with("v", &staging, publish).await;
-    });
-    let backing = root.join("share").join("volumes").join("v");
+    let (rt, d, target, _guards) = served_alone(&f, &["entry_timeout=600", "attr_timeout=0"]);
+    let backing = f.dir.path().join("share").join("volumes").join("v");
     let dirs = ["a", "b", "c", "d"];
     for dir in dirs {
         fs::create_dir(backing.join(dir)).unwrap();

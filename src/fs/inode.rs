@@ -802,20 +802,27 @@ mod tests {
         replayed.inodes.keys().copied().collect()
     }
 
+    /// A table of a temp dir holding empty files `names`, journaling.
+    fn journaled_table(names: &[&str]) -> (tempfile::TempDir, InodeTable, Arc<Journaling>) {
+        let dir = tempfile::tempdir().unwrap();
+        for name in names {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        let (rfd, rst) = open(dir.path());
+        let table = InodeTable::new(rfd, &rst, 16);
+        let journal = Arc::new(Journaling::new(
+            super::super::journal::Journal::create().unwrap(),
+        ));
+        table.set_journal(Arc::clone(&journal));
+        (dir, table, journal)
+    }
+
     /// A node id goes to the journal outside the table's lock; until its maker has
     /// written the line, a lookup that finds the inode writes it, so no answer gives
     /// the kernel an id the journal lacks.
     #[test]
     fn an_inode_found_before_its_maker_journaled_it_is_journaled_by_the_finder() {
-        use super::super::journal::Journal;
-        let dir = tempfile::tempdir().unwrap();
-        for name in ["a", "b"] {
-            std::fs::write(dir.path().join(name), "").unwrap();
-        }
-        let (rfd, rst) = open(dir.path());
-        let table = InodeTable::new(rfd, &rst, 16);
-        let journal = Arc::new(Journaling::new(Journal::create().unwrap()));
-        table.set_journal(Arc::clone(&journal));
+        let (dir, table, journal) = journaled_table(&["a", "b"]);
         let lookup = |name: &str| {
             let (fd, st) = open(&dir.path().join(name));
             table.lookup(fd, &st)
@@ -849,15 +856,7 @@ mod tests {
     /// finds one writes its line at once.
     #[test]
     fn a_batch_journals_its_node_ids_together_and_never_after_their_forget() {
-        use super::super::journal::Journal;
-        let dir = tempfile::tempdir().unwrap();
-        for name in ["a", "b", "c", "d"] {
-            std::fs::write(dir.path().join(name), "").unwrap();
-        }
-        let (rfd, rst) = open(dir.path());
-        let table = InodeTable::new(rfd, &rst, 16);
-        let journal = Arc::new(Journaling::new(Journal::create().unwrap()));
-        table.set_journal(Arc::clone(&journal));
+        let (dir, table, journal) = journaled_table(&["a", "b", "c", "d"]);
         let lookup = |name: &str| {
             let (fd, st) = open(&dir.path().join(name));
             table.lookup(fd, &st)
