@@ -183,10 +183,7 @@ pub fn open_child(
     name: &OsStr,
     dir_mnt_id: Option<u64>,
 ) -> SysResult<OwnedFd> {
-    let bytes = name.as_bytes();
-    if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
-        return Err(Errno::EINVAL);
-    }
+    single_name(name)?;
     let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     if !OPENAT2_MISSING.load(Ordering::Relaxed) {
         let resolve = ResolveFlags::BENEATH
@@ -231,11 +228,18 @@ pub fn stat(fd: BorrowedFd<'_>) -> SysResult<Stat> {
 /// # Errors
 /// `EINVAL` for an empty name, `.`, `..` or a name with `/`; otherwise as [`stat`].
 pub fn stat_child(dir: BorrowedFd<'_>, name: &OsStr) -> SysResult<Stat> {
+    single_name(name)?;
+    statx_at(dir, name, AtFlags::NO_AUTOMOUNT)
+}
+
+/// `EINVAL` unless `name` is one entry of a directory: not empty, `.`, `..`, nor with
+/// a `/`.
+fn single_name(name: &OsStr) -> SysResult<()> {
     let bytes = name.as_bytes();
     if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
         return Err(Errno::EINVAL);
     }
-    statx_at(dir, name, AtFlags::NO_AUTOMOUNT)
+    Ok(())
 }
 
 fn statx_at<P: rustix::path::Arg>(dir: BorrowedFd<'_>, path: P, flags: AtFlags) -> SysResult<Stat> {
