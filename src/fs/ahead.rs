@@ -123,8 +123,6 @@ struct Stash {
     /// Each warmed directory's node id, plan and place, and its entries by name;
     /// the oldest first.
     dirs: VecDeque<StashedDir>,
-    /// Descriptors held, over every directory.
-    held: usize,
     /// Descriptors held at most.
     max: usize,
 }
@@ -140,37 +138,28 @@ impl Stash {
     fn new(max: usize) -> Stash {
         Stash {
             dirs: VecDeque::new(),
-            held: 0,
             max,
         }
+    }
+
+    /// Descriptors held, over every directory (a few directories at a time).
+    fn held(&self) -> usize {
+        self.dirs.iter().map(|d| d.entries.len()).sum()
     }
 
     /// Closes everything held.
     fn clear(&mut self) {
         self.dirs.clear();
-        self.held = 0;
-    }
-    /// Drops the directories `keep` refuses, closing their descriptors.
-    fn drop_dirs(&mut self, mut keep: impl FnMut(&StashedDir) -> bool) {
-        let held = &mut self.held;
-        self.dirs.retain(|d| {
-            let k = keep(d);
-            if !k {
-                *held -= d.entries.len();
-            }
-            k
-        });
     }
 
     /// Room for one more descriptor for `dir`: the oldest other directories go first.
     /// `false` when `dir`'s own fill the stash.
     fn make_room(&mut self, dir: u64) -> bool {
-        while self.held >= self.max {
+        while self.held() >= self.max {
             let Some(i) = self.dirs.iter().position(|d| d.dir != dir) else {
                 return false;
             };
-            let gone = self.dirs.remove(i).expect("a place found just now");
-            self.held -= gone.entries.len();
+            self.dirs.remove(i);
         }
         true
     }
@@ -267,7 +256,8 @@ impl WalkAhead {
                 plan.walker.fetch_max(i + 1, Ordering::Relaxed);
                 let walker = Arc::clone(&plan.walker);
                 lock(&self.shared.opened)
-                    .drop_dirs(|d| !Arc::ptr_eq(&d.plan, &walker) || d.place >= i);
+                    .dirs
+                    .retain(|d| !Arc::ptr_eq(&d.plan, &walker) || d.place >= i);
             }
             self.warm_through(&mut s, seq, i + AHEAD);
         }
@@ -294,7 +284,6 @@ impl WalkAhead {
             if d.entries.is_empty() {
                 stash.dirs.remove(at);
             }
-            stash.held -= 1;
             opened
         };
         let st = file::stat_child(parent, OsStr::from_bytes(name)).ok()?;
@@ -486,9 +475,7 @@ impl Shared {
                     stash.dirs.len() - 1
                 }
             };
-            if stash.dirs[at].entries.insert(name, o).is_none() {
-                stash.held += 1;
-            }
+            stash.dirs[at].entries.insert(name, o);
         }
         true
     }
@@ -624,7 +611,7 @@ mod tests {
         let w = WalkAhead::new(None, MAX_OPENED);
         let parent = dir_fd(tmp.path());
         assert_eq!(w.shared.warm(&job_for(&parent, b"d")), Some(8));
-        assert_eq!(lock(&w.shared.opened).held, 8, "every entry opened ahead");
+        assert_eq!(lock(&w.shared.opened).held(), 8, "every entry opened ahead");
         let dfd = file::open_child(parent.as_fd(), OsStr::new("d"), None).unwrap();
         let claim = |name: &str| w.claim(DIR, dfd.as_fd(), name.as_bytes());
         // A name that still leads to its inode: the descriptor and today's attributes.
@@ -653,7 +640,7 @@ mod tests {
         );
         assert_eq!(w.claimed(), 3, "f0, up and sub");
         assert_eq!(
-            lock(&w.shared.opened).held,
+            lock(&w.shared.opened).held(),
             1,
             "f1, whose name no lookup asked for, until the walker passes or stops"
         );
@@ -673,7 +660,7 @@ mod tests {
         let parent = dir_fd(tmp.path());
         // Past the bound, the rest is warmed without being opened.
         assert_eq!(w.shared.warm(&job_for(&parent, b"big")), Some(n));
-        assert_eq!(lock(&w.shared.opened).held, max);
+        assert_eq!(lock(&w.shared.opened).held(), max);
         // A directory the walker went past by the time it is warmed keeps nothing.
         let passed = job_for(&parent, b"big");
         passed.walker.store(2, Ordering::Relaxed);
@@ -683,11 +670,11 @@ mod tests {
         )];
         assert!(!w.shared.stash(&passed, &mut late));
         assert!(late.is_empty());
-        assert_eq!(lock(&w.shared.opened).held, max);
+        assert_eq!(lock(&w.shared.opened).held(), max);
         // With no descriptors to spare, nothing is opened ahead at all.
         let none = WalkAhead::new(None, 0);
         assert_eq!(none.shared.warm(&job_for(&parent, b"big")), Some(n));
-        assert_eq!(lock(&none.shared.opened).held, 0);
+        assert_eq!(lock(&none.shared.opened).held(), 0);
         // Another directory takes room from the oldest one, which goes whole: the
         // walker has left it behind.
         for d in ["a", "b", "c"] {
@@ -701,7 +688,7 @@ mod tests {
         assert_eq!(w.shared.warm(&other), Some(5));
         {
             let stash = lock(&w.shared.opened);
-            assert_eq!(stash.held, 5);
+            assert_eq!(stash.held(), 5);
             assert_eq!(stash.dirs.len(), 1);
             assert_eq!(stash.dirs[0].dir, DIR + 1);
         }
@@ -732,7 +719,7 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        assert_eq!(lock(&w.shared.opened).held, 0);
+        assert_eq!(lock(&w.shared.opened).held(), 0);
         assert!(lock(&w.shared.opened).dirs.is_empty());
     }
 }
