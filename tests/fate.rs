@@ -339,9 +339,11 @@ fn serve_alone_recovers_a_view_that_dies() {
 /// right after a walk is recovered knowing every id the kernel holds. Descriptors
 /// opened `O_PATH` through the listed names (cached for ten minutes: no request names
 /// them again) are asked for their attributes after the recovery, which the kernel
-/// does by the listed id alone (`attr_timeout=0`), with no retry by name as an open's
-/// `ESTALE` would get. The entries are made on the backing, so that the listings and
-/// not creates give their ids.
+/// does by the listed id alone (`attr_timeout=0`: fs/fuse/dir.c fuse_getattr →
+/// fuse_update_get_attr sends GETATTR for expired attributes), with no retry by name
+/// as an open's `ESTALE` would get (fs/namei.c do_filp_open walks again with
+/// LOOKUP_REVAL, which sends a LOOKUP). The entries are made on the backing, so that
+/// the listings and not creates give their ids.
 #[test]
 fn a_view_killed_after_a_walk_knows_every_node_id_it_listed() {
     use std::os::fd::AsFd;

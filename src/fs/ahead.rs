@@ -273,7 +273,9 @@ impl WalkAhead {
     /// name now that meets that device and number, on the view root's mount, met that
     /// very inode, as an open of the name now would have (and the attributes are
     /// read there). A name renamed over, unlinked, or with a mount put on it since
-    /// the entry was opened fails the check. The descriptor is never used to reach
+    /// the entry was opened fails the check: the `statx` walk crosses a mount on its
+    /// last name into the mounted root, another mount id (fs/namei.c step_into →
+    /// handle_mounts), where `open_child` refuses to cross it. The descriptor is never used to reach
     /// anything the name does not lead to.
     pub fn claim(&self, dir: u64, parent: BorrowedFd<'_>, name: &[u8]) -> Option<(Opened, Stat)> {
         let opened = {

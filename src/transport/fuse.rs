@@ -814,6 +814,10 @@ impl Filesystem for FuseView {
              }| {
                 let fa = self.fattr(&attr);
                 let flags = open_flags(direct);
+                // Both times, as a lookup's: the kernel keeps the attributes for the
+                // entry's attr_valid and the name for its entry_valid (fs/fuse/dir.c
+                // fuse_create_open: fuse_iget with entry_attr_timeout, then
+                // fuse_change_entry_timeout).
                 match self.backing(attr.ino, &data) {
                     Some(id) => reply.created_passthrough_raw(
                         &self.attr_ttl,
@@ -1015,6 +1019,10 @@ impl Filesystem for FuseView {
                     room,
                     |item, next| {
                         let name = OsStr::from_bytes(&item.name);
+                        // Each entry's attributes expire with attr_timeout, its name
+                        // with entry_timeout (fs/fuse/readdir.c fuse_direntplus_link:
+                        // fuse_change_attributes with entry_attr_timeout, then
+                        // fuse_change_entry_timeout).
                         match &item.attr {
                             Some(a) => reply.add_with_ttls(
                                 INodeNo(item.ino),
