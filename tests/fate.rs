@@ -311,6 +311,19 @@ fn served_alone(
     (rt, d, target, guards)
 }
 
+/// The driver's log says it recovered the view; unpublishing `v` then unmounts it.
+fn recovered_then_unpublished(rt: &tokio::runtime::Runtime, d: &Driver, target: &Path) {
+    assert!(d.log_text().contains("recovering it"), "{}", d.log_text());
+    rt.block_on(async {
+        let mut c = d.clients().await;
+        c.node
+            .node_unpublish_volume(unpublish_req("v", target))
+            .await
+            .unwrap();
+    });
+    assert!(!is_mounted(target));
+}
+
 #[test]
 fn serve_alone_recovers_a_view_that_dies() {
     // `serve` without a keeper container (scripts/run): its own keeper recovers the
@@ -323,15 +336,7 @@ fn serve_alone_recovers_a_view_that_dies() {
     fs::metadata(target.join("held.log")).unwrap();
     thread::sleep(Duration::from_millis(300));
     running.finish();
-    assert!(d.log_text().contains("recovering it"), "{}", d.log_text());
-    rt.block_on(async {
-        let mut c = d.clients().await;
-        c.node
-            .node_unpublish_volume(unpublish_req("v", &target))
-            .await
-            .unwrap();
-    });
-    assert!(!is_mounted(&target));
+    recovered_then_unpublished(&rt, &d, &target);
 }
 
 /// The node ids a walk's listings give the kernel are journaled before each listing's
@@ -383,13 +388,5 @@ fn a_view_killed_after_a_walk_knows_every_node_id_it_listed() {
         }
     }
     drop(held);
-    assert!(d.log_text().contains("recovering it"), "{}", d.log_text());
-    rt.block_on(async {
-        let mut c = d.clients().await;
-        c.node
-            .node_unpublish_volume(unpublish_req("v", &target))
-            .await
-            .unwrap();
-    });
-    assert!(!is_mounted(&target));
+    recovered_then_unpublished(&rt, &d, &target);
 }
