@@ -297,13 +297,13 @@ fn device_numbers_and_trusted_names_are_shown_truthfully() {
         "/dev/null's numbers"
     );
     let listed = |uid| {
-        run_as(
+        let r = run_as(
             uid,
             uid,
             &[GROUP],
             &format!("getfattr -m - -d {}", a.mountpoint.join("f").display()),
-        )
-        .stdout
+        );
+        format!("{}{}", r.stdout, r.stderr)
     };
     let member = listed(ATTACKER);
     assert!(member.contains("user.shown"), "{member}");
@@ -311,7 +311,11 @@ fn device_numbers_and_trusted_names_are_shown_truthfully() {
         !member.contains("trusted."),
         "a pod sees trusted.* names: {member}"
     );
-    assert!(listed(0).contains("trusted.secret-name"));
+    let root = listed(0);
+    assert!(
+        root.contains("trusted.secret-name"),
+        "root sees trusted.* names: {root:?}"
+    );
     assert!(
         !listed(0).contains("trusted.mountgroup"),
         "the daemon's own stay hidden"

@@ -20,6 +20,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tonic::codegen::http;
 
+use crate::transport::probe::KernelFuse;
 use crate::transport::stats::{BUCKETS, Snapshot};
 use crate::volume::node::Node;
 
@@ -47,7 +48,12 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    pub fn new(node: Arc<Node>, capacity_enforced: bool) -> Arc<Metrics> {
+    /// `kernel`: what this kernel's FUSE offers views (`None`: it could not be asked).
+    pub fn new(
+        node: Arc<Node>,
+        capacity_enforced: bool,
+        kernel: Option<KernelFuse>,
+    ) -> Arc<Metrics> {
         let mut registry = Registry::default();
         let calls = Family::<CallLabels, Histogram, fn() -> Histogram>::new_with_constructor(
             call_histogram,
@@ -60,6 +66,7 @@ impl Metrics {
         registry.register_collector(Box::new(NodeCollector {
             node,
             capacity_enforced,
+            kernel,
         }));
         Arc::new(Metrics { registry, calls })
     }
@@ -88,6 +95,7 @@ impl Metrics {
 struct NodeCollector {
     node: Arc<Node>,
     capacity_enforced: bool,
+    kernel: Option<KernelFuse>,
 }
 
 impl std::fmt::Debug for NodeCollector {
@@ -98,6 +106,16 @@ impl std::fmt::Debug for NodeCollector {
 
 impl Collector for NodeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        if let Some(k) = self.kernel {
+            encoder
+                .encode_descriptor(
+                    "mountgroup_node_fuse_idmap",
+                    "1 when this node's kernel lets a container runtime idmap a view (FUSE_ALLOW_IDMAP, Linux 6.12+), which a pod in a user namespace (hostUsers: false) needs; 0 when it does not",
+                    None,
+                    MetricType::Gauge,
+                )?
+                .encode_gauge(&i64::from(k.idmap))?;
+        }
         let views = self.node.views_overview();
         let serving = views.iter().filter(|v| v.serving).count() as i64;
         let mut m = encoder.encode_descriptor(
@@ -133,6 +151,16 @@ impl Collector for NodeCollector {
         for v in &per_view {
             m.encode_family(&labels(v))?
                 .encode_gauge(&i64::from(v.2.passthrough))?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "mountgroup_view_idmap",
+            "1 when a container runtime can idmap a view's mount (FUSE_ALLOW_IDMAP negotiated); 0 on a kernel without it, or for a noperm view",
+            None,
+            MetricType::Gauge,
+        )?;
+        for v in &per_view {
+            m.encode_family(&labels(v))?
+                .encode_gauge(&i64::from(v.2.idmap))?;
         }
         let mut m = encoder.encode_descriptor(
             "mountgroup_view_ring_requests",

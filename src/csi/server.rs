@@ -13,6 +13,7 @@ use super::node::NodeService;
 use super::pb;
 use crate::share::key::ShareKey;
 use crate::share::{CapacityMode, LocalShare, Share, ShareInit};
+use crate::transport::probe::KernelFuse;
 use crate::volume::VolumeError;
 use crate::volume::controller::Controller;
 use crate::volume::guard::OpGuards;
@@ -141,6 +142,38 @@ async fn shutdown_signal() {
     }
 }
 
+/// Asks the kernel what its FUSE offers views (a throwaway mount under
+/// `runtime_dir`) and says whether pods in user namespaces can use them. The driver
+/// cannot see a pod's `hostUsers`, so it refuses nothing: a runtime's idmapped mount of
+/// a view fails on its own where the kernel lacks support (docs/DEPLOY.md).
+async fn kernel_fuse(runtime_dir: &Path) -> Option<KernelFuse> {
+    let dir = runtime_dir.to_path_buf();
+    match tokio::task::spawn_blocking(move || crate::transport::probe::probe(&dir)).await {
+        Ok(Ok(k)) if k.idmap => {
+            tracing::info!(
+                fuse_minor = k.minor,
+                "this kernel's FUSE lets container runtimes idmap views: pods in user namespaces (hostUsers: false) can use them"
+            );
+            Some(k)
+        }
+        Ok(Ok(k)) => {
+            tracing::warn!(
+                fuse_minor = k.minor,
+                "this kernel's FUSE cannot idmap a view (FUSE_ALLOW_IDMAP needs Linux 6.12 or later): a pod in a user namespace (hostUsers: false) with a mountgroup volume will fail to start, its runtime's idmapped mount refused with EINVAL"
+            );
+            Some(k)
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot ask the kernel what its FUSE offers; whether views can be idmapped is unknown");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot ask the kernel what its FUSE offers");
+            None
+        }
+    }
+}
+
 /// Serves until SIGTERM or SIGINT, then lets in-flight calls finish and returns.
 /// Published views are processes of their own and keep serving.
 ///
@@ -217,6 +250,7 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
             socket
         }
     };
+    let kernel = kernel_fuse(&cfg.runtime_dir).await;
     let guards = Arc::new(OpGuards::default());
     let node = {
         let (share, guards, key, cfg) = (
@@ -242,7 +276,7 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     };
     let enforced = *share.capacity() == CapacityMode::Enforced;
     let controller = Arc::new(Controller::new(share, guards, key, Some(Arc::clone(&node))));
-    let metrics = Metrics::new(Arc::clone(&node), enforced);
+    let metrics = Metrics::new(Arc::clone(&node), enforced, kernel);
     if let Some(listener) = metrics_listener {
         serve_http(listener, Arc::clone(&metrics));
     }

@@ -35,6 +35,10 @@ pub enum FsError {
     /// A buffer the kernel offered is too small for the answer.
     #[error("result too large")]
     TooLarge,
+    /// A create found its name taken, and leaves the open to the kernel
+    /// ([`super::ops::Existing::Kernel`]): `ESTALE` makes it look the name up again.
+    #[error("the name appeared before the create; the kernel looks it up again")]
+    NameAppeared,
     /// A view's tables handed over by another process do not fit this view.
     #[error("handover refused: {0}")]
     Handover(&'static str),
@@ -55,6 +59,7 @@ impl FsError {
             FsError::WrongKind => libc::EINVAL,
             FsError::Busy => libc::ETXTBSY,
             FsError::TooLarge => libc::ERANGE,
+            FsError::NameAppeared => libc::ESTALE,
             // Never a reply to the kernel: a takeover that fails leaves the old process
             // serving.
             FsError::Handover(_) => libc::EPROTO,

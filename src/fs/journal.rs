@@ -18,11 +18,27 @@ use serde::{Deserialize, Serialize};
 
 use super::snapshot::{InodeSnapshot, KeySnapshot, Passthrough, TableSnapshot};
 
+/// What a connection's INIT negotiated, which a process that adopts the connection
+/// (a successor, or a process recovering a dead view) cannot ask the kernel again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Negotiated {
+    /// Kernel FUSE passthrough (`FUSE_PASSTHROUGH`).
+    pub passthrough: bool,
+    /// Idmapped mounts of the view allowed (`FUSE_ALLOW_IDMAP`). Absent from what
+    /// earlier versions wrote, which never asked for it.
+    #[serde(default)]
+    pub idmap: bool,
+}
+
 /// One change to what the kernel holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Entry {
     /// What INIT negotiated (the first line).
-    Negotiated { passthrough: bool },
+    Negotiated {
+        passthrough: bool,
+        #[serde(default)]
+        idmap: bool,
+    },
     /// A node id given to an inode.
     Inode {
         id: u64,
@@ -101,7 +117,7 @@ impl Journal {
     /// Writes a view's tables as records: the start of a journal. A few large writes,
     /// not one per record: a compaction writes the whole table under the inode table's
     /// lock, which every lookup waits for meanwhile (100,000 inodes: 100,000 calls).
-    pub fn write_tables(&self, passthrough: bool, table: &TableSnapshot, handles: &[Entry]) {
+    pub fn write_tables(&self, negotiated: Negotiated, table: &TableSnapshot, handles: &[Entry]) {
         const CHUNK: usize = 1 << 20;
         let mut buf = Vec::with_capacity(CHUNK + 4096);
         let add = |e: &Entry, buf: &mut Vec<u8>| {
@@ -111,7 +127,8 @@ impl Journal {
                 buf.clear();
             }
         };
-        add(&Entry::Negotiated { passthrough }, &mut buf);
+        let Negotiated { passthrough, idmap } = negotiated;
+        add(&Entry::Negotiated { passthrough, idmap }, &mut buf);
         add(
             &Entry::Root {
                 key: table.root.clone(),
@@ -204,7 +221,7 @@ impl Journaling {
 /// What a journal says: the state a dead view left, as plain data.
 #[derive(Debug, Default)]
 pub struct Replayed {
-    pub passthrough: bool,
+    pub negotiated: Negotiated,
     pub root: Option<KeySnapshot>,
     /// Node id → (mode, key), for the ids the kernel still holds.
     pub inodes: BTreeMap<u64, (u32, KeySnapshot)>,
@@ -239,7 +256,9 @@ impl Replayed {
 
     fn apply(&mut self, rec: Entry) {
         match rec {
-            Entry::Negotiated { passthrough } => self.passthrough = passthrough,
+            Entry::Negotiated { passthrough, idmap } => {
+                self.negotiated = Negotiated { passthrough, idmap }
+            }
             Entry::Root { key } => self.root = Some(key),
             Entry::Inode { id, mode, key } => {
                 self.inodes.insert(id, (mode, key));
@@ -348,7 +367,14 @@ mod tests {
     fn tables_written_in_chunks_replay_whole() {
         let j = Journal::create().unwrap();
         let handles = [Entry::Dir { fh: 7, ino: 100 }];
-        j.write_tables(true, &table(40_000), &handles);
+        j.write_tables(
+            Negotiated {
+                passthrough: true,
+                idmap: true,
+            },
+            &table(40_000),
+            &handles,
+        );
         assert!(
             j.size() > 2 << 20,
             "more than two chunks: {} bytes",
@@ -356,7 +382,7 @@ mod tests {
         );
         j.append(&Entry::Forgot { id: 100 });
         let r = Replayed::read(&rustix::io::dup(j.fd()).unwrap()).unwrap();
-        assert!(r.passthrough);
+        assert!(r.negotiated.passthrough);
         assert_eq!(r.root, Some(key(0)));
         assert_eq!(r.inodes.len(), 39_999);
         assert_eq!(r.inodes.keys().next(), Some(&101));
@@ -367,7 +393,10 @@ mod tests {
     #[test]
     fn replay_gives_the_last_state_and_skips_a_torn_line() {
         let j = Journal::create().unwrap();
-        j.append(&Entry::Negotiated { passthrough: true });
+        j.append(&Entry::Negotiated {
+            passthrough: true,
+            idmap: false,
+        });
         j.append(&Entry::Root { key: key(0) });
         j.append(&Entry::Inode {
             id: 10,
@@ -394,7 +423,7 @@ mod tests {
         let fd = rustix::io::dup(j.fd()).unwrap();
         assert!(fd.as_raw_fd() >= 0);
         let r = Replayed::read(&fd).unwrap();
-        assert!(r.passthrough);
+        assert!(r.negotiated.passthrough);
         assert_eq!(r.inodes.keys().copied().collect::<Vec<_>>(), [10]);
         assert_eq!(r.files.get(&5), Some(&(10, true, false)));
         assert!(r.dirs.is_empty());

@@ -7,6 +7,9 @@ use crate::sys::file::Kind;
 
 use super::record::{GroupRef, Record};
 
+use crate::sys::process::{CAP_FSETID, TaskCredentials};
+
+const S_ISUID: u32 = 0o4000;
 const S_ISGID: u32 = 0o2000;
 const WRITE_BITS: u32 = 0o222;
 
@@ -147,14 +150,37 @@ pub fn present(policy: &Policy, kind: Kind, disk: Owner, record: Option<&Record>
     }
 }
 
-/// The caller of an operation, as the kernel reports it.
+/// The maker of a new entry, as the kernel reports it with a creation request (MKNOD,
+/// MKDIR, SYMLINK, CREATE; fs/fuse/dir.c `fuse_simple_idmap_request`): its file-system
+/// uid and gid, which on an idmapped mount the kernel has already mapped through the
+/// mount's idmapping into the view's own IDs (fs/fuse/dev.c `fuse_fill_creds`). They
+/// are the owner and group a new entry gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Caller {
+pub struct Creator {
     pub uid: u32,
     pub gid: u32,
     /// The calling thread, in the daemon's pid namespace (0 when it is not visible
-    /// there): where its supplementary groups are read, which FUSE does not send.
+    /// there).
     pub pid: u32,
+}
+
+/// The caller of any other operation: only its thread. A view that declares
+/// `FUSE_ALLOW_IDMAP` (so that a container runtime can idmap it) is sent no uid or gid
+/// with these requests (`FUSE_INVALID_UIDGID`), on every mount of its connection,
+/// idmapped or not; the pid is still sent. So whatever the daemon decides about such a
+/// caller it learns from the thread itself ([`crate::sys::process::task_credentials`]),
+/// or it leaves the decision to the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The calling thread, in the daemon's pid namespace (0 when it is not visible
+    /// there: nothing is known of it, and every decision about it fails closed).
+    pub pid: u32,
+}
+
+impl From<Creator> for Caller {
+    fn from(c: Creator) -> Caller {
+        Caller { pid: c.pid }
+    }
 }
 
 /// The access an open asks for.
@@ -175,23 +201,23 @@ impl Want {
     }
 }
 
-/// Whether `caller` may open an entry shown as `shown` for `want`: the kernel's
+/// Whether `creator` may open an entry shown as `shown` for `want`: the kernel's
 /// `generic_permission` on the presented attributes, without ACLs (views offer none).
 /// The owner class decides for the owner, the group class for a member of the group
 /// (`in_group` asks about supplementary groups, only when needed), "other" for the
 /// rest; uid 0 may do anything, as with `CAP_DAC_OVERRIDE`.
 pub fn may_open(
     shown: Owner,
-    caller: Caller,
+    creator: Creator,
     want: Want,
     in_group: impl FnOnce(u32) -> bool,
 ) -> bool {
-    if caller.uid == 0 {
+    if creator.uid == 0 {
         return true;
     }
-    let bits = if shown.uid == caller.uid {
+    let bits = if shown.uid == creator.uid {
         shown.perm >> 6
-    } else if shown.gid == caller.gid || in_group(shown.gid) {
+    } else if shown.gid == creator.gid || in_group(shown.gid) {
         shown.perm >> 3
     } else {
         shown.perm
@@ -199,25 +225,41 @@ pub fn may_open(
     (!want.read || bits & 0o4 != 0) && (!want.write || bits & 0o2 != 0)
 }
 
-/// The set-id bits a write by `caller` drops from a file shown as `shown`, by Linux's
-/// rule (fs/attr.c `setattr_should_drop_suidgid`): setuid always; setgid where group
-/// execute is set, or where the writer is not in the file's group (`in_group` asks
-/// about supplementary groups, only when needed); none for uid 0 (`CAP_FSETID`).
+/// The set-id bits a write by a caller with credentials `caller` (read only when the
+/// file has such bits; `None`: nothing is known of the caller) drops from a file shown
+/// as `shown`, by Linux's rule (fs/attr.c `setattr_should_drop_suidgid`): none for a
+/// caller with `CAP_FSETID` in the initial user namespace (`capable()`); else setuid
+/// always, and setgid where group execute is set, or where the caller is neither in
+/// the file's group nor privileged over the file in its own user namespace
+/// (`in_group_or_capable`). An unknown caller counts as neither: it drops both.
+///
+/// The caller's groups are compared in its own user namespace's IDs, which are the
+/// mount's for every mount a container runtime makes (it idmaps a container's volumes
+/// with the container's own namespace) and for the node's own mounts
+/// (docs/SEMANTICS.md, *Pods in user namespaces*).
 pub fn set_id_bits_a_write_drops(
     shown: Owner,
-    caller: Caller,
-    in_group: impl FnOnce(u32) -> bool,
+    caller: impl FnOnce() -> Option<TaskCredentials>,
 ) -> u32 {
-    if caller.uid == 0 {
+    let (suid, sgid) = (shown.perm & S_ISUID, shown.perm & S_ISGID);
+    if suid | sgid == 0 {
         return 0;
     }
-    let mut kill = shown.perm & 0o4000;
-    if shown.perm & S_ISGID != 0
-        && (shown.perm & 0o010 != 0 || !(shown.gid == caller.gid || in_group(shown.gid)))
-    {
-        kill |= S_ISGID;
+    let Some(c) = caller() else {
+        return suid | sgid;
+    };
+    if c.capable(CAP_FSETID) {
+        return 0;
     }
-    kill
+    let privileged_over = |o: Owner| {
+        c.has_cap(CAP_FSETID) && c.uid_map.maps_inside(o.uid) && c.gid_map.maps_inside(o.gid)
+    };
+    if sgid != 0 && (shown.perm & 0o010 != 0 || !(c.in_group(shown.gid) || privileged_over(shown)))
+    {
+        suid | sgid
+    } else {
+        suid
+    }
 }
 
 /// The mode a chown or chgrp leaves: on anything but a directory it clears setuid, and
@@ -243,7 +285,7 @@ pub fn perm_after_chown(kind: Kind, perm: u32) -> u32 {
 /// read-only, as the CIFS client does.
 pub fn new_entry_record(
     policy: &Policy,
-    caller: Caller,
+    caller: Creator,
     parent: Owner,
     kind: Kind,
     requested: u32,
@@ -545,7 +587,7 @@ mod tests {
     fn new_entries_in_fsgroup() {
         let p = fsgroup(false);
         let parent = own(0, G, 0o2775);
-        let caller = Caller {
+        let caller = Creator {
             pid: 0,
             uid: 1000,
             gid: 1000,
@@ -593,7 +635,7 @@ mod tests {
 
     #[test]
     fn new_entries_in_cifs() {
-        let caller = Caller {
+        let caller = Creator {
             pid: 0,
             uid: 1000,
             gid: 1000,
@@ -729,35 +771,116 @@ mod tests {
     }
 
     #[test]
-    fn a_write_drops_setgid_where_linux_does() {
-        let file = |perm| Owner {
-            uid: 1000,
+    fn a_write_drops_set_id_bits_where_linux_does() {
+        use crate::sys::process::{IdMap, TaskCredentials};
+        let file = |uid, perm| Owner {
+            uid,
             gid: 4242,
             perm,
         };
-        let caller = |uid, gid| Caller { uid, gid, pid: 0 };
-        let member = |g: u32| g == 4242;
-        let stranger = |_: u32| false;
-        // (shown, caller, in a supplementary group?, dropped)
+        let all_caps = u64::MAX >> 23;
+        // A task of the node (the initial user namespace), and one of a pod whose user
+        // namespace maps 0-65535 onto 131072-196607, as kubelet gives a pod.
+        let host = |caps, fsgid, groups: &[u32]| TaskCredentials {
+            effective_caps: caps,
+            in_initial_user_ns: true,
+            fsgid,
+            groups: groups.to_vec(),
+            uid_map: IdMap::identity(),
+            gid_map: IdMap::identity(),
+        };
+        let pod_map = IdMap::parse("0 131072 65536\n").unwrap();
+        let pod = |caps, fsgid, groups: &[u32]| TaskCredentials {
+            effective_caps: caps,
+            in_initial_user_ns: false,
+            fsgid,
+            groups: groups.to_vec(),
+            uid_map: pod_map.clone(),
+            gid_map: pod_map.clone(),
+        };
+        // (what, shown, caller, dropped)
         let cases = [
-            (0o6666, caller(2000, 2000), false, 0o6000), // generic/683-685: 6666 -> 0666
-            (0o6666, caller(2000, 2000), true, 0o4000),  // a member keeps setgid
-            (0o6666, caller(2000, 4242), false, 0o4000), // primary group is the file's
-            (0o6676, caller(2000, 4242), false, 0o6000), // group execute: always
-            (0o2666, caller(2000, 2000), false, 0o2000),
-            (0o0666, caller(2000, 2000), false, 0),
-            (0o6777, caller(0, 0), false, 0), // CAP_FSETID
+            (
+                "generic/683-685: 6666 -> 0666",
+                file(1000, 0o6666),
+                host(0, 2000, &[]),
+                0o6000,
+            ),
+            (
+                "a member keeps setgid",
+                file(1000, 0o6666),
+                host(0, 2000, &[4242]),
+                0o4000,
+            ),
+            (
+                "its fsgid is the file's",
+                file(1000, 0o6666),
+                host(0, 4242, &[]),
+                0o4000,
+            ),
+            (
+                "group execute: always",
+                file(1000, 0o6676),
+                host(0, 4242, &[]),
+                0o6000,
+            ),
+            (
+                "setgid alone",
+                file(1000, 0o2666),
+                host(0, 2000, &[]),
+                0o2000,
+            ),
+            ("no set-id bits", file(1000, 0o0666), host(0, 2000, &[]), 0),
+            ("CAP_FSETID", file(1000, 0o6777), host(all_caps, 0, &[]), 0),
+            // In a pod: its groups count as the pod sees them (host 135314 is its 4242).
+            (
+                "pod member",
+                file(1000, 0o6666),
+                pod(0, 132072, &[135314]),
+                0o4000,
+            ),
+            (
+                "host gid 4242 is not the pod's",
+                file(1000, 0o6666),
+                pod(0, 132072, &[4242]),
+                0o6000,
+            ),
+            // A pod's root has every capability, but in its own namespace only: not
+            // CAP_FSETID for capable(), yet privileged over a file whose owner and group
+            // its namespace maps (capable_wrt_inode_uidgid), so setgid alone stays.
+            (
+                "pod root",
+                file(1000, 0o6666),
+                pod(all_caps, 131072, &[]),
+                0o4000,
+            ),
+            (
+                "pod root, group execute",
+                file(1000, 0o6676),
+                pod(all_caps, 131072, &[]),
+                0o6000,
+            ),
+            (
+                "pod root, owner unmapped",
+                file(70000, 0o6666),
+                pod(all_caps, 131072, &[]),
+                0o6000,
+            ),
         ];
-        for (perm, c, supplementary, want) in cases {
-            let got = set_id_bits_a_write_drops(file(perm), c, |g| {
-                if supplementary {
-                    member(g)
-                } else {
-                    stranger(g)
-                }
-            });
-            assert_eq!(got, want, "{perm:o} written by {c:?}");
+        for (what, shown, caller, want) in cases {
+            let got = set_id_bits_a_write_drops(shown, || Some(caller.clone()));
+            assert_eq!(got, want, "{what}: {:o}", shown.perm);
         }
+        // Nothing known of the caller (another pid namespace): both drop; and nothing is
+        // read for a file without set-id bits.
+        assert_eq!(
+            set_id_bits_a_write_drops(file(1000, 0o6666), || None),
+            0o6000
+        );
+        assert_eq!(
+            set_id_bits_a_write_drops(file(1000, 0o0777), || panic!("read without need")),
+            0
+        );
     }
 
     #[test]
@@ -770,7 +893,7 @@ mod tests {
 
     #[test]
     fn may_open_follows_the_presented_classes() {
-        let caller = Caller {
+        let caller = Creator {
             uid: 1000,
             gid: 1000,
             pid: 0,
@@ -791,7 +914,7 @@ mod tests {
         assert!(may_open(own(1000, G, 0o600), caller, rw, never));
         assert!(may_open(
             own(3000, G, 0o600),
-            Caller { uid: 0, ..caller },
+            Creator { uid: 0, ..caller },
             rw,
             never
         ));

@@ -124,3 +124,107 @@ pub fn dup(fd: BorrowedFd<'_>) -> SysResult<OwnedFd> {
     fd.try_clone_to_owned()
         .map_err(failed("fcntl(F_DUPFD_CLOEXEC)"))
 }
+
+/// What the kernel offers a FUSE server in the INIT request it queues when the file
+/// system is mounted: its protocol version and its flags (`flags`, and `flags2` as
+/// the high 32 bits when `FUSE_INIT_EXT` is set), before any server answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InitOffer {
+    pub major: u32,
+    pub minor: u32,
+    pub flags: u64,
+}
+
+/// `FUSE_INIT` (include/uapi/linux/fuse.h).
+const FUSE_INIT: u32 = 26;
+/// `FUSE_INIT_EXT`: `flags2` is valid.
+const FUSE_INIT_EXT: u32 = 1 << 30;
+
+impl InitOffer {
+    /// `FUSE_ALLOW_IDMAP` (Linux 6.12+, protocol 7.41).
+    pub const ALLOW_IDMAP: u64 = 1 << 40;
+
+    /// Decodes an INIT request as read from `/dev/fuse`: `struct fuse_in_header`
+    /// (40 bytes) and `struct fuse_init_in` (major, minor, max_readahead, flags, then
+    /// flags2 since protocol 7.36).
+    ///
+    /// # Errors
+    /// `EPROTO` for anything but an INIT request long enough for its fields.
+    pub fn decode(request: &[u8]) -> SysResult<InitOffer> {
+        let word = |at: usize| -> SysResult<u32> {
+            request
+                .get(at..at + 4)
+                .map(|b| u32::from_ne_bytes(b.try_into().unwrap_or_default()))
+                .ok_or(super::Errno(libc::EPROTO))
+        };
+        if word(4)? != FUSE_INIT {
+            return Err(super::Errno(libc::EPROTO));
+        }
+        let (major, minor, flags) = (word(40)?, word(44)?, word(52)?);
+        let high = if flags & FUSE_INIT_EXT != 0 {
+            word(56)?
+        } else {
+            0
+        };
+        Ok(InitOffer {
+            major,
+            minor,
+            flags: u64::from(flags) | (u64::from(high) << 32),
+        })
+    }
+}
+
+/// Reads the INIT request of a connection that was just mounted (waiting at most
+/// `limit` for it), without answering it.
+///
+/// # Errors
+/// `ETIMEDOUT` when none came, the error of reading, or `EPROTO` for another request.
+pub fn read_init(dev: BorrowedFd<'_>, limit: std::time::Duration) -> SysResult<InitOffer> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let mut fds = [PollFd::new(&dev, PollFlags::IN)];
+    let timeout = Timespec {
+        tv_sec: limit.as_secs() as i64,
+        tv_nsec: i64::from(limit.subsec_nanos()),
+    };
+    if poll(&mut fds, Some(&timeout)).map_err(failed("poll(/dev/fuse)"))? == 0 {
+        return Err(super::Errno(libc::ETIMEDOUT));
+    }
+    // The device refuses a buffer smaller than FUSE_MIN_READ_BUFFER (8 KiB).
+    let mut buf = vec![0u8; 8192 + 4096];
+    let n = rustix::io::read(dev, &mut buf).map_err(failed("read(/dev/fuse)"))?;
+    InitOffer::decode(&buf[..n])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn init(minor: u32, flags: u32, flags2: u32) -> Vec<u8> {
+        let mut r = vec![0u8; 104];
+        r[0..4].copy_from_slice(&104u32.to_ne_bytes());
+        r[4..8].copy_from_slice(&FUSE_INIT.to_ne_bytes());
+        r[40..44].copy_from_slice(&7u32.to_ne_bytes());
+        r[44..48].copy_from_slice(&minor.to_ne_bytes());
+        r[52..56].copy_from_slice(&flags.to_ne_bytes());
+        r[56..60].copy_from_slice(&flags2.to_ne_bytes());
+        r
+    }
+
+    #[test]
+    fn init_offers_are_decoded_with_their_second_flag_word() {
+        // Linux 6.12+: FUSE_INIT_EXT and ALLOW_IDMAP (bit 8 of flags2).
+        let o = InitOffer::decode(&init(41, FUSE_INIT_EXT, 1 << 8)).unwrap();
+        assert_eq!((o.major, o.minor), (7, 41));
+        assert_ne!(o.flags & InitOffer::ALLOW_IDMAP, 0);
+        // Linux 6.1 (7.38): flags2 exists but has no ALLOW_IDMAP bit.
+        let o = InitOffer::decode(&init(38, FUSE_INIT_EXT, 1 << 1)).unwrap();
+        assert_eq!(o.flags & InitOffer::ALLOW_IDMAP, 0);
+        // Without FUSE_INIT_EXT the second word is not the kernel's to read.
+        let o = InitOffer::decode(&init(35, 0, 1 << 8)).unwrap();
+        assert_eq!(o.flags & InitOffer::ALLOW_IDMAP, 0);
+        let mut other = init(41, 0, 0);
+        other[4..8].copy_from_slice(&1u32.to_ne_bytes());
+        assert!(InitOffer::decode(&other).is_err());
+        assert!(InitOffer::decode(&init(41, 0, 0)[..50]).is_err());
+    }
+}

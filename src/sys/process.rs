@@ -95,25 +95,168 @@ pub fn random_u128() -> u128 {
     u128::from_ne_bytes(buf)
 }
 
-/// The supplementary groups of thread `pid` (in this process's pid namespace), read
-/// from `/proc/PID/status`.
+/// A capability's bit in `CapEff` (`linux/capability.h`).
+pub const CAP_FSETID: u32 = 4;
+/// A capability's bit in `CapEff` (`linux/capability.h`).
+pub const CAP_SYS_ADMIN: u32 = 21;
+
+/// The inode number of the initial user namespace's nsfs file (`PROC_USER_INIT_INO`,
+/// `include/linux/proc_ns.h`): fixed by the kernel, the same on every boot.
+const INITIAL_USER_NS_INO: u64 = 0xEFFF_FFFD;
+
+/// One user namespace's ID mapping as `/proc/PID/uid_map` or `gid_map` shows it to
+/// this process: ranges of (first ID inside, first ID outside, count), where "outside"
+/// is this process's own user namespace (user_namespaces(7)).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IdMap(Vec<(u32, u32, u32)>);
+
+impl IdMap {
+    /// The identity mapping of every ID: what a task in this process's own user
+    /// namespace has.
+    pub fn identity() -> IdMap {
+        IdMap(vec![(0, 0, u32::MAX)])
+    }
+
+    /// Parses a `uid_map`/`gid_map` file.
+    ///
+    /// # Errors
+    /// `EIO` for a line that is not three numbers.
+    pub fn parse(text: &str) -> super::SysResult<IdMap> {
+        let mut ranges = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let n: Vec<u32> = line
+                .split_whitespace()
+                .map(|f| f.parse::<u32>().map_err(|_| super::Errno::EIO))
+                .collect::<Result<_, _>>()?;
+            let [inside, outside, count] = n[..] else {
+                return Err(super::Errno::EIO);
+            };
+            ranges.push((inside, outside, count));
+        }
+        Ok(IdMap(ranges))
+    }
+
+    /// The ID inside the namespace that `outside` (an ID of this process's namespace)
+    /// is, if the namespace maps it.
+    pub fn inside_of(&self, outside: u32) -> Option<u32> {
+        self.0.iter().find_map(|&(i, o, n)| {
+            let off = outside.checked_sub(o)?;
+            (off < n).then(|| i + off)
+        })
+    }
+
+    /// Whether the namespace has the ID `inside` at all.
+    pub fn maps_inside(&self, inside: u32) -> bool {
+        self.0
+            .iter()
+            .any(|&(i, _, n)| inside.checked_sub(i).is_some_and(|off| off < n))
+    }
+}
+
+/// What `/proc/PID` says of a calling thread's credentials: what the daemon needs for
+/// the few decisions it makes itself, which FUSE does not send the facts for (the
+/// caller's capabilities and supplementary groups; with `FUSE_ALLOW_IDMAP`, its uid
+/// and gid too, outside of creation requests).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskCredentials {
+    /// `CapEff`: the effective capabilities, in the task's own user namespace.
+    pub effective_caps: u64,
+    /// Whether the task is in the initial user namespace, where a capability is what
+    /// the kernel's `capable()` asks for.
+    pub in_initial_user_ns: bool,
+    /// The file-system gid and the supplementary groups, as this process's user
+    /// namespace sees them.
+    pub fsgid: u32,
+    pub groups: Vec<u32>,
+    /// The task's user namespace's mappings, as this process sees them.
+    pub uid_map: IdMap,
+    pub gid_map: IdMap,
+}
+
+impl TaskCredentials {
+    /// Whether the task has capability `cap` in its own user namespace.
+    pub fn has_cap(&self, cap: u32) -> bool {
+        self.effective_caps & (1u64 << cap) != 0
+    }
+
+    /// Whether the task has `cap` where the kernel's `capable()` looks: in the initial
+    /// user namespace.
+    pub fn capable(&self, cap: u32) -> bool {
+        self.in_initial_user_ns && self.has_cap(cap)
+    }
+
+    /// Whether `gid`, a group as the task's own user namespace sees it, is its
+    /// file-system group or one of its supplementary groups (the kernel's `in_group_p`
+    /// for a mount whose idmapping is the task's namespace, or none).
+    pub fn in_group(&self, gid: u32) -> bool {
+        std::iter::once(self.fsgid)
+            .chain(self.groups.iter().copied())
+            .any(|g| self.gid_map.inside_of(g) == Some(gid))
+    }
+
+    /// Parses the `status` file of a task and its namespace's maps.
+    ///
+    /// # Errors
+    /// `EIO` when a line the parse needs is missing or malformed.
+    pub fn parse(
+        status: &str,
+        in_initial_user_ns: bool,
+        uid_map: IdMap,
+        gid_map: IdMap,
+    ) -> super::SysResult<TaskCredentials> {
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .ok_or(super::Errno::EIO)
+        };
+        let numbers = |line: &str| -> super::SysResult<Vec<u32>> {
+            line.split_whitespace()
+                .map(|g| g.parse::<u32>().map_err(|_| super::Errno::EIO))
+                .collect()
+        };
+        let effective_caps =
+            u64::from_str_radix(field("CapEff:")?.trim(), 16).map_err(|_| super::Errno::EIO)?;
+        // Real, effective, saved and file-system gid.
+        let fsgid = *numbers(field("Gid:")?)?.get(3).ok_or(super::Errno::EIO)?;
+        let groups = numbers(field("Groups:")?)?;
+        Ok(TaskCredentials {
+            effective_caps,
+            in_initial_user_ns,
+            fsgid,
+            groups,
+            uid_map,
+            gid_map,
+        })
+    }
+}
+
+/// The credentials of thread `pid` (in this process's pid namespace), read from
+/// `/proc/PID`. The caller of a FUSE request is blocked in that request while the
+/// daemon reads them, so its pid cannot have been reused and its credentials cannot
+/// change (a thread changes only its own, and not while it waits in a system call).
 ///
 /// # Errors
 /// `ESRCH` for pid 0 (a caller this namespace cannot see), the error of reading the
-/// file, or `EIO` when it has no readable `Groups:` line.
-pub fn supplementary_groups(pid: u32) -> super::SysResult<Vec<u32>> {
+/// files, or `EIO` when they are malformed.
+pub fn task_credentials(pid: u32) -> super::SysResult<TaskCredentials> {
     if pid == 0 {
         return Err(super::Errno(libc::ESRCH));
     }
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|e| super::Errno::from_io(&e))?;
-    let line = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .ok_or(super::Errno::EIO)?;
-    line.split_whitespace()
-        .map(|g| g.parse::<u32>().map_err(|_| super::Errno::EIO))
-        .collect()
+    let read = |name: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/{name}"))
+            .map_err(|e| super::Errno::from_io(&e))
+    };
+    let status = read("status")?;
+    let ns =
+        std::fs::metadata(format!("/proc/{pid}/ns/user")).map_err(|e| super::Errno::from_io(&e))?;
+    let initial = std::os::unix::fs::MetadataExt::ino(&ns) == INITIAL_USER_NS_INO;
+    TaskCredentials::parse(
+        &status,
+        initial,
+        IdMap::parse(&read("uid_map")?)?,
+        IdMap::parse(&read("gid_map")?)?,
+    )
 }
 
 /// What this process costs now: its resident memory in bytes (`VmRSS` of
@@ -147,4 +290,72 @@ pub fn own_usage() -> (u64, f64) {
 /// The error of `dup2`.
 pub fn redirect_stderr(file: &impl std::os::fd::AsFd) -> std::io::Result<()> {
     Ok(rustix::stdio::dup2_stderr(file)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_maps_translate_between_namespaces() {
+        // A pod's namespace as kubelet allocates it: 0-65535 onto 131072-196607.
+        let pod = IdMap::parse("         0     131072      65536\n").unwrap();
+        assert_eq!(pod.inside_of(131072), Some(0));
+        assert_eq!(pod.inside_of(135314), Some(4242));
+        assert_eq!(
+            pod.inside_of(4242),
+            None,
+            "a node ID the pod has no name for"
+        );
+        assert_eq!(pod.inside_of(196608), None);
+        assert!(pod.maps_inside(65535) && !pod.maps_inside(65536));
+        let host = IdMap::parse("0 0 4294967295\n").unwrap();
+        assert_eq!(host, IdMap::identity());
+        assert_eq!(host.inside_of(4242), Some(4242));
+        let two = IdMap::parse("0 1000 1\n1 100000 65536\n").unwrap();
+        assert_eq!(two.inside_of(1000), Some(0));
+        assert_eq!(two.inside_of(100001), Some(2));
+        assert!(IdMap::parse("0 1000\n").is_err());
+    }
+
+    #[test]
+    fn credentials_come_from_status() {
+        let status = "Name:\tsh\nUid:\t1000\t1000\t1000\t1000\nGid:\t132072\t132072\t132072\t135314\n\
+                      Groups:\t135314 131072 \nCapEff:\t0000000000000010\n";
+        let pod = IdMap::parse("0 131072 65536").unwrap();
+        let c = TaskCredentials::parse(status, false, pod.clone(), pod).unwrap();
+        assert_eq!(c.fsgid, 135314, "the file-system gid, fourth");
+        assert_eq!(c.groups, [135314, 131072]);
+        assert!(
+            c.has_cap(CAP_FSETID) && !c.capable(CAP_FSETID),
+            "its own namespace only"
+        );
+        assert!(c.in_group(4242) && c.in_group(0) && !c.in_group(1000));
+        assert!(
+            TaskCredentials::parse("Gid:\t1\n", true, IdMap::identity(), IdMap::identity())
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn this_process_reads_as_it_is() {
+        let me = task_credentials(std::process::id()).unwrap();
+        assert_eq!(me.fsgid, rustix::process::getegid().as_raw());
+        let mut groups: Vec<u32> = rustix::process::getgroups()
+            .unwrap()
+            .iter()
+            .map(|g| g.as_raw())
+            .collect();
+        groups.sort_unstable();
+        let mut read = me.groups.clone();
+        read.sort_unstable();
+        assert_eq!(read, groups);
+        assert_eq!(me.has_cap(CAP_SYS_ADMIN), is_root());
+        // Its own namespace maps every one of its groups to itself.
+        assert!(me.in_group(me.fsgid));
+        assert!(
+            task_credentials(0).is_err(),
+            "pid 0: a caller this namespace cannot see"
+        );
+    }
 }

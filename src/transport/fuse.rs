@@ -34,7 +34,9 @@ use super::ratelimit::{RateLimit, Verdict};
 use super::stats::{Op, ViewStats, errno_name};
 use crate::fs::error::FsError;
 use crate::fs::inode::DataFile;
-use crate::fs::view::Caller;
+use crate::fs::journal::Negotiated;
+use crate::fs::ops::Existing;
+use crate::fs::view::{Caller, Creator};
 
 /// Largest write the kernel sends in one request.
 const MAX_WRITE: u32 = 1 << 20;
@@ -117,6 +119,11 @@ pub struct FuseView {
     passthrough_mode: Passthrough,
     /// Negotiated at INIT, or handed over with the connection.
     passthrough: Arc<AtomicBool>,
+    /// `FUSE_ALLOW_IDMAP` negotiated at INIT, or handed over with the connection.
+    idmap: Arc<AtomicBool>,
+    /// Whether the mount has `default_permissions`, without which the kernel refuses
+    /// `FUSE_ALLOW_IDMAP` (it fails the connection).
+    kernel_checks: bool,
     warned_backing: AtomicBool,
     attr_ttl: Duration,
     entry_ttl: Duration,
@@ -204,6 +211,7 @@ impl FuseView {
     pub fn new(
         fs: ViewFs,
         passthrough: Passthrough,
+        kernel_checks: bool,
         attr_ttl: Duration,
         entry_ttl: Duration,
     ) -> FuseView {
@@ -212,6 +220,8 @@ impl FuseView {
             dev: None,
             passthrough_mode: passthrough,
             passthrough: Arc::new(AtomicBool::new(false)),
+            idmap: Arc::new(AtomicBool::new(false)),
+            kernel_checks,
             warned_backing: AtomicBool::new(false),
             attr_ttl,
             entry_ttl,
@@ -244,11 +254,22 @@ impl FuseView {
         self.passthrough.load(Ordering::Relaxed)
     }
 
+    /// What the connection's INIT negotiated.
+    pub fn negotiated(&self) -> Negotiated {
+        Negotiated {
+            passthrough: self.passthrough(),
+            idmap: self.idmap.load(Ordering::Relaxed),
+        }
+    }
+
     /// A view of a connection that another process initialized: what its INIT
     /// negotiated is handed over, not negotiated again.
-    pub fn set_negotiated(&self, passthrough: bool) {
-        self.passthrough.store(passthrough, Ordering::Relaxed);
-        self.stats.set_passthrough(passthrough);
+    pub fn set_negotiated(&self, negotiated: Negotiated) {
+        self.passthrough
+            .store(negotiated.passthrough, Ordering::Relaxed);
+        self.idmap.store(negotiated.idmap, Ordering::Relaxed);
+        self.stats.set_passthrough(negotiated.passthrough);
+        self.stats.set_idmap(negotiated.idmap);
     }
 
     /// Another adapter over the same core, counters and connection: the one that
@@ -259,6 +280,8 @@ impl FuseView {
             dev: self.dev.clone(),
             passthrough_mode: self.passthrough_mode,
             passthrough: Arc::clone(&self.passthrough),
+            idmap: Arc::clone(&self.idmap),
+            kernel_checks: self.kernel_checks,
             warned_backing: AtomicBool::new(self.warned_backing.load(Ordering::Relaxed)),
             attr_ttl: self.attr_ttl,
             entry_ttl: self.entry_ttl,
@@ -315,7 +338,7 @@ impl FuseView {
             FsError::Os(_) => failed_call.unwrap_or("-"),
             _ => "-",
         };
-        if expected(errno) {
+        if expected(errno) || matches!(e, FsError::NameAppeared) {
             tracing::debug!(op = op.name(), ino, syscall, errno = %errno_name(errno), error = %e, "operation failed");
             return;
         }
@@ -508,6 +531,11 @@ fn done_before<T>(
     redo_as_done(req.unique().0, r, already, then)
 }
 
+/// Whether the kernel sent a request again (bit 63 of `unique`: `FUSE_UNIQUE_RESEND`).
+fn resent(unique: u64) -> bool {
+    unique & (1 << 63) != 0
+}
+
 /// [`done_before`] on the request's `unique` (bit 63: `FUSE_UNIQUE_RESEND`).
 fn redo_as_done<T>(
     unique: u64,
@@ -515,9 +543,8 @@ fn redo_as_done<T>(
     already: i32,
     then: impl FnOnce() -> Result<T, FsError>,
 ) -> Result<T, FsError> {
-    const RESENT: u64 = 1 << 63;
     match r {
-        Err(e) if unique & RESENT != 0 && e.errno() == already => {
+        Err(e) if resent(unique) && e.errno() == already => {
             tracing::info!(
                 errno = %errno_name(already),
                 "a resent request was carried out before its first server died"
@@ -528,13 +555,33 @@ fn redo_as_done<T>(
     }
 }
 
+/// The caller of a request that creates nothing: its thread only. With
+/// `FUSE_ALLOW_IDMAP` the header's uid and gid are `FUSE_INVALID_UIDGID` here, on every
+/// mount of the connection (fs/fuse/dev.c `fuse_fill_creds`), so they are not passed on
+/// at all, negotiated or not.
 fn caller(req: &Request) -> Caller {
-    Caller {
-        uid: req.uid(),
-        gid: req.gid(),
-        pid: req.pid(),
-    }
+    Caller { pid: req.pid() }
 }
+
+/// The maker of a new entry: a creation request's uid and gid, mapped by the kernel
+/// through the mount's idmapping. The kernel always sends them with MKNOD, MKDIR,
+/// SYMLINK and CREATE; a request without them (`FUSE_INVALID_UIDGID`) is refused with
+/// `EOVERFLOW`, what the kernel answers for a caller whose IDs the mount cannot map,
+/// rather than record an owner of 4294967295.
+fn creator(req: &Request) -> Result<Creator, FsError> {
+    let (uid, gid) = (req.uid(), req.gid());
+    if uid == FUSE_INVALID_UIDGID || gid == FUSE_INVALID_UIDGID {
+        return Err(FsError::Os(crate::sys::Errno(libc::EOVERFLOW)));
+    }
+    Ok(Creator {
+        uid,
+        gid,
+        pid: req.pid(),
+    })
+}
+
+/// `FUSE_INVALID_UIDGID` (include/uapi/linux/fuse.h).
+const FUSE_INVALID_UIDGID: u32 = u32::MAX;
 
 impl Filesystem for FuseView {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
@@ -575,6 +622,33 @@ impl Filesystem for FuseView {
                 }
             }
         }
+        // Idmapped mounts (a container runtime's, for a pod in a user namespace). The
+        // kernel lifts SB_I_NOIDMAP only for a default_permissions mount, and fails the
+        // connection on this flag without it (fs/fuse/inode.c `process_init_reply`).
+        // Once allowed, it sends uid and gid with creation requests only, on every
+        // mount of the connection (fs/fuse/dev.c `fuse_fill_creds`): the view takes
+        // them from creation requests alone whether or not this is negotiated
+        // (`caller`, `creator` below).
+        let idmap = match (
+            caps.contains(InitFlags::FUSE_ALLOW_IDMAP),
+            self.kernel_checks,
+        ) {
+            (true, true) => config.add_capabilities(InitFlags::FUSE_ALLOW_IDMAP).is_ok(),
+            (true, false) => {
+                tracing::info!(
+                    "noperm: the view cannot be idmapped (the kernel allows idmapped FUSE mounts only with its own permission checks); pods in user namespaces cannot use it"
+                );
+                false
+            }
+            (false, _) => {
+                tracing::info!(
+                    "this kernel's FUSE cannot idmap a mount (Linux 6.12 or later can): pods in user namespaces cannot use this view"
+                );
+                false
+            }
+        };
+        self.idmap.store(idmap, Ordering::Relaxed);
+        self.stats.set_idmap(idmap);
         if self.ring {
             if !caps.contains(InitFlags::FUSE_OVER_IO_URING) {
                 return Err(io::Error::new(
@@ -587,6 +661,7 @@ impl Filesystem for FuseView {
         self.stats.set_passthrough(self.passthrough());
         tracing::info!(
             passthrough = self.passthrough(),
+            idmap,
             ring = self.ring,
             "FUSE session initialised"
         );
@@ -679,7 +754,7 @@ impl Filesystem for FuseView {
         reply: ReplyEntry,
     ) {
         self.entry(Op::Mknod, parent.0, reply, || {
-            let r = self.fs.mknod(parent.0, name, mode, caller(req));
+            let r = self.fs.mknod(parent.0, name, mode, creator(req)?);
             done_before(req, r, libc::EEXIST, || self.fs.lookup(parent.0, name))
         });
     }
@@ -694,7 +769,7 @@ impl Filesystem for FuseView {
         reply: ReplyEntry,
     ) {
         self.entry(Op::Mkdir, parent.0, reply, || {
-            let r = self.fs.mkdir(parent.0, name, mode, caller(req));
+            let r = self.fs.mkdir(parent.0, name, mode, creator(req)?);
             done_before(req, r, libc::EEXIST, || self.fs.lookup(parent.0, name))
         });
     }
@@ -724,7 +799,7 @@ impl Filesystem for FuseView {
         self.entry(Op::Symlink, parent.0, reply, || {
             let r = self
                 .fs
-                .symlink(parent.0, link_name, target.as_os_str(), caller(req));
+                .symlink(parent.0, link_name, target.as_os_str(), creator(req)?);
             done_before(req, r, libc::EEXIST, || self.fs.lookup(parent.0, link_name))
         });
     }
@@ -799,10 +874,18 @@ impl Filesystem for FuseView {
             parent.0,
             reply,
             |_| {
-                let r = self.fs.create(parent.0, name, mode, flags, caller(req));
+                let who = creator(req)?;
+                // A resent request's first server may have made the very file.
+                let existing = if resent(req.unique().0) {
+                    Existing::Open
+                } else {
+                    Existing::Kernel
+                };
+                let r = self.fs.create(parent.0, name, mode, flags, who, existing);
                 done_before(req, r, libc::EEXIST, || {
                     let flags = flags & !libc::O_EXCL;
-                    self.fs.create(parent.0, name, mode, flags, caller(req))
+                    self.fs
+                        .create(parent.0, name, mode, flags, who, Existing::Open)
                 })
             },
             |reply,

@@ -21,6 +21,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fs::journal::Negotiated;
+
 use crate::sys::fdpass::{self, FDS_PER_MESSAGE};
 use crate::wire::{NamedSocket, read_frame, write_frame};
 
@@ -119,6 +121,9 @@ enum Reply {
     /// Followed by `fds` descriptors: the connection's first, then the snapshot's.
     Handover {
         passthrough: bool,
+        /// Absent from what earlier versions sent, which never asked for it.
+        #[serde(default)]
+        idmap: bool,
         fds: usize,
         snapshot: ViewSnapshot,
     },
@@ -274,7 +279,8 @@ pub fn hand_over(
     write_frame(
         &stream,
         &Reply::Handover {
-            passthrough: view.passthrough(),
+            passthrough: view.negotiated().passthrough,
+            idmap: view.negotiated().idmap,
             fds: all.len(),
             snapshot,
         },
@@ -298,7 +304,7 @@ pub struct Incoming {
     pub dev: OwnedFd,
     pub snapshot: ViewSnapshot,
     pub fds: Vec<OwnedFd>,
-    pub passthrough: bool,
+    pub negotiated: Negotiated,
 }
 
 /// The line to the predecessor, which waits (stopped) until [`Confirmation::serving`]
@@ -353,13 +359,14 @@ pub fn take_over(
     write_frame(&stream, &Request::Handover(identity.clone()))?;
     // Stopping the workers waits for the requests in flight; a stuck backend can make
     // that long, but the view's own timeouts bound the rest.
-    let (passthrough, count, snapshot) = match read_frame(&stream)? {
+    let (negotiated, count, snapshot) = match read_frame(&stream)? {
         Reply::Refused(why) => return Err(HandoverError::Refused(why)),
         Reply::Handover {
             passthrough,
+            idmap,
             fds,
             snapshot,
-        } => (passthrough, fds, snapshot),
+        } => (Negotiated { passthrough, idmap }, fds, snapshot),
     };
     let mut fds = Vec::with_capacity(count);
     while fds.len() < count {
@@ -386,7 +393,7 @@ pub fn take_over(
             dev,
             snapshot,
             fds: fds.collect(),
-            passthrough,
+            negotiated,
         },
         Confirmation { stream },
     )))

@@ -9,6 +9,7 @@
 
 pub mod fuse;
 pub mod handover;
+pub mod probe;
 pub mod ratelimit;
 pub mod ring;
 pub mod stats;
@@ -205,6 +206,7 @@ pub fn build(
     Ok(fuse::FuseView::new(
         fs,
         options.passthrough,
+        options.kernel_permission_checks(),
         options.attr_timeout,
         options.entry_timeout,
     ))
@@ -437,7 +439,7 @@ pub fn run_foreground(
                 "open handles of files deleted while open could not be reopened; they answer EBADF"
             );
         }
-        let (session, template) = serve_adopted(view, &dev, replayed.passthrough, &cfg)?;
+        let (session, template) = serve_adopted(view, &dev, replayed.negotiated, &cfg)?;
         let u = Unmounter::Own(OwnMount::new(&mountpoint, &dev));
         (session, u, Some(dev), Some(template), None)
     } else if busy {
@@ -452,7 +454,7 @@ pub fn run_foreground(
             confirmation.failed(&e.to_string());
             return Err(takeover_err(handover::HandoverError::Failed(e.to_string())));
         }
-        let (session, template) = serve_adopted(view, &dev, incoming.passthrough, &cfg)?;
+        let (session, template) = serve_adopted(view, &dev, incoming.negotiated, &cfg)?;
         let u = Unmounter::Own(OwnMount::new(&mountpoint, &dev));
         (session, u, Some(dev), Some(template), Some(confirmation))
     } else if as_root {
@@ -643,10 +645,10 @@ pub fn run_foreground(
 fn serve_adopted(
     mut view: fuse::FuseView,
     dev: &Arc<OwnedFd>,
-    passthrough: bool,
+    negotiated: journal::Negotiated,
     cfg: &::fuser::Config,
 ) -> Result<(::fuser::Session<fuse::FuseView>, fuse::FuseView), MountError> {
-    view.set_negotiated(passthrough);
+    view.set_negotiated(negotiated);
     view.attach(Arc::clone(dev));
     let template = view.resume();
     let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(|e| MountError::Session(e.into()))?;
@@ -670,7 +672,7 @@ fn keep_journal(
         );
         return;
     }
-    let passthrough = view.passthrough();
+    let negotiated = view.negotiated();
     let keep = {
         let (holder, mountpoint, dev) = (
             Arc::clone(holder),
@@ -679,7 +681,7 @@ fn keep_journal(
         );
         move |j: &journal::Journal| holder.hold(&mountpoint, dev.as_fd(), j.fd())
     };
-    if let Err(e) = fs.journal_to(passthrough, &keep) {
+    if let Err(e) = fs.journal_to(negotiated, &keep) {
         tracing::warn!(error = %e, "the keeper does not hold this view: a crash of it would cost a remount");
         return;
     }
@@ -691,7 +693,7 @@ fn keep_journal(
             loop {
                 std::thread::sleep(COMPACT_EVERY);
                 if fs.journal_wants_compaction(COMPACT_FLOOR) {
-                    match fs.journal_to(passthrough, &keep) {
+                    match fs.journal_to(negotiated, &keep) {
                         Ok(()) => tracing::debug!("journal compacted"),
                         Err(e) => tracing::warn!(error = %e, "cannot compact the journal; it keeps growing"),
                     }

@@ -82,6 +82,7 @@ static BUSY_SLOTS_GIVEN: std::sync::atomic::AtomicUsize = std::sync::atomic::Ato
 pub struct ViewStats {
     ops: Vec<OpStats>,
     passthrough: AtomicBool,
+    idmap: AtomicBool,
     ring_requests: AtomicU64,
     walked_ahead: AtomicU64,
     opened_ahead: AtomicU64,
@@ -110,6 +111,7 @@ impl Default for ViewStats {
         ViewStats {
             ops: Op::ALL.iter().map(|_| OpStats::default()).collect(),
             passthrough: AtomicBool::new(false),
+            idmap: AtomicBool::new(false),
             ring_requests: AtomicU64::new(0),
             walked_ahead: AtomicU64::new(0),
             opened_ahead: AtomicU64::new(0),
@@ -136,6 +138,9 @@ pub struct OpSnapshot {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     pub passthrough: bool,
+    /// Whether a container runtime can idmap the view (`FUSE_ALLOW_IDMAP` negotiated).
+    #[serde(default)]
+    pub idmap: bool,
     /// Requests the kernel handed over io_uring (`transport=ring`) rather than
     /// `/dev/fuse`.
     #[serde(default)]
@@ -242,6 +247,11 @@ impl ViewStats {
         self.passthrough.store(on, Ordering::Relaxed);
     }
 
+    /// Whether the view's mounts can be idmapped (`FUSE_ALLOW_IDMAP` negotiated).
+    pub fn set_idmap(&self, on: bool) {
+        self.idmap.store(on, Ordering::Relaxed);
+    }
+
     /// The numbers now.
     pub fn snapshot(&self) -> Snapshot {
         let ops = Op::ALL
@@ -283,6 +293,7 @@ impl ViewStats {
         let (resident_bytes, cpu_seconds) = crate::sys::process::own_usage();
         Snapshot {
             passthrough: self.passthrough.load(Ordering::Relaxed),
+            idmap: self.idmap.load(Ordering::Relaxed),
             ring_requests: self.ring_requests.load(Ordering::Relaxed),
             walked_ahead: self.walked_ahead.load(Ordering::Relaxed),
             opened_ahead: self.opened_ahead.load(Ordering::Relaxed),

@@ -30,7 +30,7 @@ impl ViewFs {
     /// The error of making the journal, or of `keep`.
     pub fn journal_to(
         &self,
-        passthrough: bool,
+        negotiated: crate::fs::journal::Negotiated,
         keep: impl FnOnce(&Journal) -> std::io::Result<()>,
     ) -> std::io::Result<()> {
         let next = Journal::create()?;
@@ -50,7 +50,7 @@ impl ViewFs {
                     v
                 })
                 .collect();
-            next.write_tables(passthrough, &table, &handles);
+            next.write_tables(negotiated, &table, &handles);
             keep(&next)?;
             match (journaling.as_ref(), guard.as_mut()) {
                 (Some(j), Some(g)) => j.install(g, next),
@@ -149,19 +149,12 @@ impl ViewFs {
         let wants_write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         if wants_write {
             self.writable()?;
-            // One read of the record serves both checks; root needs it only for CIFS.
-            let needs_record = caller.uid != 0 || matches!(self.policy, Policy::Cifs { .. });
-            let rec = if needs_record {
-                self.record_for(&inode)?
-            } else {
-                None
-            };
+            // One read of the record serves both checks.
+            let rec = self.record_for(&inode)?;
             if view::write_refused(&self.policy, inode.kind, rec.as_ref()) {
                 return Err(FsError::ReadOnlyFile);
             }
-            if caller.uid != 0 {
-                self.drop_set_id_for_writer(&inode, rec, caller)?;
-            }
+            self.drop_set_id_for_writer(&inode, rec, caller)?;
         }
         let data = self.shared_data(&inode, wants_write)?;
         let direct = self.serves_direct(flags, &data)?;
@@ -190,11 +183,12 @@ impl ViewFs {
 
     /// The kernel leaves dropping set-id bits on write to the view
     /// (`FUSE_HANDLE_KILLPRIV_V2`, which spares a `security.capability` lookup per
-    /// write), and passthrough writes never reach the daemon. So a writer without
-    /// `CAP_FSETID` (any caller but root) drops what the kernel drops on its first
-    /// write ([`view::set_id_bits_a_write_drops`]) when it opens the file for writing.
-    /// The backing file system itself still removes `security.capability` on every
-    /// write, passthrough included.
+    /// write), and passthrough writes never reach the daemon. So a writer drops what
+    /// the kernel drops on its first write ([`view::set_id_bits_a_write_drops`]) when it
+    /// opens the file for writing. Whether it has `CAP_FSETID`, and its groups, come
+    /// from `/proc`, and only for a file that has set-id bits: FUSE sends neither (nor,
+    /// once the view allows idmapped mounts, its uid). The backing file system itself
+    /// still removes `security.capability` on every write, passthrough included.
     pub(super) fn drop_set_id_for_writer(
         &self,
         inode: &Arc<Inode>,
@@ -208,9 +202,7 @@ impl ViewFs {
             gid: shown.gid,
             perm: shown.perm,
         };
-        let kill = view::set_id_bits_a_write_drops(owner, caller, |gid| {
-            Self::in_supplementary_group(caller, gid)
-        });
+        let kill = view::set_id_bits_a_write_drops(owner, || Self::credentials(caller));
         if kill == 0 {
             return Ok(());
         }

@@ -25,11 +25,13 @@ use crate::sys::{dir, xattr};
 use super::error::{FsError, FsResult};
 use super::inode::{DataFile, Inode, InodeTable};
 use super::record::{self, RECORD_XATTR, Record};
-use super::view::{self, Caller, Owner, OwnerChange, Policy};
+use super::view::{self, Caller, Creator, Owner, OwnerChange, Policy};
 
 mod dirs;
 mod handles;
 pub mod namespace;
+
+pub use namespace::Existing;
 mod xattrs;
 
 /// Attributes as the view presents them.
@@ -286,12 +288,11 @@ impl ViewFs {
         })
     }
 
-    /// Whether `caller` has `gid` among its supplementary groups, which FUSE does not
-    /// send: read from `/proc` (a caller in another PID namespace, pid 0, has none
-    /// that the daemon can see).
-    pub(super) fn in_supplementary_group(caller: Caller, gid: u32) -> bool {
-        crate::sys::process::supplementary_groups(caller.pid)
-            .is_ok_and(|groups| groups.contains(&gid))
+    /// What `/proc` says of `caller`'s credentials, which FUSE does not send (`None`
+    /// for a caller in another pid namespace, pid 0, or one that cannot be read: every
+    /// decision about it fails closed).
+    pub(super) fn credentials(caller: Caller) -> Option<crate::sys::process::TaskCredentials> {
+        crate::sys::process::task_credentials(caller.pid).ok()
     }
 
     /// Applies the view's `noatime`/`nodiratime` to a descriptor it reads through.
@@ -661,7 +662,7 @@ mod tests {
     }
 
     const ROOT: u64 = 1;
-    const ME: Caller = Caller {
+    const ME: Creator = Creator {
         uid: 1000,
         gid: 1000,
         pid: 0,
@@ -675,7 +676,7 @@ mod tests {
     fn a_compaction_never_waits_for_a_listing_that_waits_for_it() {
         let dir = populated(4);
         let v = std::sync::Arc::new(view(dir.path(), "gid=5"));
-        v.journal_to(false, |_| Ok(())).unwrap();
+        v.journal_to(Default::default(), |_| Ok(())).unwrap();
         let fh = v.opendir(ROOT).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let listing = {
@@ -686,7 +687,9 @@ mod tests {
                 let _stream = lock(&d.stream);
                 let compaction = {
                     let v = std::sync::Arc::clone(&v);
-                    std::thread::spawn(move || v.journal_to(false, |_| Ok(())).unwrap())
+                    std::thread::spawn(move || {
+                        v.journal_to(Default::default(), |_| Ok(())).unwrap()
+                    })
                 };
                 // Let the compaction take the table's lock first.
                 std::thread::sleep(std::time::Duration::from_millis(300));
@@ -715,7 +718,7 @@ mod tests {
             *lock(&held) = Some(rustix::io::dup(j.fd())?);
             Ok(())
         };
-        v.journal_to(false, keep).unwrap();
+        v.journal_to(Default::default(), keep).unwrap();
         let name = |i: usize| format!("f{i}");
         let ids: Vec<u64> = (0..20)
             .map(|i| v.lookup(ROOT, OsStr::new(&name(i))).unwrap().ino)
@@ -725,7 +728,7 @@ mod tests {
         }
         let fhs: Vec<u64> = ids[10..15]
             .iter()
-            .map(|id| v.open(*id, libc::O_RDONLY, ME).unwrap().fh)
+            .map(|id| v.open(*id, libc::O_RDONLY, ME.into()).unwrap().fh)
             .collect();
         v.release(fhs[0]);
         let d = v.opendir(ROOT).unwrap();
@@ -736,7 +739,7 @@ mod tests {
         };
         let before = held_len();
         // Compacted: the new journal is what the keeper holds, and says only what is.
-        v.journal_to(false, keep).unwrap();
+        v.journal_to(Default::default(), keep).unwrap();
         let after = held_len();
         assert!(
             after < before,
@@ -744,7 +747,7 @@ mod tests {
         );
         // Changes after the compaction go to the new journal.
         v.forget(ids[19], 1);
-        let late = v.open(ids[18], libc::O_RDONLY, ME).unwrap().fh;
+        let late = v.open(ids[18], libc::O_RDONLY, ME.into()).unwrap().fh;
         v.release(fhs[1]);
         let r = Replayed::read(lock(&held).as_ref().unwrap()).unwrap();
         let want: BTreeSet<u64> = ids[10..19].iter().copied().collect();
@@ -973,7 +976,7 @@ mod tests {
         let dir = populated(600);
         let v = view(dir.path(), "gid=5");
         let held: Mutex<Option<OwnedFd>> = Mutex::new(None);
-        v.journal_to(false, |j| {
+        v.journal_to(Default::default(), |j| {
             *lock(&held) = Some(rustix::io::dup(j.fd())?);
             Ok(())
         })
@@ -1150,6 +1153,7 @@ mod tests {
                 0o100640,
                 libc::O_EXCL | libc::O_RDWR,
                 ME,
+                Existing::Open,
             )
             .unwrap();
         assert_eq!((attr.uid, attr.gid, attr.perm), (1000, 5, 0o640));
@@ -1157,37 +1161,87 @@ mod tests {
         assert_eq!(v.write(fh, 0, b"abc", false).unwrap(), 3);
         assert_eq!(v.read(fh, 1, 10, false).unwrap(), b"bc");
         assert_eq!(
-            v.create(ROOT, OsStr::new("n"), 0o100600, libc::O_EXCL, ME)
-                .err(),
+            v.create(
+                ROOT,
+                OsStr::new("n"),
+                0o100600,
+                libc::O_EXCL,
+                ME,
+                Existing::Open
+            )
+            .err(),
             Some(FsError::Os(Errno::EEXIST))
         );
-        // Without O_EXCL an existing file is opened, its record untouched, but only for
-        // a caller the presented attributes let in (0640 1000:5).
-        let stranger = Caller {
+        // Without O_EXCL the name is left to the kernel, which looks it up again and
+        // opens it with its own checks.
+        assert_eq!(
+            v.create(
+                ROOT,
+                OsStr::new("n"),
+                0o100600,
+                libc::O_RDWR,
+                ME,
+                Existing::Kernel
+            )
+            .err(),
+            Some(FsError::NameAppeared)
+        );
+        assert_eq!(FsError::NameAppeared.errno(), libc::ESTALE);
+        // A resent create opens an existing file itself, its record untouched, but only
+        // for a creator the presented attributes let in (0640 1000:5).
+        let stranger = Creator {
             uid: 7,
             gid: 7,
             pid: 0,
         };
         for flags in [libc::O_RDWR, libc::O_RDONLY, libc::O_WRONLY | libc::O_TRUNC] {
             assert_eq!(
-                v.create(ROOT, OsStr::new("n"), 0o100600, flags, stranger)
-                    .err(),
+                v.create(
+                    ROOT,
+                    OsStr::new("n"),
+                    0o100600,
+                    flags,
+                    stranger,
+                    Existing::Open
+                )
+                .err(),
                 Some(FsError::Os(Errno::EACCES)),
                 "flags {flags:#o}"
             );
         }
-        let member = Caller { gid: 5, ..stranger };
+        let member = Creator { gid: 5, ..stranger };
         assert_eq!(
-            v.create(ROOT, OsStr::new("n"), 0o100600, libc::O_RDWR, member)
-                .err(),
+            v.create(
+                ROOT,
+                OsStr::new("n"),
+                0o100600,
+                libc::O_RDWR,
+                member,
+                Existing::Open
+            )
+            .err(),
             Some(FsError::Os(Errno::EACCES)),
             "the group may read, not write"
         );
         let read = v
-            .create(ROOT, OsStr::new("n"), 0o100600, libc::O_RDONLY, member)
+            .create(
+                ROOT,
+                OsStr::new("n"),
+                0o100600,
+                libc::O_RDONLY,
+                member,
+                Existing::Open,
+            )
             .unwrap();
         let again = v
-            .create(ROOT, OsStr::new("n"), 0o100600, libc::O_RDWR, ME)
+            .create(
+                ROOT,
+                OsStr::new("n"),
+                0o100600,
+                libc::O_RDWR,
+                ME,
+                Existing::Open,
+            )
             .unwrap();
         assert_eq!((again.attr.uid, again.attr.perm), (1000, 0o640));
         assert!(Arc::ptr_eq(&data, &again.data), "one descriptor per inode");
@@ -1207,7 +1261,14 @@ mod tests {
         v.mknod(ROOT, OsStr::new("p"), libc::S_IFIFO | 0o640, ME)
             .unwrap();
         let c = v
-            .create(ROOT, OsStr::new("f"), 0o100640, libc::O_RDWR, ME)
+            .create(
+                ROOT,
+                OsStr::new("f"),
+                0o100640,
+                libc::O_RDWR,
+                ME,
+                Existing::Kernel,
+            )
             .unwrap();
         v.release(c.fh);
         let mut names: Vec<_> = std::fs::read_dir(dir.path())
@@ -1231,7 +1292,7 @@ mod tests {
         let x = OsStr::new(".mountgroup.x");
         assert_eq!(v.mkdir(ROOT, x, 0o755, ME), Err(FsError::NotPermitted));
         assert_eq!(
-            v.create(ROOT, x, 0o100644, 0, ME).err(),
+            v.create(ROOT, x, 0o100644, 0, ME, Existing::Kernel).err(),
             Some(FsError::NotPermitted)
         );
         assert_eq!(
@@ -1267,7 +1328,14 @@ mod tests {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o2777)).unwrap();
         let v = view(dir.path(), "");
         let c = v
-            .create(ROOT, OsStr::new("f"), 0o100644, libc::O_RDWR, ME)
+            .create(
+                ROOT,
+                OsStr::new("f"),
+                0o100644,
+                libc::O_RDWR,
+                ME,
+                Existing::Kernel,
+            )
             .unwrap();
         v.release(c.fh);
         v.mkdir(ROOT, OsStr::new("d"), 0o755, ME).unwrap();
@@ -1302,7 +1370,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let v = view(dir.path(), "gid=5");
         v.tmpfile_missing.store(no_tmpfile, Ordering::Relaxed);
-        let victim = Caller {
+        let victim = Creator {
             uid: 3000,
             gid: 5,
             pid: 0,
@@ -1321,7 +1389,7 @@ mod tests {
                 "fifo" => v.mknod(ROOT, n, libc::S_IFIFO | 0o644, ME).map(|_| ()),
                 "symlink" => v.symlink(ROOT, n, OsStr::new("x"), ME).map(|_| ()),
                 _ => v
-                    .create(ROOT, n, 0o100644, libc::O_RDWR, ME)
+                    .create(ROOT, n, 0o100644, libc::O_RDWR, ME, Existing::Kernel)
                     .map(|c| v.release(c.fh)),
             };
             // Whatever the create answers, the victim keeps its owner and mode.
@@ -1357,7 +1425,14 @@ mod tests {
                 *lock(&s) = names;
             });
             let c = v
-                .create(ROOT, OsStr::new("f"), 0o100600, libc::O_RDWR, ME)
+                .create(
+                    ROOT,
+                    OsStr::new("f"),
+                    0o100600,
+                    libc::O_RDWR,
+                    ME,
+                    Existing::Kernel,
+                )
                 .unwrap();
             v.release(c.fh);
             let seen = lock(&seen).clone();
@@ -1385,6 +1460,7 @@ mod tests {
                 0o100600,
                 libc::O_RDWR | libc::O_EXCL,
                 ME,
+                Existing::Kernel,
             );
             assert!(matches!(r, Err(FsError::Os(Errno::EEXIST))), "{no_tmpfile}");
             let mut names = std::fs::read_dir(dir.path())
@@ -1463,16 +1539,15 @@ mod tests {
         xattr::set(fd.as_fd(), c"user.a", b"1", 0).unwrap();
         let v = view(dir.path(), "gid=5");
         let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        // This test process (root, in the initial user namespace): CAP_SYS_ADMIN.
         let root = Caller {
-            uid: 0,
-            gid: 0,
-            pid: 0,
+            pid: std::process::id(),
         };
         let names = |c| match v.listxattr(f, 1000, c).unwrap() {
             XattrReply::Data(d) => d,
             XattrReply::Size(_) => unreachable!(),
         };
-        assert_eq!(names(ME), b"user.a\0");
+        assert_eq!(names(ME.into()), b"user.a\0");
         let mut all: Vec<_> = names(root).split(|b| *b == 0).map(<[u8]>::to_vec).collect();
         all.sort();
         assert_eq!(
@@ -1529,12 +1604,12 @@ mod tests {
             Err(FsError::NoAttribute)
         );
         v.setxattr(f, OsStr::new("user.a"), b"1", 0).unwrap();
-        assert_eq!(v.listxattr(f, 0, ME).unwrap(), XattrReply::Size(7));
+        assert_eq!(v.listxattr(f, 0, ME.into()).unwrap(), XattrReply::Size(7));
         assert_eq!(
-            v.listxattr(f, 100, ME).unwrap(),
+            v.listxattr(f, 100, ME.into()).unwrap(),
             XattrReply::Data(b"user.a\0".to_vec())
         );
-        assert_eq!(v.listxattr(f, 3, ME), Err(FsError::TooLarge));
+        assert_eq!(v.listxattr(f, 3, ME.into()), Err(FsError::TooLarge));
     }
 
     #[test]
@@ -1545,7 +1620,7 @@ mod tests {
         let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
         let n = OsStr::new("n");
         assert_eq!(
-            v.create(ROOT, n, 0o644, 0, ME).err(),
+            v.create(ROOT, n, 0o644, 0, ME, Existing::Kernel).err(),
             Some(FsError::ReadOnly)
         );
         assert_eq!(v.mkdir(ROOT, n, 0o755, ME), Err(FsError::ReadOnly));
@@ -1573,8 +1648,11 @@ mod tests {
             ),
             Err(FsError::ReadOnly)
         );
-        assert_eq!(v.open(f, libc::O_WRONLY, ME).err(), Some(FsError::ReadOnly));
-        let Opened { fh, data, .. } = v.open(f, libc::O_RDONLY, ME).unwrap();
+        assert_eq!(
+            v.open(f, libc::O_WRONLY, ME.into()).err(),
+            Some(FsError::ReadOnly)
+        );
+        let Opened { fh, data, .. } = v.open(f, libc::O_RDONLY, ME.into()).unwrap();
         assert!(!data.writable);
         assert_eq!(v.write(fh, 0, b"y", false), Err(FsError::ReadOnly));
         assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"x");
@@ -1589,7 +1667,7 @@ mod tests {
             .unwrap();
         assert_eq!(p.kind, Kind::Fifo);
         assert_eq!(
-            v.open(p.ino, libc::O_RDONLY, ME).err(),
+            v.open(p.ino, libc::O_RDONLY, ME.into()).err(),
             Some(FsError::WrongKind)
         );
     }

@@ -40,6 +40,26 @@ fn staging_name() -> std::ffi::OsString {
     std::ffi::OsString::from_vec(name)
 }
 
+/// What a create does with a name that exists by the time the daemon makes the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// Answer `ESTALE`: the kernel looks the name up again and opens what it finds with
+    /// its own permission checks, on the mount the caller used, with the caller's real
+    /// groups: exact in every ID space, which the daemon's own check cannot be once
+    /// the kernel sends no uid or gid outside creation requests. (fs/namei.c
+    /// `do_filp_open` retries a path walk that ended in `ESTALE` with `LOOKUP_REVAL`;
+    /// fs/fuse/dir.c `fuse_dentry_revalidate` then drops the negative dentry, and
+    /// `fuse_atomic_open` looks the name up before it would create.) A name that
+    /// appears again between that lookup and a second CREATE gives the caller
+    /// `ESTALE`.
+    Kernel,
+    /// Open it here if the presented attributes let the creator: for a CREATE the
+    /// kernel resent after the view's process died, whose first server may have made
+    /// the very file (`O_EXCL` is then dropped; `ESTALE` would make the kernel answer
+    /// `EEXIST`).
+    Open,
+}
+
 /// How a new entry gets its name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Placement {
@@ -53,11 +73,11 @@ impl ViewFs {
     /// Whether the daemon acts on an entry after making it, and so must make it where
     /// no other view can swap it: when it records ownership, or chowns it to a caller
     /// other than itself.
-    fn placement(&self, caller: Caller) -> Placement {
+    fn placement(&self, creator: Creator) -> Placement {
         match self.policy {
             Policy::Plain => {
                 let (euid, egid) = self.daemon_ids;
-                if caller.uid == euid && caller.gid == egid {
+                if creator.uid == euid && creator.gid == egid {
                     Placement::Direct
                 } else {
                     Placement::Staged
@@ -69,7 +89,7 @@ impl ViewFs {
     }
 
     /// Makes an entry of `kind` named `name` in `parent` with `make`, adopts it for
-    /// `caller`, and returns a descriptor of the very inode that `make` created.
+    /// `creator`, and returns a descriptor of the very inode that `make` created.
     ///
     /// `make` is called with the directory and the name to create; `open` opens what
     /// it made (the descriptor of a created file need not be reopened by name).
@@ -78,13 +98,13 @@ impl ViewFs {
         parent: &Arc<Inode>,
         name: &OsStr,
         new: NewEntry,
-        caller: Caller,
+        creator: Creator,
         make: impl FnOnce(std::os::fd::BorrowedFd<'_>, &OsStr) -> crate::sys::SysResult<T>,
         open: impl FnOnce(std::os::fd::BorrowedFd<'_>, &OsStr, T) -> FsResult<(OwnedFd, T)>,
     ) -> FsResult<(OwnedFd, T, Option<Record>)> {
         let pfd = parent.fd()?;
         let dir = pfd.as_fd();
-        match self.placement(caller) {
+        match self.placement(creator) {
             Placement::Direct => {
                 let made = make(dir, name)?;
                 #[cfg(test)]
@@ -99,7 +119,7 @@ impl ViewFs {
                 #[cfg(test)]
                 race_hook::run(dir, name);
                 let result = open(dir, &temp, made).and_then(|(fd, extra)| {
-                    let record = self.adopt(parent, &fd, new, caller)?;
+                    let record = self.adopt(parent, &fd, new, creator)?;
                     self.put_in_place(dir, &temp, name)?;
                     Ok((fd, extra, record))
                 });
@@ -131,7 +151,7 @@ impl ViewFs {
         parent: &Arc<Inode>,
         name: &OsStr,
         new: NewEntry,
-        caller: Caller,
+        creator: Creator,
         disk_perm: u32,
     ) -> FsResult<Option<(OwnedFd, OwnedFd, Option<Record>)>> {
         if self.tmpfile_missing.load(Ordering::Relaxed) {
@@ -151,7 +171,7 @@ impl ViewFs {
             Err(e) => return Err(e.into()),
         };
         let path_fd = file::reopen(data_fd.as_fd(), Kind::Regular, Access::Path)?;
-        let record = self.adopt(parent, &path_fd, new, caller)?;
+        let record = self.adopt(parent, &path_fd, new, creator)?;
         // What another view can do now: only the final name is within reach.
         #[cfg(test)]
         race_hook::run(dir, name);
@@ -201,10 +221,12 @@ impl ViewFs {
         parent: &Arc<Inode>,
         fd: &OwnedFd,
         new: NewEntry,
-        caller: Caller,
+        creator: Creator,
     ) -> FsResult<Option<Record>> {
         match self.policy {
-            Policy::Plain => self.give_to_caller(parent, fd, new, caller).map(|()| None),
+            Policy::Plain => self
+                .give_to_creator(parent, fd, new, creator)
+                .map(|()| None),
             _ => {
                 // Only fsgroup inherits from the parent; spare the stat otherwise.
                 let parent_shown = match self.policy {
@@ -215,8 +237,13 @@ impl ViewFs {
                         perm: 0,
                     },
                 };
-                match view::new_entry_record(&self.policy, caller, parent_shown, new.kind, new.perm)
-                {
+                match view::new_entry_record(
+                    &self.policy,
+                    creator,
+                    parent_shown,
+                    new.kind,
+                    new.perm,
+                ) {
                     Some(rec) => {
                         self.write_record(fd.as_fd(), &rec)?;
                         Ok(Some(rec))
@@ -227,47 +254,49 @@ impl ViewFs {
         }
     }
 
-    fn give_to_caller(
+    fn give_to_creator(
         &self,
         parent: &Arc<Inode>,
         fd: &OwnedFd,
         new: NewEntry,
-        caller: Caller,
+        creator: Creator,
     ) -> FsResult<()> {
         let pst = file::stat(parent.fd()?.as_fd())?;
         // Made in its parent, the entry has the group a setgid parent gives already.
-        let gid = (pst.perm & 0o2000 == 0).then_some(caller.gid);
+        let gid = (pst.perm & 0o2000 == 0).then_some(creator.gid);
         let (euid, egid) = self.daemon_ids;
-        if caller.uid == euid && gid.is_none_or(|g| g == egid) {
+        if creator.uid == euid && gid.is_none_or(|g| g == egid) {
             return Ok(());
         }
-        match file::chown(fd.as_fd(), Some(caller.uid), gid) {
+        match file::chown(fd.as_fd(), Some(creator.uid), gid) {
             Ok(()) => {}
             // A backend that cannot chown (CIFS, squashed NFS, an unprivileged daemon)
             // keeps the daemon as owner, as a CIFS mount would.
             Err(Errno::EPERM | Errno::EOPNOTSUPP | Errno::EINVAL) => return Ok(()),
             Err(e) => return Err(e.into()),
         }
-        // chown clears set-id bits; put back what the caller asked for.
+        // chown clears set-id bits; put back what the creator asked for.
         if new.perm & 0o6000 != 0 && new.kind != Kind::Symlink {
             file::chmod(fd.as_fd(), new.perm)?;
         }
         Ok(())
     }
 
-    /// Creates and opens a regular file. An existing name is opened instead unless
-    /// `O_EXCL` was asked for, and then only if the presented attributes let the
-    /// caller open it so (see [`ViewFs::open_existing`]).
+    /// Creates and opens a regular file. A name that exists by then (the kernel sent
+    /// CREATE because it believed the name absent) is `EEXIST` with `O_EXCL`, and
+    /// otherwise handled as `existing` says.
     ///
     /// # Errors
-    /// `EROFS`, `EEXIST`, `EACCES`, or the error of the system call.
+    /// `EROFS`, `EEXIST`, `ESTALE` (the name appeared: the kernel opens it itself),
+    /// `EACCES`, or the error of the system call.
     pub fn create(
         &self,
         parent: u64,
         name: &OsStr,
         mode: u32,
         flags: i32,
-        caller: Caller,
+        creator: Creator,
+        existing: Existing,
     ) -> FsResult<Created> {
         self.writable()?;
         refuse_reserved(name)?;
@@ -278,9 +307,9 @@ impl ViewFs {
             kind: Kind::Regular,
             perm,
         };
-        let unnamed = match self.placement(caller) {
+        let unnamed = match self.placement(creator) {
             Placement::Staged => self
-                .create_unnamed(&p, name, new, caller, disk_perm)
+                .create_unnamed(&p, name, new, creator, disk_perm)
                 .transpose(),
             Placement::Direct => None,
         };
@@ -289,7 +318,7 @@ impl ViewFs {
                 &p,
                 name,
                 new,
-                caller,
+                creator,
                 |dir, n| file::create_file(dir, n, disk_perm),
                 |_, _, data_fd| {
                     let path_fd = file::reopen(data_fd.as_fd(), Kind::Regular, Access::Path)?;
@@ -300,7 +329,10 @@ impl ViewFs {
         let (path_fd, data_fd, record) = match made {
             Ok(m) => m,
             Err(FsError::Os(Errno::EEXIST)) if flags & libc::O_EXCL == 0 => {
-                return self.open_existing(parent, name, flags, caller);
+                return match existing {
+                    Existing::Kernel => Err(FsError::NameAppeared),
+                    Existing::Open => self.open_existing(parent, name, flags, creator),
+                };
             }
             Err(e) => return Err(e),
         };
@@ -332,28 +364,29 @@ impl ViewFs {
         })
     }
 
-    /// The `O_CREAT` open of a name that exists. The kernel sent CREATE because it
-    /// believed the name absent, and it checks no permission on a file it thinks it
-    /// just created: so the daemon checks, on the attributes the view presents, that
-    /// the caller may open the file as asked. Supplementary groups (which FUSE does not
-    /// send) are read from the caller's `/proc/PID/status`; the caller is blocked in
-    /// this very call, so its pid cannot have been reused. Where they cannot be read
-    /// (a caller in another pid namespace), only the owner, the primary group and
-    /// "other" grant access: the check fails closed.
+    /// The `O_CREAT` open of a name that exists, by the daemon ([`Existing::Open`]):
+    /// the kernel checks no permission on a file it thinks it just created, so the
+    /// daemon checks, on the attributes the view presents, that the creator may open
+    /// the file as asked. Its uid and gid are the creation request's (mapped through
+    /// the mount's idmapping by the kernel); its supplementary groups, which FUSE does
+    /// not send, are read from `/proc` and compared in its own user namespace's IDs
+    /// (`TaskCredentials::in_group`). Where they cannot be read (a caller in another
+    /// pid namespace), only the owner, the primary group and "other" grant access: the
+    /// check fails closed.
     fn open_existing(
         &self,
         parent: u64,
         name: &OsStr,
         flags: i32,
-        caller: Caller,
+        creator: Creator,
     ) -> FsResult<Created> {
         let attr = self.lookup(parent, name)?;
         let checked = if attr.kind == Kind::Directory {
             Err(FsError::Os(Errno::EISDIR))
-        } else if self.checks_access && !self.may_open(&attr, flags, caller) {
+        } else if self.checks_access && !self.may_open(&attr, flags, creator) {
             Err(FsError::Os(Errno::EACCES))
         } else {
-            self.open(attr.ino, flags, caller)
+            self.open(attr.ino, flags, creator.into())
         };
         match checked {
             Ok(Opened { fh, data, direct }) => Ok(Created {
@@ -369,15 +402,15 @@ impl ViewFs {
         }
     }
 
-    fn may_open(&self, attr: &Attr, flags: i32, caller: Caller) -> bool {
+    fn may_open(&self, attr: &Attr, flags: i32, creator: Creator) -> bool {
         let want = view::Want::of_open_flags(flags);
         let shown = Owner {
             uid: attr.uid,
             gid: attr.gid,
             perm: attr.perm,
         };
-        view::may_open(shown, caller, want, |gid| {
-            Self::in_supplementary_group(caller, gid)
+        view::may_open(shown, creator, want, |gid| {
+            crate::sys::process::task_credentials(creator.pid).is_ok_and(|c| c.in_group(gid))
         })
     }
 
@@ -385,7 +418,7 @@ impl ViewFs {
     ///
     /// # Errors
     /// `EROFS`, `EEXIST`, or the error of the system call.
-    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> FsResult<Attr> {
+    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, creator: Creator) -> FsResult<Attr> {
         let perm = mode & file::PERM_MASK;
         let disk_perm = self.policy.disk_create_perm(perm);
         self.make_node(
@@ -395,7 +428,7 @@ impl ViewFs {
                 kind: Kind::Directory,
                 perm,
             },
-            caller,
+            creator,
             |dir, n| file::mkdir(dir, n, disk_perm),
         )
     }
@@ -404,14 +437,14 @@ impl ViewFs {
     ///
     /// # Errors
     /// `EPERM` for a device node, `EROFS`, or the error of the system call.
-    pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> FsResult<Attr> {
+    pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, creator: Creator) -> FsResult<Attr> {
         let kind = Kind::from_mode(mode).unwrap_or(Kind::Regular);
         if matches!(kind, Kind::CharDevice | Kind::BlockDevice) {
             return Err(FsError::NotPermitted);
         }
         let perm = mode & file::PERM_MASK;
         let disk_perm = self.policy.disk_create_perm(perm);
-        self.make_node(parent, name, NewEntry { kind, perm }, caller, |dir, n| {
+        self.make_node(parent, name, NewEntry { kind, perm }, creator, |dir, n| {
             file::mknod(dir, n, kind, disk_perm)
         })
     }
@@ -425,13 +458,13 @@ impl ViewFs {
         parent: u64,
         name: &OsStr,
         target: &OsStr,
-        caller: Caller,
+        creator: Creator,
     ) -> FsResult<Attr> {
         let new = NewEntry {
             kind: Kind::Symlink,
             perm: 0o777,
         };
-        self.make_node(parent, name, new, caller, |dir, n| {
+        self.make_node(parent, name, new, creator, |dir, n| {
             file::symlink(target, dir, n)
         })
     }
@@ -444,14 +477,14 @@ impl ViewFs {
         parent: u64,
         name: &OsStr,
         new: NewEntry,
-        caller: Caller,
+        creator: Creator,
         make: impl FnOnce(std::os::fd::BorrowedFd<'_>, &OsStr) -> crate::sys::SysResult<()>,
     ) -> FsResult<Attr> {
         self.writable()?;
         refuse_reserved(name)?;
         let p = self.dir(parent)?;
         let root_mnt = self.root_mnt;
-        let (fd, (), record) = self.make_entry(&p, name, new, caller, make, |dir, n, ()| {
+        let (fd, (), record) = self.make_entry(&p, name, new, creator, make, |dir, n, ()| {
             let fd = file::open_child(dir, n, root_mnt)?;
             if file::stat(fd.as_fd())?.kind != new.kind {
                 // Replaced between creation and open (direct placement only: a staged

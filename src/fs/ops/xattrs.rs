@@ -2,6 +2,7 @@
 //! namespaces refused.
 
 use super::*;
+use crate::sys::process;
 
 impl ViewFs {
     /// Reads an xattr; the daemon's own are invisible.
@@ -19,7 +20,9 @@ impl ViewFs {
     }
 
     /// Lists xattr names, without the daemon's own, and without any `trusted.` name for
-    /// a caller other than root: the kernel shows those only to `CAP_SYS_ADMIN`.
+    /// a caller without `CAP_SYS_ADMIN` in the initial user namespace: the kernel shows
+    /// those only to `capable(CAP_SYS_ADMIN)` (fs/xattr.c). The caller's capabilities
+    /// are read from `/proc`, and only when there is such a name.
     ///
     /// # Errors
     /// `ERANGE` when `size` is too small, or the error of `listxattr`.
@@ -27,9 +30,15 @@ impl ViewFs {
         let inode = self.inodes.get(ino)?;
         let all = xattr::list(inode.fd()?.as_fd())?;
         let mut shown = Vec::with_capacity(all.len());
+        let mut admin = None;
+        let mut is_admin = || {
+            *admin.get_or_insert_with(|| {
+                Self::credentials(caller).is_some_and(|c| c.capable(process::CAP_SYS_ADMIN))
+            })
+        };
         for name in all.split_inclusive(|b| *b == 0) {
             let hidden =
-                record::is_reserved(name) || (caller.uid != 0 && name.starts_with(b"trusted."));
+                record::is_reserved(name) || (name.starts_with(b"trusted.") && !is_admin());
             if !hidden {
                 shown.extend_from_slice(name);
             }
