@@ -254,7 +254,7 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-/// Safe wrapper for `mount_setattr(2)` on a detached mount: sets `nosuid,nodev`.
+/// Sets `nosuid,nodev` on a detached mount.
 ///
 /// # Errors
 /// The error of `mount_setattr(2)` (`ENOSYS` before Linux 5.12).
@@ -265,6 +265,19 @@ fn set_nosuid_nodev(tree: &OwnedFd) -> SysResult<()> {
         propagation: 0,
         userns_fd: 0,
     };
+    mount_setattr(tree, false, &attr)
+}
+
+/// Safe wrapper for `mount_setattr(2)` on the mount `tree` (and, with `recursive`, the
+/// mounts below it).
+///
+/// # Errors
+/// The error of `mount_setattr(2)` (`ENOSYS` before Linux 5.12).
+fn mount_setattr(tree: &OwnedFd, recursive: bool, attr: &MountAttr) -> SysResult<()> {
+    let mut at = libc::AT_EMPTY_PATH;
+    if recursive {
+        at |= libc::AT_RECURSIVE;
+    }
     // SAFETY: `tree` is an open mount descriptor, the path is an empty C string, and
     // `attr` is a `struct mount_attr` of the size passed; the kernel only reads it.
     #[allow(unsafe_code)]
@@ -273,8 +286,8 @@ fn set_nosuid_nodev(tree: &OwnedFd) -> SysResult<()> {
             libc::SYS_mount_setattr,
             tree.as_raw_fd(),
             c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            &raw const attr,
+            at,
+            std::ptr::from_ref(attr),
             std::mem::size_of::<MountAttr>(),
         )
     };
@@ -315,6 +328,61 @@ pub fn mount_tmpfs(target: &Path, options: &str) -> SysResult<()> {
         MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
         data.as_c_str(),
     )?)
+}
+
+/// `MOUNT_ATTR_IDMAP` (`include/uapi/linux/mount.h`).
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+/// A detached clone of the mount at `source` whose IDs are mapped through the user
+/// namespace `userns` (an open `/proc/PID/ns/user`), as a container runtime makes one
+/// of a volume for a container in a user namespace: runc's `mountFd`
+/// (libcontainer/mount_linux.go) and crun's `maybe_get_idmapped_mount`
+/// (src/libcrun/linux.c) call `open_tree(OPEN_TREE_CLONE)` and then
+/// `mount_setattr(MOUNT_ATTR_IDMAP)`. With `recursive`, the mounts below `source` are
+/// cloned and mapped too (`AT_RECURSIVE`, runc's `rbind` with `ridmap`). Attach it
+/// with [`attach_detached`]; dropping it unattached releases it.
+///
+/// # Errors
+/// The error of `open_tree(2)`, or of `mount_setattr(2)`: `EINVAL` where the file
+/// system under `source` cannot be idmapped (a FUSE mount whose server did not
+/// declare `FUSE_ALLOW_IDMAP`, a kernel before 5.12), `EPERM` for the initial user
+/// namespace or without `CAP_SYS_ADMIN`.
+pub fn idmapped_clone(
+    source: &Path,
+    userns: std::os::fd::BorrowedFd<'_>,
+    recursive: bool,
+) -> SysResult<OwnedFd> {
+    use rustix::mount::OpenTreeFlags;
+    let mut flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC;
+    if recursive {
+        flags |= OpenTreeFlags::AT_RECURSIVE;
+    }
+    let tree = rustix::mount::open_tree(rustix::fs::CWD, source, flags)
+        .map_err(super::failed("open_tree"))?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    mount_setattr(&tree, recursive, &attr)?;
+    Ok(tree)
+}
+
+/// Attaches a detached mount (from [`idmapped_clone`]) at `target`, as a runtime moves
+/// a volume into a container's root (`move_mount(MOVE_MOUNT_F_EMPTY_PATH)`).
+///
+/// # Errors
+/// The error of `move_mount(2)`.
+pub fn attach_detached(tree: std::os::fd::BorrowedFd<'_>, target: &Path) -> SysResult<()> {
+    rustix::mount::move_mount(
+        tree,
+        c"",
+        rustix::fs::CWD,
+        target,
+        rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(super::failed("move_mount"))
 }
 
 /// The file system type mounted at exactly `path` (the topmost mount there), from

@@ -1,0 +1,628 @@
+//! Pods in user namespaces (`hostUsers: false`): the volume is published through the
+//! CSI socket as kubelet publishes it, then idmapped into a "container root" as runc
+//! and crun do (tests/common/userns.rs), and the pod's processes, in the pod's user
+//! namespace as the pod's uid with the fsGroup among their groups, use it. Every kind
+//! of view can be idmapped (except `noperm`, which the kernel refuses), the view means
+//! in the pod's IDs what it means without a namespace, and the idmapped clone keeps
+//! working across a view's crash, a driver restart and a rolling update.
+
+mod common;
+#[path = "common/container.rs"]
+mod container;
+#[path = "common/driver.rs"]
+mod driver;
+#[path = "common/keeper.rs"]
+mod keeper;
+#[path = "common/userns.rs"]
+mod userns;
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use container::*;
+use driver::*;
+use keeper::*;
+use mountgroup::csi::pb;
+use mountgroup::csi::pb::volume_capability::access_mode::Mode;
+use rustix::process::Signal;
+use userns::*;
+
+/// The pod's fsGroup, as the pod sees it (kubelet passes it so in
+/// `volume_mount_group`).
+const FS_GROUP: u32 = 4242;
+/// The pod's user, and two more users of the pod: a member of the fsGroup and one
+/// outside it.
+const POD_UID: u32 = 1000;
+const MEMBER: u32 = 1001;
+const OUTSIDER: u32 = 1002;
+
+/// A driver with metrics on a free port, without a share key.
+fn driver_with_metrics(root: &Path) -> Driver {
+    Driver::start_with(
+        root,
+        root.join("share"),
+        &[
+            "--share-key-file",
+            "none",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ],
+    )
+}
+
+fn publish_with(
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    flags: &[&str],
+    group: &str,
+    readonly: bool,
+) -> pb::NodePublishVolumeRequest {
+    pb::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_string_lossy().into(),
+        target_path: target.to_string_lossy().into(),
+        volume_capability: Some(mount_cap(flags, group, Mode::SingleNodeMultiWriter)),
+        readonly,
+        ..Default::default()
+    }
+}
+
+/// A secret-like inline volume (`source: secrets`), as kubelet publishes a CSI inline
+/// volume with a `nodePublishSecretRef`.
+fn secret_publish(target: &Path, group: &str, token: &str) -> pb::NodePublishVolumeRequest {
+    let ctx = HashMap::from([
+        ("source".to_string(), "secrets".to_string()),
+        (
+            "csi.storage.k8s.io/ephemeral".to_string(),
+            "true".to_string(),
+        ),
+        ("csi.storage.k8s.io/pod.name".to_string(), "pod".to_string()),
+    ]);
+    pb::NodePublishVolumeRequest {
+        volume_id: "csi-secret".into(),
+        target_path: target.to_string_lossy().into(),
+        volume_capability: Some(rw_cap(group)),
+        volume_context: ctx,
+        secrets: HashMap::from([("token".to_string(), token.to_string())]),
+        ..Default::default()
+    }
+}
+
+/// A directory every user can enter: the container's root, where the runtime puts its
+/// volumes.
+fn container_root(f: &Fixture) -> PathBuf {
+    let root = f.subdir("container-root");
+    fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+    root
+}
+
+/// Waits until the driver's metrics have `name` (a sample with its labels).
+fn wait_for_sample(addr: &str, name: &str) -> (f64, String) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let text = scrape(addr);
+        if let Some(v) = sample(&text, name) {
+            return (v, text);
+        }
+        assert!(Instant::now() < deadline, "no {name} in:\n{text}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_can_idmap_every_kind_of_view() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let d = driver_with_metrics(root);
+    let addr = d.metrics_addr();
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    c.controller
+        .create_volume(create_req("vol", 1 << 30))
+        .await
+        .unwrap();
+    c.node
+        .node_stage_volume(stage_req("vol", &staging))
+        .await
+        .unwrap();
+    let group = FS_GROUP.to_string();
+    let kinds: Vec<(&str, pb::NodePublishVolumeRequest)> = vec![
+        (
+            "fsgroup",
+            publish_with("vol", &staging, &root.join("t-fsgroup"), &[], &group, false),
+        ),
+        (
+            "cifs",
+            publish_with(
+                "vol",
+                &staging,
+                &root.join("t-cifs"),
+                &["uid=1000", "file_mode=0640", "dir_mode=0750"],
+                &group,
+                false,
+            ),
+        ),
+        (
+            "plain",
+            publish_with("vol", &staging, &root.join("t-plain"), &[], "", false),
+        ),
+        (
+            "ro",
+            publish_with("vol", &staging, &root.join("t-ro"), &[], &group, true),
+        ),
+        (
+            "secret",
+            secret_publish(&root.join("t-secret"), &group, "t-1"),
+        ),
+        (
+            "noperm",
+            publish_with(
+                "vol",
+                &staging,
+                &root.join("t-noperm"),
+                &["noperm", "file_mode=0777", "dir_mode=0777"],
+                &group,
+                false,
+            ),
+        ),
+    ];
+    for (_, req) in &kinds {
+        c.node.node_publish_volume(req.clone()).await.unwrap();
+    }
+    let target = |kind: &str| root.join(format!("t-{kind}"));
+    // The plain view shows the disk: a directory the pod's user owns on disk.
+    let pdir = target("fsgroup").join("pdir");
+    fs::create_dir(&pdir).unwrap();
+    let backing_pdir = d.share.join("volumes/vol/pdir");
+    chown(&backing_pdir, POD_UID, POD_UID);
+
+    // A plain `mountgroup mount`, not kept by any keeper.
+    let m = f.mount(&format!("gid={FS_GROUP}"));
+
+    let pod = PodUserns::new(2);
+    let ctr = container_root(&f);
+    let mut volumes = Vec::new();
+    for (kind, _) in &kinds {
+        let r = idmapped_volume(&pod, &target(kind), &ctr, kind);
+        if *kind == "noperm" {
+            // Without the kernel's permission checks the kernel refuses FUSE idmaps.
+            let e = r.err().expect("a noperm view cannot be idmapped");
+            assert!(
+                e.contains("EINVAL") || e.contains("Invalid argument"),
+                "{e}"
+            );
+            continue;
+        }
+        volumes.push(r.unwrap_or_else(|e| panic!("{kind}: {e}")));
+    }
+    volumes.push(idmapped_volume(&pod, &m.mountpoint, &ctr, "unkept").unwrap());
+    let v = |kind: &str| ctr.join(kind);
+    let member = [FS_GROUP];
+
+    // fsgroup: the pod's user makes a file; owned by it and the pod's group, in the
+    // pod's IDs, which are the view's own (the host sees the same numbers).
+    let r = pod.run(
+        POD_UID,
+        POD_UID,
+        &member,
+        &format!("echo hi > {}/a.txt", v("fsgroup").display()),
+    );
+    assert!(r.ok, "{r:?}");
+    assert_eq!(
+        seen(&pod, POD_UID, &member, &v("fsgroup").join("a.txt")).unwrap(),
+        (POD_UID, FS_GROUP, 0o644)
+    );
+    assert_eq!(
+        owner(&target("fsgroup").join("a.txt")),
+        (POD_UID, FS_GROUP, 0o644)
+    );
+    let root_seen = seen(&pod, POD_UID, &member, &v("fsgroup")).unwrap();
+    assert_eq!(
+        (root_seen.1, root_seen.2 & 0o2070),
+        (FS_GROUP, 0o2070),
+        "the volume's root: setgid, group rwx"
+    );
+
+    // cifs: every entry has uid=, the group and file_mode=.
+    let r = pod.run(
+        POD_UID,
+        POD_UID,
+        &member,
+        &format!("touch {}/c.txt", v("cifs").display()),
+    );
+    assert!(r.ok, "{r:?}");
+    assert_eq!(
+        seen(&pod, POD_UID, &member, &v("cifs").join("c.txt")).unwrap(),
+        (1000, FS_GROUP, 0o640)
+    );
+
+    // plain: the disk's owners, and a new file handed to its maker on disk.
+    let r = pod.run(
+        POD_UID,
+        POD_UID,
+        &[],
+        &format!("echo p > {}/pdir/p.txt", v("plain").display()),
+    );
+    assert!(r.ok, "{r:?}");
+    assert_eq!(
+        owner(&backing_pdir.join("p.txt")),
+        (POD_UID, POD_UID, 0o644)
+    );
+    assert_eq!(
+        seen(&pod, POD_UID, &[], &v("plain").join("pdir/p.txt")).unwrap(),
+        (POD_UID, POD_UID, 0o644)
+    );
+
+    // ro: read, never write.
+    let r = pod.run(
+        POD_UID,
+        POD_UID,
+        &member,
+        &format!(
+            "cat {0}/a.txt && ! touch {0}/w 2>/dev/null",
+            v("ro").display()
+        ),
+    );
+    assert!(r.ok && r.stdout.trim() == "hi", "{r:?}");
+
+    // secret: the token, readable by the group.
+    let r = pod.run(
+        POD_UID,
+        POD_UID,
+        &member,
+        &format!("cat {}/token", v("secret").display()),
+    );
+    assert!(r.ok && r.stdout == "t-1", "{r:?}");
+    assert_eq!(
+        seen(&pod, POD_UID, &member, &v("secret").join("..data/token"))
+            .unwrap()
+            .1,
+        FS_GROUP
+    );
+
+    // Not kept by a keeper: the same.
+    let r = pod.run(
+        POD_UID,
+        POD_UID,
+        &member,
+        &format!(
+            "echo u > {0}/u.txt && stat -c '%u %g' {0}/u.txt",
+            v("unkept").display()
+        ),
+    );
+    assert!(r.ok && r.stdout.trim() == "1000 4242", "{r:?}");
+
+    // The node says the kernel allows it; each view says whether it can be idmapped.
+    let (node, _) = wait_for_sample(&addr, "mountgroup_node_fuse_idmap");
+    assert_eq!(node, 1.0);
+    for (kind, _) in &kinds {
+        let key = format!(
+            "mountgroup_view_idmap{{volume_id=\"{}\",target=\"{}\"}}",
+            if *kind == "secret" {
+                "csi-secret"
+            } else {
+                "vol"
+            },
+            target(kind).display()
+        );
+        let (idmap, text) = wait_for_sample(&addr, &key);
+        assert_eq!(
+            idmap,
+            if *kind == "noperm" { 0.0 } else { 1.0 },
+            "{kind}: {text}"
+        );
+    }
+    drop(volumes);
+}
+
+/// The fsgroup view in the pod's IDs: creates, setgid inheritance, chown and chmod
+/// emulated, set-id bits dropped on write as Linux drops them, an `O_CREAT` of another
+/// user's file refused by the kernel, and the hostile tenant's moves refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_in_a_user_namespace_keeps_the_views_rules() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let d = driver_with_metrics(root);
+    let addr = d.metrics_addr();
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    let target = root.join("target");
+    // A long entry timeout keeps a name the pod found missing missing in the kernel's
+    // cache, so that an O_CREAT of it goes to the view as CREATE.
+    c.create_stage_publish_with(
+        "vol",
+        &staging,
+        publish_with(
+            "vol",
+            &staging,
+            &target,
+            &["entry_timeout=60"],
+            &FS_GROUP.to_string(),
+            false,
+        ),
+    )
+    .await;
+    let backing = d.share.join("volumes/vol");
+    let pod = PodUserns::new(3);
+    let ctr = container_root(&f);
+    let _v = idmapped_volume(&pod, &target, &ctr, "data").unwrap();
+    let v = ctr.join("data");
+    let member = [FS_GROUP];
+    let as_pod = |uid: u32, groups: &[u32], script: &str| {
+        let r = pod.run(uid, uid, groups, &format!("cd {} && {script}", v.display()));
+        assert!(r.ok, "as {uid} {groups:?}: {script}: {r:?}");
+        r.stdout
+    };
+    let stat = |uid: u32, name: &str| seen(&pod, uid, &member, &v.join(name)).unwrap();
+
+    // Creates: owner the pod's uid, group inherited, directories setgid; the disk keeps
+    // its own owner and modes, without set-id bits.
+    as_pod(
+        POD_UID,
+        &member,
+        "umask 002 && echo hi > f && mkdir d && echo sub > d/g",
+    );
+    assert_eq!(stat(POD_UID, "f"), (POD_UID, FS_GROUP, 0o664));
+    assert_eq!(stat(POD_UID, "d"), (POD_UID, FS_GROUP, 0o2775));
+    assert_eq!(stat(POD_UID, "d/g"), (POD_UID, FS_GROUP, 0o664));
+    let disk = owner(&backing.join("d"));
+    assert_eq!(
+        (disk.0, disk.2 & 0o7000),
+        (0, 0),
+        "on disk: the daemon's, no set-id bits"
+    );
+    let disk_f = owner(&backing.join("f"));
+
+    // chmod by the owner and chown by the pod's root: emulated, the disk unchanged.
+    as_pod(POD_UID, &member, "chmod 600 f");
+    assert_eq!(stat(POD_UID, "f").2, 0o600);
+    as_pod(0, &[], "chown 1001 f");
+    assert_eq!(stat(POD_UID, "f"), (MEMBER, FS_GROUP, 0o600));
+    assert_eq!(
+        owner(&backing.join("f")),
+        disk_f,
+        "the disk keeps its owner and mode"
+    );
+    // chgrp by the owner: to a group it is in, not to another.
+    as_pod(POD_UID, &member, "echo x > own && chgrp 1000 own");
+    assert_eq!(stat(POD_UID, "own").1, POD_UID);
+    let r = pod.run(
+        POD_UID,
+        POD_UID,
+        &member,
+        &format!("chgrp 5555 {}/own", v.display()),
+    );
+    assert!(!r.ok && r.stderr.contains("not permitted"), "{r:?}");
+    // Another user's 0600 file stays closed to the pod's user.
+    let r = pod.run(POD_UID, POD_UID, &member, &format!("cat {}/f", v.display()));
+    assert!(!r.ok && r.stderr.contains("Permission denied"), "{r:?}");
+
+    // Set-id bits on write, by Linux's rule in the pod's IDs: a member keeps setgid
+    // alone (its groups count as the pod sees them), someone outside the group drops
+    // it, group execute drops it for all, and the pod's root, whose CAP_FSETID is its
+    // namespace's only, drops setuid.
+    as_pod(
+        POD_UID,
+        &member,
+        "for n in m o x r; do echo > s-$n; chmod 6666 s-$n; done; chmod 6676 s-x",
+    );
+    as_pod(MEMBER, &member, "echo w >> s-m && echo w >> s-x");
+    as_pod(OUTSIDER, &[], "echo w >> s-o");
+    as_pod(0, &[], "echo w >> s-r");
+    assert_eq!(stat(POD_UID, "s-m").2, 0o2666, "a member of the group");
+    assert_eq!(stat(POD_UID, "s-o").2, 0o0666, "outside the group");
+    assert_eq!(stat(POD_UID, "s-x").2, 0o0676, "group execute");
+    assert_eq!(stat(POD_UID, "s-r").2, 0o2666, "the pod's root");
+
+    // An O_CREAT open of a name the pod's kernel cache says is missing, which another
+    // user's 0600 file took meanwhile (renamed into place behind the kernel's back):
+    // the view leaves the open to the kernel, which refuses it; a file of the group
+    // opens.
+    as_pod(
+        MEMBER,
+        &member,
+        "echo secret > hid && chmod 600 hid && echo team > grp && chmod 660 grp",
+    );
+    let probe = "import os, sys\nfor n in sys.argv[1:]:\n    try: os.stat(n)\n    except FileNotFoundError: pass\n";
+    as_pod(
+        POD_UID,
+        &member,
+        &format!("/usr/bin/python3 -c '{probe}' secret shared"),
+    );
+    fs::rename(backing.join("hid"), backing.join("secret")).unwrap();
+    fs::rename(backing.join("grp"), backing.join("shared")).unwrap();
+    let open = |name: &str| {
+        pod.run(
+            POD_UID,
+            POD_UID,
+            &member,
+            &format!(
+                "/usr/bin/python3 -c 'import os; fd = os.open(\"{}\", os.O_CREAT | os.O_RDWR); print(os.read(fd, 10).decode().strip())'",
+                v.join(name).display()
+            ),
+        )
+    };
+    let r = open("secret");
+    assert!(!r.ok && r.stderr.contains("Permission denied"), "{r:?}");
+    let r = open("shared");
+    assert!(r.ok && r.stdout.trim() == "team", "{r:?}");
+    assert_eq!(
+        fs::read_to_string(backing.join("secret")).unwrap(),
+        "secret\n"
+    );
+    let (stale, text) = wait_for_sample(
+        &addr,
+        "mountgroup_view_operation_errnos_total{op=\"create\",errno=\"ESTALE\"}",
+    );
+    assert!(
+        stale >= 2.0,
+        "both opens went to the view as CREATE: {text}"
+    );
+
+    // The hostile tenant's moves, as the pod's root.
+    let r = pod.run(
+        0,
+        0,
+        &[],
+        &format!("cd {} && mknod null c 1 3", v.display()),
+    );
+    assert!(!r.ok, "a device node: {r:?}");
+    let r = pod.run(
+        0,
+        0,
+        &[],
+        &format!("cd {} && setfattr -n trusted.x -v 1 f", v.display()),
+    );
+    assert!(!r.ok, "a trusted.* attribute: {r:?}");
+    let r = pod.run(
+        0,
+        0,
+        &[],
+        &format!("cd {} && touch .mountgroup.x", v.display()),
+    );
+    assert!(!r.ok, "a reserved name: {r:?}");
+    as_pod(0, &[], "echo '#!/bin/sh' > suid && chmod 4755 suid");
+    assert_eq!(stat(POD_UID, "suid").2, 0o4755, "shown to the pod");
+    assert_eq!(
+        owner(&backing.join("suid")).2 & 0o7000,
+        0,
+        "never on the share"
+    );
+    assert!(!backing.join("null").exists() && !backing.join(".mountgroup.x").exists());
+}
+
+/// The pod's workload on its idmapped clone of a kept view goes on without a failed
+/// call while the view's process is killed (and recovered on its connection), the
+/// driver's container is killed and restarted, and the keeper is updated to another
+/// binary: the clone is a mount of the same connection, which all of that keeps.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idmapped_clone_outlives_view_crashes_driver_restarts_and_updates() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let (keeper_socket, keeper_args) = node_run(root);
+    let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
+    let version = |name: &str| {
+        let dir = root.join(name);
+        fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("mountgroup");
+        fs::copy(BIN, &bin).unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        bin
+    };
+    let (v1, v2) = (version("v1"), version("v2"));
+    let mut keeper1 = Container::start(&v1, &keeper_args, &root.join("keeper1.log"));
+    wait_ready(&v1, &keeper_socket);
+    let mut d = Driver::start_kept(root, CONTAINER, &v1, &keeper_socket, &[]);
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    let target = root.join("target");
+    c.create_stage_publish("vol", &staging, &target, &FS_GROUP.to_string())
+        .await;
+
+    let pod = PodUserns::new(4);
+    let ctr = container_root(&f);
+    let _v = idmapped_volume(&pod, &target, &ctr, "data").unwrap();
+    let work = ctr.join("data/work");
+    let r = pod.run(
+        POD_UID,
+        POD_UID,
+        &[FS_GROUP],
+        &format!("mkdir {}", work.display()),
+    );
+    assert!(r.ok, "{r:?}");
+    let script = root.join("pod_workload.py");
+    fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pod_workload.py"),
+        &script,
+    )
+    .unwrap();
+    let stop = root.join("stop");
+    let workload = pod
+        .command(
+            POD_UID,
+            POD_UID,
+            &[FS_GROUP],
+            &[
+                "/usr/bin/python3",
+                script.to_str().unwrap(),
+                work.to_str().unwrap(),
+                stop.to_str().unwrap(),
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let settle = || std::thread::sleep(Duration::from_millis(600));
+    settle();
+
+    // The view's process is SIGKILLed: the keeper recovers it on its connection.
+    kill_view(&target);
+    fs::metadata(target.join("work")).unwrap();
+    settle();
+    // The driver's container is killed and started again; kubelet repeats the publish.
+    d.signal_first_process(Signal::KILL);
+    d.restart();
+    d.clients()
+        .await
+        .node
+        .node_publish_volume(publish_req("vol", &staging, &target, &FS_GROUP.to_string()))
+        .await
+        .unwrap();
+    settle();
+    // A rolling update to v2 (maxSurge 1): the new keeper takes every view over.
+    let mut keeper2 = Container::start(&v2, &keeper_args, &root.join("keeper2.log"));
+    wait_ready(&v2, &keeper_socket);
+    settle();
+    keeper1.stop(Duration::from_secs(30));
+    d.signal_first_process(Signal::TERM);
+    let d2 = Driver::start_kept(root, CONTAINER, &v2, &keeper_socket, &[]);
+    d2.clients()
+        .await
+        .node
+        .node_publish_volume(publish_req("vol", &staging, &target, &FS_GROUP.to_string()))
+        .await
+        .unwrap();
+    settle();
+    assert!(
+        view_processes(&target).iter().all(|(_, bin)| *bin == v2),
+        "{:?}",
+        view_processes(&target)
+    );
+
+    fs::write(&stop, "").unwrap();
+    let out = workload.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(said.trim()).unwrap();
+    eprintln!("pod workload: {report}");
+    assert_eq!(report["failed"], 0, "{report}");
+    assert!(report["rounds"].as_u64().unwrap() > 10, "{report}");
+    // Its files are its own and the group's, in its IDs.
+    assert_eq!(report["file"][0], POD_UID);
+    assert_eq!(report["file"][1], FS_GROUP);
+    assert_eq!(report["id"][0], POD_UID);
+    let keeper1_log = fs::read_to_string(root.join("keeper1.log")).unwrap();
+    assert!(keeper1_log.contains("recovering it"), "{keeper1_log}");
+
+    d2.clients()
+        .await
+        .node
+        .node_unpublish_volume(unpublish_req("vol", &target))
+        .await
+        .unwrap();
+    drop(_v);
+    keeper2.stop(Duration::from_secs(30));
+}
