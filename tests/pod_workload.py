@@ -2,14 +2,17 @@
 the loops of tests/common/workload.rs, as a process of the pod rather than threads of
 the test, because only a process can be in another user namespace.
 
-  pod_workload.py ROOT STOP
+  pod_workload.py write ROOT STOP
+  pod_workload.py read FILE STOP
 
-Until the file STOP exists, in ROOT: writes a file, fsyncs it, reads it back through a
-new descriptor and compares checksums; appends to a file held open throughout and
-reads the record back through the same descriptor; lists a directory of known entries
-and stats one. Every failed call and every mismatch is recorded. At the end it prints
-one JSON object: rounds, failures, the longest round in milliseconds, and the uid, gid,
-groups and mode its files were created with, as the pod sees them.
+Until the file STOP exists: `write` works in ROOT: writes a file, fsyncs it, reads it
+back through a new descriptor and compares checksums; appends to a file held open
+throughout and reads the record back through the same descriptor; lists a directory of
+known entries and stats one. `read` (a read-only or secret view) reads FILE whole
+through a new descriptor and through one held open, and compares each with the first
+read. Every failed call and every mismatch is recorded. At the end it prints one JSON
+object: rounds, failures, the longest round in milliseconds, and the uid, gid and
+groups it ran as and the owner, group and mode of its first file, as the pod sees them.
 """
 
 import hashlib
@@ -18,7 +21,7 @@ import os
 import sys
 import time
 
-root, stop = sys.argv[1], sys.argv[2]
+mode, root, stop = sys.argv[1], sys.argv[2], sys.argv[3]
 
 
 def pattern(seed, size):
@@ -30,17 +33,23 @@ def pattern(seed, size):
     return bytes(out[:size])
 
 
-writes = os.path.join(root, "writes")
-os.makedirs(writes, exist_ok=True)
-listed = os.path.join(root, "listed")
-os.makedirs(listed, exist_ok=True)
-inodes = {}
-for i in range(20):
-    p = os.path.join(listed, "e%d" % i)
-    with open(p, "w") as f:
-        f.write(str(i))
-    inodes[p] = os.stat(p).st_ino
-held = os.open(os.path.join(root, "held.log"), os.O_CREAT | os.O_RDWR | os.O_APPEND, 0o644)
+if mode == "write":
+    writes = os.path.join(root, "writes")
+    os.makedirs(writes, exist_ok=True)
+    listed = os.path.join(root, "listed")
+    os.makedirs(listed, exist_ok=True)
+    inodes = {}
+    for i in range(20):
+        p = os.path.join(listed, "e%d" % i)
+        with open(p, "w") as f:
+            f.write(str(i))
+        inodes[p] = os.stat(p).st_ino
+    held = os.open(os.path.join(root, "held.log"), os.O_CREAT | os.O_RDWR | os.O_APPEND, 0o644)
+    first = os.path.join(writes, "w0")
+else:
+    held = os.open(root, os.O_RDONLY)
+    expected = hashlib.sha256(os.pread(held, 1 << 20, 0)).digest()
+    first = root
 appended = 0
 
 failures = []
@@ -85,9 +94,18 @@ def list_round(i):
         raise AssertionError("%s changed inode number" % path)
 
 
+def read_round(i):
+    with open(root, "rb") as f:
+        if hashlib.sha256(f.read()).digest() != expected:
+            raise AssertionError("round %d: %s reads differently" % (i, root))
+    if hashlib.sha256(os.pread(held, 1 << 20, 0)).digest() != expected:
+        raise AssertionError("round %d: the held descriptor reads differently" % i)
+
+
+steps = (write_round, append_round, list_round) if mode == "write" else (read_round,)
 while not os.path.exists(stop):
     start = time.monotonic()
-    for step in (write_round, append_round, list_round):
+    for step in steps:
         try:
             step(rounds)
         except Exception as e:  # every failed call counts
@@ -95,7 +113,7 @@ while not os.path.exists(stop):
     longest = max(longest, time.monotonic() - start)
     rounds += 1
 
-st = os.stat(os.path.join(writes, "w0"))
+st = os.stat(first)
 print(
     json.dumps(
         {

@@ -499,12 +499,39 @@ async fn a_pod_in_a_user_namespace_keeps_the_views_rules() {
     assert!(!backing.join("null").exists() && !backing.join(".mountgroup.x").exists());
 }
 
-/// The pod's workload on its idmapped clone of a kept view goes on without a failed
-/// call while the view's process is killed (and recovered on its connection), the
-/// driver's container is killed and restarted, and the keeper is updated to another
-/// binary: the clone is a mount of the same connection, which all of that keeps.
+/// Publishes every kind of view of the volume `vol` under `root` (staged at `staging`),
+/// as kubelet does for a pod that uses each, and repeats it (kubelet's publish after a
+/// driver restart).
+async fn publish_kinds(c: &mut Clients, root: &Path, staging: &Path) {
+    let group = FS_GROUP.to_string();
+    let t = |kind: &str| root.join(format!("t-{kind}"));
+    let reqs = [
+        publish_with("vol", staging, &t("fsgroup"), &[], &group, false),
+        publish_with(
+            "vol",
+            staging,
+            &t("cifs"),
+            &["uid=1000", "file_mode=0644", "dir_mode=0755"],
+            &group,
+            false,
+        ),
+        publish_with("vol", staging, &t("plain"), &[], "", false),
+        publish_with("vol", staging, &t("ro"), &[], &group, true),
+        secret_publish(&t("secret"), &group, "t-1"),
+    ];
+    for r in reqs {
+        c.node.node_publish_volume(r).await.unwrap();
+    }
+}
+
+/// The pod's workloads on its idmapped clones of kept views of every kind (writers on
+/// the fsgroup, CIFS and plain views, readers on the read-only and secret views) go on
+/// without a failed call or a wrong byte while each view's process is killed (and
+/// recovered on its connection), the driver's container is killed and restarted, and
+/// the keeper is updated to another binary: each clone is a mount of its view's
+/// connection, which all of that keeps.
 #[tokio::test(flavor = "multi_thread")]
-async fn an_idmapped_clone_outlives_view_crashes_driver_restarts_and_updates() {
+async fn idmapped_clones_outlive_view_crashes_driver_restarts_and_updates() {
     let f = Fixture::new();
     let root = f.dir.path();
     let (keeper_socket, keeper_args) = node_run(root);
@@ -523,21 +550,29 @@ async fn an_idmapped_clone_outlives_view_crashes_driver_restarts_and_updates() {
     let mut d = Driver::start_kept(root, CONTAINER, &v1, &keeper_socket, &[]);
     let mut c = d.clients().await;
     let staging = f.subdir("staging");
-    let target = root.join("target");
-    c.create_stage_publish("vol", &staging, &target, &FS_GROUP.to_string())
-        .await;
+    c.controller
+        .create_volume(create_req("vol", 1 << 30))
+        .await
+        .unwrap();
+    c.node
+        .node_stage_volume(stage_req("vol", &staging))
+        .await
+        .unwrap();
+    publish_kinds(&mut c, root, &staging).await;
+    let t = |kind: &str| root.join(format!("t-{kind}"));
+    // What the readers read, and the plain view's directory of the pod's user.
+    fs::write(t("fsgroup").join("ro.txt"), "read-only content").unwrap();
+    let backing = d.share.join("volumes/vol");
+    fs::create_dir(backing.join("work-plain")).unwrap();
+    chown(&backing.join("work-plain"), POD_UID, POD_UID);
 
     let pod = PodUserns::new(4);
     let ctr = container_root(&f);
-    let _v = idmapped_volume(&pod, &target, &ctr, "data").unwrap();
-    let work = ctr.join("data/work");
-    let r = pod.run(
-        POD_UID,
-        POD_UID,
-        &[FS_GROUP],
-        &format!("mkdir {}", work.display()),
-    );
-    assert!(r.ok, "{r:?}");
+    let kinds = ["fsgroup", "cifs", "plain", "ro", "secret"];
+    let _volumes: Vec<ContainerVolume> = kinds
+        .iter()
+        .map(|k| idmapped_volume(&pod, &t(k), &ctr, k).unwrap())
+        .collect();
     let script = root.join("pod_workload.py");
     fs::copy(
         concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pod_workload.py"),
@@ -545,38 +580,52 @@ async fn an_idmapped_clone_outlives_view_crashes_driver_restarts_and_updates() {
     )
     .unwrap();
     let stop = root.join("stop");
-    let workload = pod
-        .command(
-            POD_UID,
-            POD_UID,
-            &[FS_GROUP],
-            &[
-                "/usr/bin/python3",
-                script.to_str().unwrap(),
-                work.to_str().unwrap(),
-                stop.to_str().unwrap(),
-            ],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let workloads: Vec<(&str, std::process::Child)> = kinds
+        .iter()
+        .map(|&kind| {
+            let (how, path, groups): (&str, PathBuf, &[u32]) = match kind {
+                "ro" => ("read", ctr.join("ro/ro.txt"), &[FS_GROUP]),
+                "secret" => ("read", ctr.join("secret/token"), &[FS_GROUP]),
+                "plain" => ("write", ctr.join("plain/work-plain"), &[]),
+                _ => (
+                    "write",
+                    ctr.join(kind).join(format!("work-{kind}")),
+                    &[FS_GROUP],
+                ),
+            };
+            let child = pod
+                .command(
+                    POD_UID,
+                    POD_UID,
+                    groups,
+                    &[
+                        "/usr/bin/python3",
+                        script.to_str().unwrap(),
+                        how,
+                        path.to_str().unwrap(),
+                        stop.to_str().unwrap(),
+                    ],
+                )
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (kind, child)
+        })
+        .collect();
     let settle = || std::thread::sleep(Duration::from_millis(600));
     settle();
 
-    // The view's process is SIGKILLed: the keeper recovers it on its connection.
-    kill_view(&target);
-    fs::metadata(target.join("work")).unwrap();
+    // Each view's process is SIGKILLed: the keeper recovers it on its connection.
+    for kind in kinds {
+        kill_view(&t(kind));
+        fs::metadata(t(kind)).unwrap();
+    }
     settle();
-    // The driver's container is killed and started again; kubelet repeats the publish.
+    // The driver's container is killed and started again; kubelet repeats the publishes.
     d.signal_first_process(Signal::KILL);
     d.restart();
-    d.clients()
-        .await
-        .node
-        .node_publish_volume(publish_req("vol", &staging, &target, &FS_GROUP.to_string()))
-        .await
-        .unwrap();
+    publish_kinds(&mut d.clients().await, root, &staging).await;
     settle();
     // A rolling update to v2 (maxSurge 1): the new keeper takes every view over.
     let mut keeper2 = Container::start(&v2, &keeper_args, &root.join("keeper2.log"));
@@ -585,44 +634,44 @@ async fn an_idmapped_clone_outlives_view_crashes_driver_restarts_and_updates() {
     keeper1.stop(Duration::from_secs(30));
     d.signal_first_process(Signal::TERM);
     let d2 = Driver::start_kept(root, CONTAINER, &v2, &keeper_socket, &[]);
-    d2.clients()
-        .await
-        .node
-        .node_publish_volume(publish_req("vol", &staging, &target, &FS_GROUP.to_string()))
-        .await
-        .unwrap();
+    publish_kinds(&mut d2.clients().await, root, &staging).await;
     settle();
-    assert!(
-        view_processes(&target).iter().all(|(_, bin)| *bin == v2),
-        "{:?}",
-        view_processes(&target)
-    );
+    for kind in kinds {
+        let serving = view_processes(&t(kind));
+        assert!(
+            serving.iter().all(|(_, bin)| *bin == v2),
+            "{kind}: {serving:?}"
+        );
+    }
 
     fs::write(&stop, "").unwrap();
-    let out = workload.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{said} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_str(said.trim()).unwrap();
-    eprintln!("pod workload: {report}");
-    assert_eq!(report["failed"], 0, "{report}");
-    assert!(report["rounds"].as_u64().unwrap() > 10, "{report}");
-    // Its files are its own and the group's, in its IDs.
-    assert_eq!(report["file"][0], POD_UID);
-    assert_eq!(report["file"][1], FS_GROUP);
-    assert_eq!(report["id"][0], POD_UID);
+    for (kind, w) in workloads {
+        let out = w.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{kind}: {said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_str(said.trim()).unwrap();
+        eprintln!("{kind}: {report}");
+        assert_eq!(report["failed"], 0, "{kind}: {report}");
+        assert!(report["rounds"].as_u64().unwrap() > 10, "{kind}: {report}");
+        assert_eq!(report["id"][0], POD_UID);
+        // Its files as the pod sees them: its own in the fsgroup view, uid= in the CIFS
+        // one (1000 too), the disk's in the plain one (created by the pod's user).
+        let want_group = if kind == "plain" { POD_UID } else { FS_GROUP };
+        if !matches!(kind, "ro" | "secret") {
+            assert_eq!(
+                (report["file"][0].as_u64(), report["file"][1].as_u64()),
+                (Some(POD_UID.into()), Some(want_group.into())),
+                "{kind}: {report}"
+            );
+        }
+    }
     let keeper1_log = fs::read_to_string(root.join("keeper1.log")).unwrap();
     assert!(keeper1_log.contains("recovering it"), "{keeper1_log}");
-
-    d2.clients()
-        .await
-        .node
-        .node_unpublish_volume(unpublish_req("vol", &target))
-        .await
-        .unwrap();
-    drop(_v);
+    drop(_volumes);
     keeper2.stop(Duration::from_secs(30));
+    drop(d2);
 }
