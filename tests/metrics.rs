@@ -13,20 +13,7 @@ use driver::*;
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_count_calls_views_and_operations_and_logs_are_json() {
     let f = Fixture::new();
-    let d = Driver::start_with(
-        f.dir.path(),
-        f.dir.path().join("share"),
-        &[
-            "--share-key-file",
-            "none",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-            "--log",
-            "mountgroup=debug,info",
-        ],
-    );
+    let d = Driver::start_with_metrics(f.dir.path());
     let addr = d.metrics_addr();
     let mut c = d.clients().await;
     let staging = f.subdir("staging");

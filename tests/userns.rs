@@ -41,22 +41,6 @@ const POD_UID: u32 = 1000;
 const MEMBER: u32 = 1001;
 const OUTSIDER: u32 = 1002;
 
-/// A driver with metrics on a free port, without a share key.
-fn driver_with_metrics(root: &Path) -> Driver {
-    Driver::start_with(
-        root,
-        root.join("share"),
-        &[
-            "--share-key-file",
-            "none",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-        ],
-    )
-}
-
 fn publish_with(
     id: &str,
     staging: &Path,
@@ -121,18 +105,11 @@ fn wait_for_sample(addr: &str, name: &str) -> (f64, String) {
 async fn a_runtime_can_idmap_every_kind_of_view() {
     let f = Fixture::new();
     let root = f.dir.path();
-    let d = driver_with_metrics(root);
+    let d = Driver::start_with_metrics(root);
     let addr = d.metrics_addr();
     let mut c = d.clients().await;
     let staging = f.subdir("staging");
-    c.controller
-        .create_volume(create_req("vol", 1 << 30))
-        .await
-        .unwrap();
-    c.node
-        .node_stage_volume(stage_req("vol", &staging))
-        .await
-        .unwrap();
+    c.create_and_stage("vol", &staging).await;
     let group = FS_GROUP.to_string();
     let kinds: Vec<(&str, pb::NodePublishVolumeRequest)> = vec![
         (
@@ -204,101 +181,64 @@ async fn a_runtime_can_idmap_every_kind_of_view() {
         volumes.push(r.unwrap_or_else(|e| panic!("{kind}: {e}")));
     }
     volumes.push(idmapped_volume(&pod, &m.mountpoint, &ctr, "unkept").unwrap());
-    let v = |kind: &str| ctr.join(kind);
     let member = [FS_GROUP];
+
+    // Each script runs in the container's root, as the pod's user with the fsGroup.
+    let run = |groups: &[u32], script: &str| {
+        pod.ok(
+            POD_UID,
+            groups,
+            &format!("cd {} && {script}", ctr.display()),
+        )
+    };
+    let stat = |groups: &[u32], path: &str| seen(&pod, POD_UID, groups, &ctr.join(path)).unwrap();
 
     // fsgroup: the pod's user makes a file; owned by it and the pod's group, in the
     // pod's IDs, which are the view's own (the host sees the same numbers).
-    let r = pod.run(
-        POD_UID,
-        POD_UID,
-        &member,
-        &format!("echo hi > {}/a.txt", v("fsgroup").display()),
-    );
-    assert!(r.ok, "{r:?}");
-    assert_eq!(
-        seen(&pod, POD_UID, &member, &v("fsgroup").join("a.txt")).unwrap(),
-        (POD_UID, FS_GROUP, 0o644)
-    );
+    run(&member, "echo hi > fsgroup/a.txt");
+    assert_eq!(stat(&member, "fsgroup/a.txt"), (POD_UID, FS_GROUP, 0o644));
     assert_eq!(
         owner(&target("fsgroup").join("a.txt")),
         (POD_UID, FS_GROUP, 0o644)
     );
-    let root_seen = seen(&pod, POD_UID, &member, &v("fsgroup")).unwrap();
+    let (_, gid, mode) = stat(&member, "fsgroup");
     assert_eq!(
-        (root_seen.1, root_seen.2 & 0o2070),
+        (gid, mode & 0o2070),
         (FS_GROUP, 0o2070),
         "the volume's root: setgid, group rwx"
     );
 
     // cifs: every entry has uid=, the group and file_mode=.
-    let r = pod.run(
-        POD_UID,
-        POD_UID,
-        &member,
-        &format!("touch {}/c.txt", v("cifs").display()),
-    );
-    assert!(r.ok, "{r:?}");
-    assert_eq!(
-        seen(&pod, POD_UID, &member, &v("cifs").join("c.txt")).unwrap(),
-        (1000, FS_GROUP, 0o640)
-    );
+    run(&member, "touch cifs/c.txt");
+    assert_eq!(stat(&member, "cifs/c.txt"), (1000, FS_GROUP, 0o640));
 
     // plain: the disk's owners, and a new file handed to its maker on disk.
-    let r = pod.run(
-        POD_UID,
-        POD_UID,
-        &[],
-        &format!("echo p > {}/pdir/p.txt", v("plain").display()),
-    );
-    assert!(r.ok, "{r:?}");
+    run(&[], "echo p > plain/pdir/p.txt");
     assert_eq!(
         owner(&backing_pdir.join("p.txt")),
         (POD_UID, POD_UID, 0o644)
     );
-    assert_eq!(
-        seen(&pod, POD_UID, &[], &v("plain").join("pdir/p.txt")).unwrap(),
-        (POD_UID, POD_UID, 0o644)
-    );
+    assert_eq!(stat(&[], "plain/pdir/p.txt"), (POD_UID, POD_UID, 0o644));
 
     // ro: read, never write.
-    let r = pod.run(
-        POD_UID,
-        POD_UID,
-        &member,
-        &format!(
-            "cat {0}/a.txt && ! touch {0}/w 2>/dev/null",
-            v("ro").display()
-        ),
+    assert_eq!(
+        run(&member, "cat ro/a.txt && ! touch ro/w 2>/dev/null").trim(),
+        "hi"
     );
-    assert!(r.ok && r.stdout.trim() == "hi", "{r:?}");
 
     // secret: the token, readable by the group.
-    let r = pod.run(
-        POD_UID,
-        POD_UID,
-        &member,
-        &format!("cat {}/token", v("secret").display()),
-    );
-    assert!(r.ok && r.stdout == "t-1", "{r:?}");
-    assert_eq!(
-        seen(&pod, POD_UID, &member, &v("secret").join("..data/token"))
-            .unwrap()
-            .1,
-        FS_GROUP
-    );
+    assert_eq!(run(&member, "cat secret/token"), "t-1");
+    assert_eq!(stat(&member, "secret/..data/token").1, FS_GROUP);
 
     // Not kept by a keeper: the same.
-    let r = pod.run(
-        POD_UID,
-        POD_UID,
-        &member,
-        &format!(
-            "echo u > {0}/u.txt && stat -c '%u %g' {0}/u.txt",
-            v("unkept").display()
-        ),
+    assert_eq!(
+        run(
+            &member,
+            "echo u > unkept/u.txt && stat -c '%u %g' unkept/u.txt"
+        )
+        .trim(),
+        "1000 4242"
     );
-    assert!(r.ok && r.stdout.trim() == "1000 4242", "{r:?}");
 
     // The node says the kernel allows it; each view says whether it can be idmapped.
     let (node, _) = wait_for_sample(&addr, "mountgroup_node_fuse_idmap");
@@ -330,7 +270,7 @@ async fn a_runtime_can_idmap_every_kind_of_view() {
 async fn a_pod_in_a_user_namespace_keeps_the_views_rules() {
     let f = Fixture::new();
     let root = f.dir.path();
-    let d = driver_with_metrics(root);
+    let d = Driver::start_with_metrics(root);
     let addr = d.metrics_addr();
     let mut c = d.clients().await;
     let staging = f.subdir("staging");
@@ -357,9 +297,7 @@ async fn a_pod_in_a_user_namespace_keeps_the_views_rules() {
     let v = ctr.join("data");
     let member = [FS_GROUP];
     let as_pod = |uid: u32, groups: &[u32], script: &str| {
-        let r = pod.run(uid, uid, groups, &format!("cd {} && {script}", v.display()));
-        assert!(r.ok, "as {uid} {groups:?}: {script}: {r:?}");
-        r.stdout
+        pod.ok(uid, groups, &format!("cd {} && {script}", v.display()))
     };
     let stat = |uid: u32, name: &str| seen(&pod, uid, &member, &v.join(name)).unwrap();
 
@@ -536,28 +474,13 @@ async fn idmapped_clones_outlive_view_crashes_driver_restarts_and_updates() {
     let root = f.dir.path();
     let (keeper_socket, keeper_args) = node_run(root);
     let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
-    let version = |name: &str| {
-        let dir = root.join(name);
-        fs::create_dir_all(&dir).unwrap();
-        let bin = dir.join("mountgroup");
-        fs::copy(BIN, &bin).unwrap();
-        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
-        bin
-    };
-    let (v1, v2) = (version("v1"), version("v2"));
+    let (v1, v2) = (binary_version(root, "v1"), binary_version(root, "v2"));
     let mut keeper1 = Container::start(&v1, &keeper_args, &root.join("keeper1.log"));
     wait_ready(&v1, &keeper_socket);
     let mut d = Driver::start_kept(root, CONTAINER, &v1, &keeper_socket, &[]);
     let mut c = d.clients().await;
     let staging = f.subdir("staging");
-    c.controller
-        .create_volume(create_req("vol", 1 << 30))
-        .await
-        .unwrap();
-    c.node
-        .node_stage_volume(stage_req("vol", &staging))
-        .await
-        .unwrap();
+    c.create_and_stage("vol", &staging).await;
     publish_kinds(&mut c, root, &staging).await;
     let t = |kind: &str| root.join(format!("t-{kind}"));
     // What the readers read, and the plain view's directory of the pod's user.

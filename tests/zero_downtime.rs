@@ -20,8 +20,8 @@ mod keeper;
 mod workload;
 
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::thread;
@@ -47,16 +47,6 @@ async fn kill_and_restart(d: &mut Driver, staging: &Path, target: &Path) {
         .unwrap();
 }
 
-/// A copy of the binary under `dir`: a "version" of its own, told apart by its path.
-fn version(root: &Path, name: &str) -> PathBuf {
-    let dir = root.join(name);
-    fs::create_dir_all(&dir).unwrap();
-    let bin = dir.join("mountgroup");
-    fs::copy(BIN, &bin).unwrap();
-    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
-    bin
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     let f = Fixture::new();
@@ -64,7 +54,7 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     // Shared by the old and the new pod (a hostPath).
     let (keeper_socket, keeper_args) = node_run(root);
     let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
-    let (v1, v2) = (version(root, "v1"), version(root, "v2"));
+    let (v1, v2) = (binary_version(root, "v1"), binary_version(root, "v2"));
 
     // The old pod: keeper and driver, each in a container of its own.
     let mut keeper1 = Container::start(&v1, &keeper_args, &root.join("keeper1.log"));

@@ -53,6 +53,23 @@ impl Driver {
         Driver::start_in(root, share, &[], Path::new(BIN), args)
     }
 
+    /// [`Driver::start`] with metrics served on a free port (`--metrics-addr`, found
+    /// with [`Driver::metrics_addr`]) and JSON logs.
+    pub fn start_with_metrics(root: &Path) -> Driver {
+        Driver::start_with(
+            root,
+            root.join("share"),
+            &[
+                "--share-key-file",
+                "none",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--log-format",
+                "json",
+            ],
+        )
+    }
+
     /// A driver whose views the keeper at `keeper` runs (`serve --keeper-socket`, as
     /// the DaemonSet runs it), without a share key, under `wrapper`, with the binary
     /// `bin` and `extra` arguments.
@@ -378,6 +395,12 @@ impl Clients {
         staging: &Path,
         publish: pb::NodePublishVolumeRequest,
     ) {
+        self.create_and_stage(vol, staging).await;
+        self.node.node_publish_volume(publish).await.unwrap();
+    }
+
+    /// Creates the volume `vol` (1 GiB) and stages it at `staging`.
+    pub async fn create_and_stage(&mut self, vol: &str, staging: &Path) {
         self.controller
             .create_volume(create_req(vol, 1 << 30))
             .await
@@ -386,7 +409,6 @@ impl Clients {
             .node_stage_volume(stage_req(vol, staging))
             .await
             .unwrap();
-        self.node.node_publish_volume(publish).await.unwrap();
     }
 
     /// The node's advertised RPC capabilities.

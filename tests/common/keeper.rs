@@ -113,3 +113,15 @@ pub fn kill_view_for_good(target: &Path) {
         thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A copy of the test binary under `root/name`: a "version" of its own, told apart by
+/// its path (what a rolling update installs).
+pub fn binary_version(root: &Path, name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = root.join(name);
+    fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("mountgroup");
+    fs::copy(crate::common::BIN, &bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}

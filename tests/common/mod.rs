@@ -253,26 +253,38 @@ pub struct Ran {
     pub stderr: String,
 }
 
-/// Runs `script` with `sh -c` as `uid`/`gid` with exactly the supplementary `groups`.
-pub fn run_as(uid: u32, gid: u32, groups: &[u32], script: &str) -> Ran {
-    let mut cmd = Command::new("setpriv");
-    cmd.arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={gid}"));
+impl From<std::process::Output> for Ran {
+    fn from(out: std::process::Output) -> Ran {
+        Ran {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+/// setpriv(1)'s arguments for `uid`/`gid` with exactly the supplementary `groups`, up
+/// to the `--` before the program.
+pub fn setpriv_args(uid: u32, gid: u32, groups: &[u32]) -> Vec<String> {
+    let mut args = vec![format!("--reuid={uid}"), format!("--regid={gid}")];
     if groups.is_empty() {
-        cmd.arg("--clear-groups");
+        args.push("--clear-groups".into());
     } else {
         let g: Vec<String> = groups.iter().map(u32::to_string).collect();
-        cmd.arg(format!("--groups={}", g.join(",")));
+        args.push(format!("--groups={}", g.join(",")));
     }
-    let out = cmd
-        .args(["--", "sh", "-c", script])
+    args.push("--".into());
+    args
+}
+
+/// Runs `script` with `sh -c` as `uid`/`gid` with exactly the supplementary `groups`.
+pub fn run_as(uid: u32, gid: u32, groups: &[u32], script: &str) -> Ran {
+    Command::new("setpriv")
+        .args(setpriv_args(uid, gid, groups))
+        .args(["sh", "-c", script])
         .output()
-        .expect("setpriv runs");
-    Ran {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+        .expect("setpriv runs")
+        .into()
 }
 
 /// (uid, gid, mode) of a path, not following symlinks.

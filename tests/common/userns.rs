@@ -81,30 +81,26 @@ impl PodUserns {
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--user={}", self.ns_path().display()))
             .args(["--", "setpriv"])
-            .arg(format!("--reuid={uid}"))
-            .arg(format!("--regid={gid}"));
-        if groups.is_empty() {
-            cmd.arg("--clear-groups");
-        } else {
-            let g: Vec<String> = groups.iter().map(u32::to_string).collect();
-            cmd.arg(format!("--groups={}", g.join(",")));
-        }
-        cmd.arg("--").args(program);
+            .args(crate::common::setpriv_args(uid, gid, groups))
+            .args(program);
         cmd
+    }
+
+    /// Runs `script` with `sh -c` in the pod as `uid` (and its own group) with `groups`,
+    /// and returns what it printed; panics with its error if it fails.
+    pub fn ok(&self, uid: u32, groups: &[u32], script: &str) -> String {
+        let r = self.run(uid, uid, groups, script);
+        assert!(r.ok, "in the pod as {uid} {groups:?}: {script}: {r:?}");
+        r.stdout
     }
 
     /// Runs `script` with `sh -c` in the pod as `uid`/`gid` with `groups`.
     pub fn run(&self, uid: u32, gid: u32, groups: &[u32], script: &str) -> Ran {
-        let out = self
-            .command(uid, gid, groups, &["sh", "-c", script])
+        self.command(uid, gid, groups, &["sh", "-c", script])
             .stdin(Stdio::null())
             .output()
-            .expect("nsenter runs");
-        Ran {
-            ok: out.status.success(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+            .expect("nsenter runs")
+            .into()
     }
 }
 

@@ -1172,18 +1172,13 @@ mod tests {
             .err(),
             Some(FsError::Os(Errno::EEXIST))
         );
-        // Without O_EXCL the name is left to the kernel, which looks it up again and
-        // opens it with its own checks.
+        // `n` opened again without O_EXCL, by `who`.
+        let reopen =
+            |flags, who, existing| v.create(ROOT, OsStr::new("n"), 0o100600, flags, who, existing);
+        // The name is left to the kernel, which looks it up again and opens it with its
+        // own checks.
         assert_eq!(
-            v.create(
-                ROOT,
-                OsStr::new("n"),
-                0o100600,
-                libc::O_RDWR,
-                ME,
-                Existing::Kernel
-            )
-            .err(),
+            reopen(libc::O_RDWR, ME, Existing::Kernel).err(),
             Some(FsError::NameAppeared)
         );
         assert_eq!(FsError::NameAppeared.errno(), libc::ESTALE);
@@ -1196,53 +1191,19 @@ mod tests {
         };
         for flags in [libc::O_RDWR, libc::O_RDONLY, libc::O_WRONLY | libc::O_TRUNC] {
             assert_eq!(
-                v.create(
-                    ROOT,
-                    OsStr::new("n"),
-                    0o100600,
-                    flags,
-                    stranger,
-                    Existing::Open
-                )
-                .err(),
+                reopen(flags, stranger, Existing::Open).err(),
                 Some(FsError::Os(Errno::EACCES)),
                 "flags {flags:#o}"
             );
         }
         let member = Creator { gid: 5, ..stranger };
         assert_eq!(
-            v.create(
-                ROOT,
-                OsStr::new("n"),
-                0o100600,
-                libc::O_RDWR,
-                member,
-                Existing::Open
-            )
-            .err(),
+            reopen(libc::O_RDWR, member, Existing::Open).err(),
             Some(FsError::Os(Errno::EACCES)),
             "the group may read, not write"
         );
-        let read = v
-            .create(
-                ROOT,
-                OsStr::new("n"),
-                0o100600,
-                libc::O_RDONLY,
-                member,
-                Existing::Open,
-            )
-            .unwrap();
-        let again = v
-            .create(
-                ROOT,
-                OsStr::new("n"),
-                0o100600,
-                libc::O_RDWR,
-                ME,
-                Existing::Open,
-            )
-            .unwrap();
+        let read = reopen(libc::O_RDONLY, member, Existing::Open).unwrap();
+        let again = reopen(libc::O_RDWR, ME, Existing::Open).unwrap();
         assert_eq!((again.attr.uid, again.attr.perm), (1000, 0o640));
         assert!(Arc::ptr_eq(&data, &again.data), "one descriptor per inode");
         assert_eq!(v.inode_count(), 2, "refused opens were forgotten again");
