@@ -259,6 +259,113 @@ pub fn task_credentials(pid: u32) -> super::SysResult<TaskCredentials> {
     )
 }
 
+/// A user namespace with the maps `uid_map` and `gid_map` (lines of "inside outside
+/// count", as `/proc/PID/uid_map` takes them), as an open `/proc/PID/ns/user`: what
+/// `mount_setattr(MOUNT_ATTR_IDMAP)` takes to idmap a mount. A child is forked, makes
+/// the namespace (`unshare(CLONE_NEWUSER)`), and waits until this process has written
+/// its maps and opened its namespace; then it exits, and the descriptor keeps the
+/// namespace (runc does the same with a process spawned for the purpose,
+/// libcontainer/internal/userns/usernsfd_linux.go). Needs `CAP_SETUID` and
+/// `CAP_SETGID` for maps beyond this process's own IDs.
+///
+/// # Errors
+/// The error of `pipe2`, `fork`, `unshare` (in the child), writing a map (`EINVAL`
+/// for overlapping or too many ranges, `EPERM` without the capabilities), or opening
+/// the namespace.
+pub fn user_namespace(uid_map: &str, gid_map: &str) -> super::SysResult<std::os::fd::OwnedFd> {
+    use rustix::pipe::{PipeFlags, pipe_with};
+    use std::os::fd::{AsRawFd, OwnedFd};
+    let (ready_r, ready_w) = pipe_with(PipeFlags::CLOEXEC).map_err(super::failed("pipe2"))?;
+    let (release_r, release_w) = pipe_with(PipeFlags::CLOEXEC).map_err(super::failed("pipe2"))?;
+    // SAFETY: fork(2) in a process that may have other threads: the child calls only
+    // async-signal-safe system calls (unshare, write, read, _exit) on descriptors it
+    // owns, touches no lock and no allocator, and always ends in _exit.
+    #[allow(unsafe_code)]
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(super::failed("fork")(std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        // SAFETY: the child side of the fork above; see there.
+        #[allow(unsafe_code)]
+        unsafe {
+            let err: i32 = if libc::unshare(libc::CLONE_NEWUSER) == 0 {
+                0
+            } else {
+                *libc::__errno_location()
+            };
+            let bytes = err.to_ne_bytes();
+            libc::write(ready_w.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
+            let mut b = 0u8;
+            libc::read(release_r.as_raw_fd(), std::ptr::from_mut(&mut b).cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    drop((ready_w, release_r));
+    let reap = |release: OwnedFd| {
+        // A byte, not the end of the pipe: a child forked meanwhile by another thread
+        // holds a copy of this end until it exits.
+        let _ = rustix::io::write(&release, &[1]);
+        drop(release);
+        let mut status = 0;
+        // SAFETY: waits for the child forked above, which exits once `release` is
+        // closed; `status` is a live i32.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::waitpid(pid, &raw mut status, 0);
+        }
+    };
+    let mut word = [0u8; 4];
+    let got = rustix::io::read(&ready_r, &mut word);
+    let child_err = i32::from_ne_bytes(word);
+    let result = match got {
+        Ok(4) if child_err == 0 => (|| {
+            let write = |name: &str, map: &str| {
+                std::fs::write(format!("/proc/{pid}/{name}"), map).map_err(|e| {
+                    super::failed::<super::Errno>("write(uid_map/gid_map)")(super::Errno::from_io(
+                        &e,
+                    ))
+                })
+            };
+            write("uid_map", uid_map)?;
+            write("gid_map", gid_map)?;
+            let ns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
+                .map_err(|e| super::Errno::from_io(&e))?;
+            Ok(OwnedFd::from(ns))
+        })(),
+        Ok(4) => Err(super::failed::<super::Errno>("unshare(CLONE_NEWUSER)")(
+            super::Errno(child_err),
+        )),
+        Ok(_) => Err(super::Errno::EIO),
+        Err(e) => Err(super::failed("read")(e)),
+    };
+    reap(release_w);
+    result
+}
+
+/// A gid map that shows the on-disk group `disk` as `shown` (and `shown` as `disk`, a
+/// map being one to one) and every other ID as itself; with `disk == shown`, the
+/// identity. At most five ranges, far below the kernel's limit of 340.
+pub fn swap_map(disk: u32, shown: u32) -> String {
+    // IDs 0..=u32::MAX - 1 (u32::MAX is the invalid ID).
+    const ALL: u64 = u32::MAX as u64;
+    if disk == shown {
+        return format!("0 0 {ALL}\n");
+    }
+    let (a, b) = (u64::from(disk.min(shown)), u64::from(disk.max(shown)));
+    let mut out = String::new();
+    let mut identity = |from: u64, to: u64| {
+        if to > from {
+            out.push_str(&format!("{from} {from} {}\n", to - from));
+        }
+    };
+    identity(0, a);
+    identity(a + 1, b);
+    identity(b + 1, ALL);
+    out.push_str(&format!("{a} {b} 1\n{b} {a} 1\n"));
+    out
+}
+
 /// What this process costs now: its resident memory in bytes (`VmRSS` of
 /// `/proc/self/status`) and the CPU time it used, user and system, in seconds.
 pub fn own_usage() -> (u64, f64) {
@@ -334,6 +441,48 @@ mod tests {
         assert!(
             TaskCredentials::parse("Gid:\t1\n", true, IdMap::identity(), IdMap::identity())
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn swap_maps_are_one_to_one_and_cover_every_id() {
+        let parse = |m: &str| IdMap::parse(m).unwrap();
+        let m = parse(&swap_map(2_147_490_000, 4242));
+        assert_eq!(m.inside_of(4242), Some(2_147_490_000));
+        assert_eq!(m.inside_of(2_147_490_000), Some(4242));
+        for id in [
+            0,
+            1,
+            4241,
+            4243,
+            1000,
+            2_147_489_999,
+            2_147_490_001,
+            u32::MAX - 1,
+        ] {
+            assert_eq!(m.inside_of(id), Some(id), "{id}");
+        }
+        assert_eq!(m.inside_of(u32::MAX), None);
+        assert!(m.maps_inside(2_147_490_000) && m.maps_inside(4242));
+        assert_eq!(parse(&swap_map(7, 7)), IdMap::identity());
+        // Adjacent and at the ends.
+        let m = parse(&swap_map(0, 1));
+        assert_eq!(
+            (m.inside_of(0), m.inside_of(1), m.inside_of(2)),
+            (Some(1), Some(0), Some(2))
+        );
+    }
+
+    #[test]
+    fn a_user_namespace_takes_its_maps() {
+        let ns = user_namespace("0 0 4294967295\n", &swap_map(70000, 4242)).unwrap();
+        // A namespace of its own, not this process's.
+        let mine = std::fs::metadata("/proc/self/ns/user").unwrap();
+        let st = rustix::fs::fstat(&ns).unwrap();
+        assert_ne!(st.st_ino, std::os::unix::fs::MetadataExt::ino(&mine));
+        assert!(
+            user_namespace("0 0 1\n0 1 1\n", "0 0 1\n").is_err(),
+            "overlapping ranges"
         );
     }
 
