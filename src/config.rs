@@ -79,6 +79,11 @@ pub enum ViewMode {
     FsGroup,
     /// The Linux CIFS client on a share without Unix extensions.
     Cifs,
+    /// What a native view (an idmapped bind mount) shows: the disk's owners and modes,
+    /// the volume's own group (`disk_gid=`) shown as the pod's (`gid=`), chown and
+    /// chmod on disk. A FUSE view serves it where a native mount cannot (a pod in a
+    /// user namespace), so that the mechanism never changes what a pod sees.
+    Native,
 }
 
 /// Where chown/chmod effects live.
@@ -159,6 +164,8 @@ pub struct ViewOptions {
     /// POSIX-faithful passthrough.
     pub group: Option<MountGroup>,
     pub mode: ViewMode,
+    /// `disk_gid=` (`mode=native`): the volume's own group on disk, shown as `gid=`.
+    pub disk_group: Option<u32>,
     pub ownership: Ownership,
     pub readonly: bool,
     pub cifs: CifsOptions,
@@ -215,6 +222,7 @@ impl Default for ViewOptions {
         ViewOptions {
             group: None,
             mode: ViewMode::FsGroup,
+            disk_group: None,
             ownership: Ownership::Emulate,
             readonly: false,
             cifs: CifsOptions::default(),
@@ -269,8 +277,12 @@ pub enum OptionError {
         value: String,
         reason: String,
     },
-    #[error("option `{0}` only applies to mode=cifs, but mode=fsgroup was given")]
-    CifsOnly(String),
+    #[error("option `{0}` only applies to mode=cifs, but mode={1} was given")]
+    CifsOnly(String, &'static str),
+    #[error("mode=native needs `disk_gid=`: the volume's group on disk, which it shows as `gid=`")]
+    NativeNeedsGroups,
+    #[error("option `disk_gid` only applies to mode=native")]
+    DiskGidOnlyNative,
     #[error("option `{0}` is never allowed: mountgroup views are always nodev,nosuid")]
     Forbidden(String),
     #[error("option `gid={option}` disagrees with the requested mount group {requested}")]
@@ -398,10 +410,18 @@ impl ViewOptions {
                     let v = need(value)?;
                     let m = one_of(
                         v,
-                        &[("fsgroup", ViewMode::FsGroup), ("cifs", ViewMode::Cifs)],
+                        &[
+                            ("fsgroup", ViewMode::FsGroup),
+                            ("cifs", ViewMode::Cifs),
+                            ("native", ViewMode::Native),
+                        ],
                     )
                     .map_err(|r| bad(v, r))?;
                     explicit_mode = Some(m);
+                }
+                "disk_gid" => {
+                    let v = need(value)?;
+                    o.disk_group = Some(parse_id(v).map_err(|r| bad(v, r))?);
                 }
                 "ownership" => {
                     let v = need(value)?;
@@ -528,11 +548,23 @@ impl ViewOptions {
             }
         }
         o.mode = match (explicit_mode, cifs_only) {
-            (Some(ViewMode::FsGroup), Some(opt)) => return Err(OptionError::CifsOnly(opt)),
+            (Some(ViewMode::FsGroup), Some(opt)) => {
+                return Err(OptionError::CifsOnly(opt, "fsgroup"));
+            }
+            (Some(ViewMode::Native), Some(opt)) => {
+                return Err(OptionError::CifsOnly(opt, "native"));
+            }
             (Some(m), _) => m,
             (None, Some(_)) => ViewMode::Cifs,
             (None, None) => ViewMode::FsGroup,
         };
+        match (o.mode, o.disk_group) {
+            (ViewMode::Native, None) => return Err(OptionError::NativeNeedsGroups),
+            (ViewMode::FsGroup | ViewMode::Cifs, Some(_)) => {
+                return Err(OptionError::DiskGidOnlyNative);
+            }
+            _ => {}
+        }
         Ok(o)
     }
 
@@ -578,6 +610,12 @@ impl ViewOptions {
         }
         match self.mode {
             ViewMode::FsGroup => v.push("mode=fsgroup".into()),
+            ViewMode::Native => {
+                v.push("mode=native".into());
+                if let Some(d) = self.disk_group {
+                    v.push(format!("disk_gid={d}"));
+                }
+            }
             ViewMode::Cifs => {
                 v.push("mode=cifs".into());
                 v.push(format!("uid={}", self.cifs.uid));
@@ -759,7 +797,7 @@ mod tests {
     fn cifs_options_conflict_with_explicit_fsgroup() {
         assert_eq!(
             ViewOptions::parse("mode=fsgroup,file_mode=0644"),
-            Err(OptionError::CifsOnly("file_mode".into()))
+            Err(OptionError::CifsOnly("file_mode".into(), "fsgroup"))
         );
     }
 
@@ -792,7 +830,19 @@ mod tests {
             ("colour=blue", "unknown option `colour`"),
             (
                 "mode=nfs",
-                "option `mode`: `nfs` is not `fsgroup` or `cifs`",
+                "option `mode`: `nfs` is not `fsgroup`, `cifs` or `native`",
+            ),
+            (
+                "mode=native,gid=4242",
+                "mode=native needs `disk_gid=`: the volume's group on disk, which it shows as `gid=`",
+            ),
+            (
+                "gid=4242,disk_gid=70000",
+                "option `disk_gid` only applies to mode=native",
+            ),
+            (
+                "mode=native,disk_gid=7,file_mode=0644",
+                "option `file_mode` only applies to mode=cifs, but mode=native was given",
             ),
             (
                 "file_mode=0999",
@@ -867,6 +917,7 @@ mod tests {
             "direct_io=view",
             "transport=dev",
             "transport=ring,direct_io=view",
+            "mode=native,gid=4242,disk_gid=2000000000,ro",
         ] {
             let o = ViewOptions::parse(s).unwrap();
             assert_eq!(

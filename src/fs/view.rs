@@ -13,11 +13,41 @@ const S_ISUID: u32 = 0o4000;
 const S_ISGID: u32 = 0o2000;
 const WRITE_BITS: u32 = 0o222;
 
+/// The groups a native presentation swaps: the volume's own group on disk, shown as
+/// the pod's, and the pod's shown as the volume's (an idmapping is one to one). Every
+/// other ID is itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GidSwap(Option<(u32, u32)>);
+
+impl GidSwap {
+    /// `disk` (the volume's group) shown as `shown` (the pod's fsGroup).
+    pub fn new(disk: u32, shown: u32) -> GidSwap {
+        GidSwap((disk != shown).then_some((disk, shown)))
+    }
+
+    /// The gid a view shows for an on-disk `gid`.
+    pub fn shown(self, gid: u32) -> u32 {
+        match self.0 {
+            Some((d, s)) if gid == d => s,
+            Some((d, s)) if gid == s => d,
+            _ => gid,
+        }
+    }
+
+    /// The on-disk gid of a gid a caller names (a chgrp, a creator's group): the swap is
+    /// its own inverse.
+    pub fn disk(self, gid: u32) -> u32 {
+        self.shown(gid)
+    }
+}
+
 /// How one view presents ownership.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
-    /// No group: the view shows and changes the disk, POSIX-faithfully.
-    Plain,
+    /// The view shows and changes the disk, POSIX-faithfully: without a group (`plain`),
+    /// or with the volume's own group shown as the pod's (`mode=native`: what a native
+    /// view, an idmapped bind mount, shows).
+    Plain { gids: GidSwap },
     /// What kubelet's recursive chown to `group` would show, then POSIX.
     FsGroup {
         group: u32,
@@ -51,14 +81,22 @@ impl Policy {
                 readonly: o.readonly,
                 emulate,
             },
-            (ViewMode::FsGroup, None) => Policy::Plain,
+            (ViewMode::FsGroup, None) => Policy::Plain {
+                gids: GidSwap::default(),
+            },
+            (ViewMode::Native, group) => Policy::Plain {
+                gids: match (o.disk_group, group) {
+                    (Some(d), Some(g)) => GidSwap::new(d, g.get()),
+                    _ => GidSwap::default(),
+                },
+            },
         }
     }
 
     /// Whether presenting an entry of this kind needs its ownership record.
     pub fn reads_record(&self, kind: Kind) -> bool {
         match *self {
-            Policy::Plain => false,
+            Policy::Plain { .. } => false,
             Policy::FsGroup { emulate, .. } => emulate,
             Policy::Cifs { emulate, .. } => emulate && kind == Kind::Regular,
         }
@@ -74,23 +112,42 @@ impl Policy {
 
     /// Whether chown/chmod go to the disk itself.
     pub fn changes_disk(&self) -> bool {
-        matches!(self, Policy::Plain)
+        matches!(self, Policy::Plain { .. })
     }
 
     /// The mode a new backing object is created with. Group views create files as the
     /// daemon (root), so set-id bits are never put on disk: a setuid-root file in a
     /// share would be a way out of the pod on any host that mounts the share.
-    pub fn disk_create_perm(&self, requested: u32) -> u32 {
+    ///
+    /// The native twin (`mode=native`) makes files without set-id bits too, and
+    /// refuses to chmod them on ([`Policy::refuses_set_id`]): it serves where a native
+    /// mount may not, which includes a share whose own mount honours set-id bits.
+    /// Directories keep setgid: it is what gives a new entry the volume's group.
+    pub fn disk_create_perm(&self, kind: Kind, requested: u32) -> u32 {
         match self {
-            Policy::Plain => requested & 0o7777,
+            Policy::Plain { gids } if gids.0.is_some() && kind != Kind::Directory => {
+                requested & 0o1777
+            }
+            Policy::Plain { .. } => requested & 0o7777,
             Policy::FsGroup { .. } | Policy::Cifs { .. } => requested & 0o1777 & !0o6000,
         }
+    }
+
+    /// Whether a chmod to `perm` of an entry of `kind` is refused (`EPERM`): a set-id bit
+    /// on anything but a directory's setgid, in the native twin.
+    pub fn refuses_set_id(&self, kind: Kind, perm: u32) -> bool {
+        let set_id = if kind == Kind::Directory {
+            perm & 0o4000
+        } else {
+            perm & 0o6000
+        };
+        matches!(self, Policy::Plain { gids } if gids.0.is_some()) && set_id != 0
     }
 
     /// The group the view presents, if any.
     pub fn group(&self) -> Option<u32> {
         match *self {
-            Policy::Plain => None,
+            Policy::Plain { gids } => gids.0.map(|(_, shown)| shown),
             Policy::FsGroup { group, .. } => Some(group),
             Policy::Cifs { gid, .. } => Some(gid),
         }
@@ -109,7 +166,10 @@ pub struct Owner {
 /// What stat shows through the view, given the disk and the entry's record.
 pub fn present(policy: &Policy, kind: Kind, disk: Owner, record: Option<&Record>) -> Owner {
     match *policy {
-        Policy::Plain => disk,
+        Policy::Plain { gids } => Owner {
+            gid: gids.shown(disk.gid),
+            ..disk
+        },
         Policy::FsGroup {
             group, readonly, ..
         } => {
@@ -291,7 +351,7 @@ pub fn new_entry_record(
     requested: u32,
 ) -> Option<Record> {
     match *policy {
-        Policy::Plain
+        Policy::Plain { .. }
         | Policy::FsGroup { emulate: false, .. }
         | Policy::Cifs { emulate: false, .. } => None,
         Policy::FsGroup { group, .. } => {
@@ -355,7 +415,7 @@ pub fn changed_record(
     change: OwnerChange,
 ) -> Option<Record> {
     match *policy {
-        Policy::Plain
+        Policy::Plain { .. }
         | Policy::FsGroup { emulate: false, .. }
         | Policy::Cifs { emulate: false, .. } => None,
         Policy::FsGroup { group, .. } => {
@@ -446,7 +506,9 @@ mod tests {
         let table: &[Row] = &[
             (
                 "plain shows the disk",
-                Policy::Plain,
+                Policy::Plain {
+                    gids: GidSwap::default(),
+                },
                 Regular,
                 disk,
                 Some(rec_chmod),
@@ -628,7 +690,15 @@ mod tests {
             None
         );
         assert_eq!(
-            new_entry_record(&Policy::Plain, caller, parent, Kind::Regular, 0o644),
+            new_entry_record(
+                &Policy::Plain {
+                    gids: GidSwap::default()
+                },
+                caller,
+                parent,
+                Kind::Regular,
+                0o644
+            ),
             None
         );
     }
@@ -771,6 +841,36 @@ mod tests {
     }
 
     #[test]
+    fn the_native_presentation_swaps_the_volume_group_for_the_pods() {
+        let twin = Policy::Plain {
+            gids: GidSwap::new(2_000_000_000, G),
+        };
+        let disk = |gid, perm| own(1000, gid, perm);
+        // The volume's group shows as the pod's; owners and modes are the disk's.
+        assert_eq!(
+            present(&twin, Kind::Regular, disk(2_000_000_000, 0o640), None),
+            own(1000, G, 0o640)
+        );
+        assert_eq!(
+            present(&twin, Kind::Directory, disk(2_000_000_000, 0o2750), None),
+            own(1000, G, 0o2750)
+        );
+        // One to one: the pod's own gid on disk shows as the volume's; others as they are.
+        assert_eq!(
+            present(&twin, Kind::Regular, disk(G, 0o600), None).gid,
+            2_000_000_000
+        );
+        assert_eq!(
+            present(&twin, Kind::Regular, disk(999, 0o700), None),
+            own(1000, 999, 0o700)
+        );
+        let swap = GidSwap::new(2_000_000_000, G);
+        assert_eq!((swap.disk(G), swap.disk(5)), (2_000_000_000, 5));
+        assert_eq!(GidSwap::new(7, 7).shown(7), 7);
+        assert_eq!(twin.group(), Some(G));
+    }
+
+    #[test]
     fn a_write_drops_set_id_bits_where_linux_does() {
         use crate::sys::process::{IdMap, TaskCredentials};
         let file = |uid, perm| Owner {
@@ -885,10 +985,36 @@ mod tests {
 
     #[test]
     fn disk_modes_never_carry_set_id_bits_in_group_views() {
-        assert_eq!(fsgroup(false).disk_create_perm(0o4755), 0o755);
-        assert_eq!(cifs().disk_create_perm(0o2775), 0o775);
-        assert_eq!(fsgroup(false).disk_create_perm(0o1777), 0o1777);
-        assert_eq!(Policy::Plain.disk_create_perm(0o4755), 0o4755);
+        assert_eq!(
+            fsgroup(false).disk_create_perm(Kind::Regular, 0o4755),
+            0o755
+        );
+        assert_eq!(cifs().disk_create_perm(Kind::Regular, 0o2775), 0o775);
+        assert_eq!(
+            fsgroup(false).disk_create_perm(Kind::Regular, 0o1777),
+            0o1777
+        );
+        assert_eq!(
+            Policy::Plain {
+                gids: GidSwap::default()
+            }
+            .disk_create_perm(Kind::Regular, 0o4755),
+            0o4755
+        );
+        let twin = Policy::Plain {
+            gids: GidSwap::new(2_000_000_000, G),
+        };
+        assert_eq!(twin.disk_create_perm(Kind::Regular, 0o6755), 0o755);
+        assert_eq!(twin.disk_create_perm(Kind::Directory, 0o2775), 0o2775);
+        assert!(twin.refuses_set_id(Kind::Regular, 0o2755));
+        assert!(!twin.refuses_set_id(Kind::Directory, 0o2775));
+        assert!(twin.refuses_set_id(Kind::Directory, 0o4775));
+        assert!(
+            !Policy::Plain {
+                gids: GidSwap::default()
+            }
+            .refuses_set_id(Kind::Regular, 0o4755)
+        );
     }
 
     #[test]

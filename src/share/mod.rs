@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -92,7 +93,19 @@ pub struct VolumeRecord {
     pub capacity_bytes: u64,
     pub parameters: BTreeMap<String, String>,
     pub created_unix: u64,
+    /// The volume's own group on disk, for a native volume: its root is setgid in it,
+    /// so every entry made through any of its views is born in it, and each publish
+    /// shows it as the pod's fsGroup (docs/SEMANTICS.md, *Native views*). `None` for a
+    /// volume made before native views, on a share that cannot be idmapped, or with the
+    /// StorageClass parameter `view: fuse`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<u32>,
 }
+
+/// The first of the groups native volumes get on disk: far above the IDs of users,
+/// of systemd's dynamic users and of the user namespaces kubelet gives pods, below
+/// 2^31 for tools that read a gid as a signed number.
+pub const NATIVE_GROUP_BASE: u32 = 2_000_000_000;
 
 /// What a CreateVolume asks of the share.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,6 +114,8 @@ pub struct VolumeSpec {
     pub name: String,
     pub capacity_bytes: u64,
     pub parameters: BTreeMap<String, String>,
+    /// Whether the volume should be native where the share can be idmapped.
+    pub native: bool,
 }
 
 /// The result of a create: made now, or found as it was asked for.
@@ -196,6 +211,8 @@ pub struct LocalShare {
     lock: Mutex<()>,
     /// Decided the first time the root proves to be the share.
     capacity: std::sync::OnceLock<CapacityMode>,
+    /// Whether the share's file system can be idmapped (why not, if not), asked once.
+    idmap: std::sync::OnceLock<Result<(), String>>,
 }
 
 /// What `capacity()` answers before the share is there.
@@ -219,6 +236,7 @@ impl LocalShare {
             init,
             lock: Mutex::new(()),
             capacity: std::sync::OnceLock::new(),
+            idmap: std::sync::OnceLock::new(),
         };
         match share.prove() {
             Ok(()) => {}
@@ -308,6 +326,55 @@ impl LocalShare {
         self.capacity.get() == Some(&CapacityMode::Enforced)
     }
 
+    /// Whether the share's file system can be idmapped: a clone of its mount is
+    /// idmapped and released once (Linux 5.12+ on ext4, xfs and btrfs, tmpfs from 6.3;
+    /// not CIFS, not NFS).
+    pub fn idmappable(&self) -> Result<(), String> {
+        self.idmap
+            .get_or_init(|| {
+                let identity = "0 0 4294967295\n";
+                let ns = crate::sys::process::user_namespace(identity, identity)
+                    .map_err(|e| format!("a user namespace cannot be made: {e}"))?;
+                let r = crate::sys::mount::can_idmap(&self.root, std::os::fd::AsFd::as_fd(&ns))
+                    .map_err(|e| format!("its file system cannot be idmapped ({e})"));
+                match &r {
+                    Ok(()) => tracing::info!(share = %self.root.display(), "the share can be idmapped: new volumes are native"),
+                    Err(why) => tracing::info!(share = %self.root.display(), %why, "the share cannot be idmapped: new volumes are FUSE views only"),
+                }
+                r
+            })
+            .clone()
+    }
+
+    /// Whether a native view of a volume of this share may be mounted here, or why not:
+    /// the share's file system can be idmapped, and the share is mounted `nosuid` and
+    /// `nodev`, so that a set-id bit, a file capability or a device node that a pod
+    /// makes through a native view is inert on every mount of the share on this node,
+    /// as it is on the view itself (docs/ARCHITECTURE.md, *Threat model*).
+    pub fn native_capable(&self) -> Result<(), String> {
+        self.idmappable()?;
+        match crate::sys::mount::nosuid_nodev(&self.root) {
+            Ok((true, true)) => Ok(()),
+            Ok(_) => Err(format!(
+                "the share {} is not mounted nosuid,nodev: set-id bits and device nodes a pod made on a native view would work through the share's own mount",
+                self.root.display()
+            )),
+            Err(e) => Err(format!("the share's mount flags cannot be read: {e}")),
+        }
+    }
+
+    /// The lowest native group no volume has.
+    fn free_group(&self) -> Result<u32, ShareError> {
+        let taken: std::collections::BTreeSet<u32> =
+            self.list()?.iter().filter_map(|r| r.group).collect();
+        (NATIVE_GROUP_BASE..u32::MAX)
+            .find(|g| !taken.contains(g))
+            .ok_or_else(|| ShareError::Io {
+                what: "native volume groups".into(),
+                errno: Errno(libc::ENOSPC),
+            })
+    }
+
     fn meta_path(&self, id: &VolumeId) -> PathBuf {
         self.root.join("meta").join(format!("{id}.json"))
     }
@@ -381,6 +448,17 @@ impl Share for LocalShare {
                 Err(e) => return Err(io(format!("volume directory {}", data.display()))(e)),
             }
         }
+        // A native volume: its root in a group of its own, setgid, so that whatever is
+        // made in it is born in that group (subdirectories inherit setgid).
+        let group = if spec.native && self.native_capable().is_ok() {
+            let g = self.free_group()?;
+            let what = || format!("volume directory {}", data.display());
+            std::os::unix::fs::chown(&data, None, Some(g)).map_err(io(what()))?;
+            fs::set_permissions(&data, fs::Permissions::from_mode(0o2775)).map_err(io(what()))?;
+            Some(g)
+        } else {
+            None
+        };
         let rec = VolumeRecord {
             id: spec.id.clone(),
             name: spec.name.clone(),
@@ -389,6 +467,7 @@ impl Share for LocalShare {
             created_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            group,
         };
         self.write_meta(&rec)?;
         Ok(Created::New(rec))
@@ -542,6 +621,7 @@ mod tests {
             name: name.into(),
             capacity_bytes: cap,
             parameters: BTreeMap::new(),
+            native: true,
         }
     }
 

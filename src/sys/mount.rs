@@ -369,6 +369,68 @@ pub fn idmapped_clone(
     Ok(tree)
 }
 
+/// `MOUNT_ATTR_RDONLY`, `MOUNT_ATTR_NOEXEC` (`include/uapi/linux/mount.h`).
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+/// A native view's mount, detached: a clone of the mount at `source` (not of the
+/// mounts below it, which views do not cross either), idmapped through `userns`, and
+/// always `nosuid,nodev`, `ro` and `noexec` as asked, all set in one
+/// `mount_setattr(2)` before it is attached anywhere. Attach it with
+/// [`attach_detached`].
+///
+/// # Errors
+/// The error of `open_tree(2)` or `mount_setattr(2)` (`EINVAL`: the file system cannot
+/// be idmapped).
+pub fn native_view(
+    source: &Path,
+    userns: std::os::fd::BorrowedFd<'_>,
+    readonly: bool,
+    noexec: bool,
+) -> SysResult<OwnedFd> {
+    use rustix::mount::OpenTreeFlags;
+    let tree = rustix::mount::open_tree(
+        rustix::fs::CWD,
+        source,
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(super::failed("open_tree"))?;
+    let mut set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID_NODEV;
+    if readonly {
+        set |= MOUNT_ATTR_RDONLY;
+    }
+    if noexec {
+        set |= MOUNT_ATTR_NOEXEC;
+    }
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    mount_setattr(&tree, false, &attr)?;
+    Ok(tree)
+}
+
+/// Whether the file system under `path` can be idmapped: a detached clone of its mount
+/// is idmapped with `userns` and released, nothing attached.
+///
+/// # Errors
+/// `EINVAL` where it cannot be, or the error of `open_tree(2)`.
+pub fn can_idmap(path: &Path, userns: std::os::fd::BorrowedFd<'_>) -> SysResult<()> {
+    idmapped_clone(path, userns, false).map(drop)
+}
+
+/// Whether the mount that `path` is on is `nosuid` and `nodev` (`statvfs(3)`'s flags).
+///
+/// # Errors
+/// The error of `statvfs(2)`.
+pub fn nosuid_nodev(path: &Path) -> SysResult<(bool, bool)> {
+    use rustix::fs::StatVfsMountFlags as F;
+    let st = rustix::fs::statvfs(path).map_err(super::failed("statvfs"))?;
+    Ok((st.f_flag.contains(F::NOSUID), st.f_flag.contains(F::NODEV)))
+}
+
 /// Attaches a detached mount (from [`idmapped_clone`]) at `target`, as a runtime moves
 /// a volume into a container's root (`move_mount(MOVE_MOUNT_F_EMPTY_PATH)`).
 ///

@@ -14,6 +14,11 @@ use super::{DEFAULT_CAPACITY, SecretUse, VolumeError, authorize};
 /// `--extra-create-metadata`); they are recorded and otherwise ignored.
 const CO_PREFIX: &str = "csi.storage.k8s.io/";
 
+/// The StorageClass parameter that chooses how the volume's views are made: `native`
+/// (the default: idmapped bind mounts where the share allows them) or `fuse` (FUSE
+/// views with kubelet's full mode semantics, always).
+pub const VIEW_PARAMETER: &str = "view";
+
 /// The controller service's domain.
 pub struct Controller {
     share: Arc<dyn Share>,
@@ -63,10 +68,20 @@ impl Controller {
         secret: Option<&str>,
     ) -> Result<VolumeRecord, VolumeError> {
         let capacity = pick_capacity(required, limit)?;
-        if let Some(key) = parameters.keys().find(|k| !k.starts_with(CO_PREFIX)) {
+        if let Some(key) = parameters
+            .keys()
+            .find(|k| !k.starts_with(CO_PREFIX) && *k != VIEW_PARAMETER)
+        {
             return Err(VolumeError::InvalidArgument(format!(
                 "parameters: unknown key {key:?}"
             )));
+        }
+        if let Some(v) = parameters.get(VIEW_PARAMETER) {
+            if v != "native" && v != "fuse" {
+                return Err(VolumeError::InvalidArgument(format!(
+                    "parameters: {VIEW_PARAMETER}: {v:?} is not \"native\" or \"fuse\""
+                )));
+            }
         }
         authorize(&self.key, secret, SecretUse::Provisioner)?;
         let _guard = self.guards.acquire(id.as_str(), "CreateVolume")?;
@@ -81,11 +96,13 @@ impl Controller {
                 existing.capacity_bytes
             )));
         }
+        let native = parameters.get(VIEW_PARAMETER).map(String::as_str) != Some("fuse");
         let spec = VolumeSpec {
             id,
             name: name.to_string(),
             capacity_bytes: capacity,
             parameters,
+            native,
         };
         match self.share.create(&spec)? {
             Created::New(r) => {

@@ -570,6 +570,7 @@ impl Node {
                     name: id.to_string(),
                     capacity_bytes: size.unwrap_or(super::DEFAULT_CAPACITY),
                     parameters: BTreeMap::from([(INLINE_MARKER.to_string(), "true".to_string())]),
+                    native: true,
                 };
                 self.share.create(&spec)?;
                 tracing::info!(volume_id = %id, capacity_bytes = spec.capacity_bytes, "inline volume created");

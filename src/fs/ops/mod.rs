@@ -555,10 +555,16 @@ impl ViewFs {
             gid: set.gid,
             perm: set.mode.map(|m| m & file::PERM_MASK),
         };
+        if let Some(perm) = change.perm {
+            if self.policy.refuses_set_id(inode.kind, perm) {
+                return Err(FsError::NotPermitted);
+            }
+        }
         if !change.is_empty() {
-            if self.policy.changes_disk() {
+            if let Policy::Plain { gids } = self.policy {
                 if change.uid.is_some() || change.gid.is_some() {
-                    file::chown(inode.fd()?.as_fd(), change.uid, change.gid)?;
+                    let gid = change.gid.map(|g| gids.disk(g));
+                    file::chown(inode.fd()?.as_fd(), change.uid, gid)?;
                 }
                 if let Some(perm) = change.perm {
                     if inode.kind != Kind::Symlink {

@@ -75,9 +75,9 @@ impl ViewFs {
     /// other than itself.
     fn placement(&self, creator: Creator) -> Placement {
         match self.policy {
-            Policy::Plain => {
+            Policy::Plain { gids } => {
                 let (euid, egid) = self.daemon_ids;
-                if creator.uid == euid && creator.gid == egid {
+                if creator.uid == euid && gids.disk(creator.gid) == egid {
                     Placement::Direct
                 } else {
                     Placement::Staged
@@ -224,7 +224,7 @@ impl ViewFs {
         creator: Creator,
     ) -> FsResult<Option<Record>> {
         match self.policy {
-            Policy::Plain => self
+            Policy::Plain { .. } => self
                 .give_to_creator(parent, fd, new, creator)
                 .map(|()| None),
             _ => {
@@ -263,7 +263,11 @@ impl ViewFs {
     ) -> FsResult<()> {
         let pst = file::stat(parent.fd()?.as_fd())?;
         // Made in its parent, the entry has the group a setgid parent gives already.
-        let gid = (pst.perm & 0o2000 == 0).then_some(creator.gid);
+        let gids = match self.policy {
+            Policy::Plain { gids } => gids,
+            _ => view::GidSwap::default(),
+        };
+        let gid = (pst.perm & 0o2000 == 0).then_some(gids.disk(creator.gid));
         let (euid, egid) = self.daemon_ids;
         if creator.uid == euid && gid.is_none_or(|g| g == egid) {
             return Ok(());
@@ -276,8 +280,9 @@ impl ViewFs {
             Err(e) => return Err(e.into()),
         }
         // chown clears set-id bits; put back what the creator asked for.
-        if new.perm & 0o6000 != 0 && new.kind != Kind::Symlink {
-            file::chmod(fd.as_fd(), new.perm)?;
+        let perm = self.policy.disk_create_perm(new.kind, new.perm);
+        if perm & 0o6000 != 0 && new.kind != Kind::Symlink {
+            file::chmod(fd.as_fd(), perm)?;
         }
         Ok(())
     }
@@ -302,7 +307,7 @@ impl ViewFs {
         refuse_reserved(name)?;
         let p = self.dir(parent)?;
         let perm = mode & file::PERM_MASK;
-        let disk_perm = self.policy.disk_create_perm(perm);
+        let disk_perm = self.policy.disk_create_perm(Kind::Regular, perm);
         let new = NewEntry {
             kind: Kind::Regular,
             perm,
@@ -420,7 +425,7 @@ impl ViewFs {
     /// `EROFS`, `EEXIST`, or the error of the system call.
     pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, creator: Creator) -> FsResult<Attr> {
         let perm = mode & file::PERM_MASK;
-        let disk_perm = self.policy.disk_create_perm(perm);
+        let disk_perm = self.policy.disk_create_perm(Kind::Directory, perm);
         self.make_node(
             parent,
             name,
@@ -443,7 +448,7 @@ impl ViewFs {
             return Err(FsError::NotPermitted);
         }
         let perm = mode & file::PERM_MASK;
-        let disk_perm = self.policy.disk_create_perm(perm);
+        let disk_perm = self.policy.disk_create_perm(kind, perm);
         self.make_node(parent, name, NewEntry { kind, perm }, creator, |dir, n| {
             file::mknod(dir, n, kind, disk_perm)
         })
