@@ -129,6 +129,24 @@ impl Collector for NodeCollector {
         m.encode_family(&[("state", "dead")])?
             .encode_gauge(&(views.len() as i64 - serving))?;
 
+        // Per view: how it is served, and why not natively where its volume is native.
+        let mut m = encoder.encode_descriptor(
+            "mountgroup_view_mechanism",
+            "1 for each published view, labelled by how it is served (native: an idmapped bind mount; fuse; fuse-native: a FUSE view with the native presentation) and, for a native volume served by FUSE, why (fallback)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for v in &views {
+            let target = v.target.display().to_string();
+            m.encode_family(&[
+                ("volume_id", v.volume_id.as_str()),
+                ("target", target.as_str()),
+                ("mechanism", v.mechanism),
+                ("fallback", v.fallback.as_deref().unwrap_or("")),
+            ])?
+            .encode_gauge(&1)?;
+        }
+
         // Per view: the serving views that wrote a snapshot, labelled by volume and
         // target.
         let per_view: Vec<(&str, String, &Snapshot)> = views

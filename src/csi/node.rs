@@ -103,6 +103,7 @@ impl pb::node_server::Node for NodeService {
             readonly: r.readonly,
             lifecycle,
             secrets,
+            pod: validate::pod(&r.volume_context),
         };
         let node = Arc::clone(&self.node);
         let span = info_span!(

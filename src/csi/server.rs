@@ -265,9 +265,12 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
                 share,
                 guards,
                 key,
-                &cfg.state_dir,
-                &cfg.runtime_dir,
-                keeper_socket,
+                crate::volume::node::NodeDirs {
+                    state: &cfg.state_dir,
+                    runtime: &cfg.runtime_dir,
+                    keeper: keeper_socket,
+                },
+                Arc::new(crate::volume::native::NoApiServer),
             )
         })
         .await

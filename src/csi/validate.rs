@@ -208,6 +208,18 @@ const KUBERNETES_PREFIXES: [&str; 2] = ["csi.storage.k8s.io/", "storage.kubernet
 /// The attributes of ours: an inline volume's `volumeAttributes`.
 const OURS: [&str; 4] = ["size", "source", "items", "defaultMode"];
 
+/// The pod a publish is for, where kubelet names it (`podInfoOnMount`:
+/// `csi.storage.k8s.io/pod.namespace` and `pod.name`, csi_mounter.go `podAttributes`).
+pub fn pod(
+    ctx: &std::collections::HashMap<String, String>,
+) -> Option<crate::volume::native::PodRef> {
+    let get = |k: &str| ctx.get(k).filter(|v| !v.is_empty()).cloned();
+    Some(crate::volume::native::PodRef {
+        namespace: get("csi.storage.k8s.io/pod.namespace")?,
+        name: get("csi.storage.k8s.io/pod.name")?,
+    })
+}
+
 /// The volume's lifecycle from `volume_context`: kubelet's
 /// `csi.storage.k8s.io/ephemeral` and an inline volume's `volumeAttributes`.
 ///

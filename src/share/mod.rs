@@ -175,6 +175,8 @@ pub trait Share: Send + Sync {
     fn capacity_applied(&self, rec: &VolumeRecord) -> bool;
     /// How capacity is held.
     fn capacity(&self) -> &CapacityMode;
+    /// Whether a native view of its volumes may be mounted on this node, or why not.
+    fn native_capable(&self) -> Result<(), String>;
 }
 
 /// How a share holds volumes to their capacity.
@@ -608,6 +610,10 @@ impl Share for LocalShare {
 
     fn capacity(&self) -> &CapacityMode {
         self.capacity.get().unwrap_or(&NOT_THERE)
+    }
+
+    fn native_capable(&self) -> Result<(), String> {
+        LocalShare::native_capable(self)
     }
 }
 

@@ -369,13 +369,28 @@ pub fn idmapped_clone(
     Ok(tree)
 }
 
-/// `MOUNT_ATTR_RDONLY`, `MOUNT_ATTR_NOEXEC` (`include/uapi/linux/mount.h`).
+/// `MOUNT_ATTR_RDONLY`, `MOUNT_ATTR_NOEXEC`, the access-time attributes
+/// (`include/uapi/linux/mount.h`).
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+const MOUNT_ATTR_ATIME_MASK: u64 = 0x70;
+const MOUNT_ATTR_NOATIME: u64 = 0x10;
+const MOUNT_ATTR_STRICTATIME: u64 = 0x20;
+const MOUNT_ATTR_NODIRATIME: u64 = 0x80;
+
+/// The mount attributes of a native view beyond its idmapping.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NativeAttrs {
+    pub readonly: bool,
+    pub noexec: bool,
+    /// `noatime` (`Some(false)`: `strictatime`; `None`: the kernel's `relatime`).
+    pub noatime: Option<bool>,
+    pub nodiratime: bool,
+}
 
 /// A native view's mount, detached: a clone of the mount at `source` (not of the
 /// mounts below it, which views do not cross either), idmapped through `userns`, and
-/// always `nosuid,nodev`, `ro` and `noexec` as asked, all set in one
+/// always `nosuid,nodev`, with the `attrs` asked for, all set in one
 /// `mount_setattr(2)` before it is attached anywhere. Attach it with
 /// [`attach_detached`].
 ///
@@ -385,8 +400,7 @@ const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 pub fn native_view(
     source: &Path,
     userns: std::os::fd::BorrowedFd<'_>,
-    readonly: bool,
-    noexec: bool,
+    attrs: NativeAttrs,
 ) -> SysResult<OwnedFd> {
     use rustix::mount::OpenTreeFlags;
     let tree = rustix::mount::open_tree(
@@ -396,15 +410,28 @@ pub fn native_view(
     )
     .map_err(super::failed("open_tree"))?;
     let mut set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID_NODEV;
-    if readonly {
-        set |= MOUNT_ATTR_RDONLY;
+    let mut clr = 0;
+    for (on, bit) in [
+        (attrs.readonly, MOUNT_ATTR_RDONLY),
+        (attrs.noexec, MOUNT_ATTR_NOEXEC),
+        (attrs.nodiratime, MOUNT_ATTR_NODIRATIME),
+    ] {
+        if on {
+            set |= bit;
+        }
     }
-    if noexec {
-        set |= MOUNT_ATTR_NOEXEC;
+    if let Some(never) = attrs.noatime {
+        // The access-time mode is one field: cleared whole, then set.
+        clr |= MOUNT_ATTR_ATIME_MASK;
+        set |= if never {
+            MOUNT_ATTR_NOATIME
+        } else {
+            MOUNT_ATTR_STRICTATIME
+        };
     }
     let attr = MountAttr {
         attr_set: set,
-        attr_clr: 0,
+        attr_clr: clr,
         propagation: 0,
         userns_fd: userns.as_raw_fd() as u64,
     };
@@ -464,6 +491,19 @@ fn mount_type_in(mountinfo: &str, path: &Path) -> Option<String> {
         .skip_while(|f| *f != "-");
     rest.next();
     rest.next().map(str::to_string)
+}
+
+/// Whether the topmost mount at exactly `path` is idmapped (mountinfo's per-mount
+/// option `idmapped`, Linux 5.12+).
+///
+/// # Errors
+/// The error of reading mountinfo.
+pub fn is_idmapped(path: &Path) -> SysResult<bool> {
+    let info =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| super::Errno::from_io(&e))?;
+    Ok(topmost_at(&info, path)
+        .and_then(|l| l.split(' ').nth(5))
+        .is_some_and(|opts| opts.split(',').any(|o| o == "idmapped")))
 }
 
 /// The mountinfo line of the topmost mount at exactly `path`: later lines are mounted

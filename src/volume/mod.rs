@@ -8,6 +8,7 @@ pub mod controller;
 pub mod guard;
 pub mod keeper;
 pub mod names;
+pub mod native;
 pub mod node;
 pub mod secrets;
 pub mod state;

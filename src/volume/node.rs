@@ -17,6 +17,7 @@ use crate::share::{Share, VolumeId, VolumeRecord, VolumeSpec};
 use crate::sys::mount::{self, Health};
 
 use super::guard::OpGuards;
+use super::native::{self, Fallback, Mechanism, PodLookup, PodRef};
 use super::secrets::{self, Payload};
 use super::state::{NodeState, Published, Staged, ViewKind};
 use super::view::{VIEW_FSTYPE, Views};
@@ -36,6 +37,8 @@ pub struct PublishRequest {
     pub lifecycle: Lifecycle,
     /// The request's secrets (the content of a secret view); Debug shows no value.
     pub secrets: Payload,
+    /// The pod, where kubelet names it (`podInfoOnMount`).
+    pub pod: Option<PodRef>,
 }
 
 /// The parameter that marks a volume on the share as inline (created by a publish,
@@ -74,8 +77,20 @@ pub struct ViewInfo {
     pub volume_id: String,
     pub target: PathBuf,
     pub serving: bool,
-    /// The view's last operation snapshot, if it wrote one.
+    /// The view's last operation snapshot, if it wrote one (never for a native view).
     pub stats: Option<crate::transport::stats::Snapshot>,
+    /// How it is served (`native`, `fuse`, `fuse-native`).
+    pub mechanism: &'static str,
+    /// Why a native volume is not served natively there.
+    pub fallback: Option<String>,
+}
+
+/// Where a node keeps things: its state directory, its runtime directory (secret
+/// views' tmpfs, the views' control sockets), and the keeper's socket.
+pub struct NodeDirs<'a> {
+    pub state: &'a Path,
+    pub runtime: &'a Path,
+    pub keeper: PathBuf,
 }
 
 /// The node service's domain.
@@ -85,6 +100,8 @@ pub struct Node {
     guards: Arc<OpGuards>,
     key: Arc<ShareKey>,
     views: Views,
+    /// Whether a pod is in a user namespace (the API server, where there is one).
+    pods: Arc<dyn PodLookup>,
     /// Where secret views keep their tmpfs (memory, outside the state directory).
     runtime_dir: PathBuf,
     state_path: PathBuf,
@@ -104,10 +121,14 @@ impl Node {
         share: Arc<dyn Share>,
         guards: Arc<OpGuards>,
         key: Arc<ShareKey>,
-        state_dir: &Path,
-        runtime_dir: &Path,
-        keeper: PathBuf,
+        dirs: NodeDirs<'_>,
+        pods: Arc<dyn PodLookup>,
     ) -> Result<Arc<Node>, VolumeError> {
+        let NodeDirs {
+            state: state_dir,
+            runtime: runtime_dir,
+            keeper,
+        } = dirs;
         std::fs::create_dir_all(state_dir).map_err(|e| {
             VolumeError::Internal(format!("state directory {}: {e}", state_dir.display()))
         })?;
@@ -120,6 +141,7 @@ impl Node {
             key,
             runtime_dir: runtime_dir.to_path_buf(),
             views: Views::new(state_dir.join("views"), runtime_dir.join("views"), keeper)?,
+            pods,
             state_path,
             state: Mutex::new(state),
         });
@@ -164,6 +186,12 @@ impl Node {
                 .iter()
                 .map(|(target, p)| {
                     scope.spawn(move || {
+                        if let Mechanism::Native { disk_group, shown } = p.mechanism {
+                            if !native::mounted(target) {
+                                self.restore_native(target, p, disk_group, shown);
+                            }
+                            return (target.clone(), None);
+                        }
                         let pid = match mount::health(target) {
                             Health::Mounted(t) if t == VIEW_FSTYPE => return (target.clone(), p.pid),
                             Health::Mounted(other) => {
@@ -208,6 +236,10 @@ impl Node {
                 return None;
             }
         };
+        let options = match p.mechanism {
+            Mechanism::Twin { disk_group } => native::twin_options(&options, disk_group),
+            _ => options,
+        };
         match self.views.start(&p.source, target, &options) {
             Ok(pid) => {
                 tracing::info!(volume_id = %p.volume_id, target = %target.display(), "view restored");
@@ -216,6 +248,26 @@ impl Node {
             Err(e) => {
                 tracing::error!(volume_id = %p.volume_id, target = %target.display(), error = %e, "cannot restore view");
                 None
+            }
+        }
+    }
+
+    /// Mounts a native view again where it is gone (after a reboot: its staging was
+    /// bound again first). No process ever served it, so nothing else is to restore.
+    fn restore_native(&self, target: &Path, p: &Published, disk_group: u32, shown: u32) {
+        let options = match crate::config::ViewOptions::parse(&p.options) {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::error!(target = %target.display(), error = %e, "recorded view options no longer parse");
+                return;
+            }
+        };
+        match native::mount(&p.source, target, disk_group, shown, &options) {
+            Ok(()) => {
+                tracing::info!(volume_id = %p.volume_id, target = %target.display(), "native view restored")
+            }
+            Err(e) => {
+                tracing::error!(volume_id = %p.volume_id, target = %target.display(), error = %e, "cannot restore native view")
             }
         }
     }
@@ -232,10 +284,13 @@ impl Node {
             .into_iter()
             .map(|(target, p)| ViewInfo {
                 volume_id: p.volume_id.to_string(),
-                serving: mount::health(&target) == Health::Mounted(VIEW_FSTYPE.into()),
-                stats: std::fs::read(self.views.metrics_path(&target))
-                    .ok()
+                serving: Self::serving(&target, p.mechanism),
+                stats: (p.mechanism.name() != "native")
+                    .then(|| std::fs::read(self.views.metrics_path(&target)).ok())
+                    .flatten()
                     .and_then(|b| serde_json::from_slice(&b).ok()),
+                mechanism: p.mechanism.name(),
+                fallback: p.fallback.clone(),
                 target,
             })
             .collect()
@@ -487,12 +542,14 @@ impl Node {
         };
         let mut created_target = false;
         if let Some(p) = &existing {
-            if mount::health(target) == Health::Mounted(VIEW_FSTYPE.into()) {
+            if Self::serving(target, p.mechanism) {
                 return Ok(());
             }
-            // The view died: serve it again.
+            // The view died (or, native, is gone): serve it again, as it was.
             created_target = p.created_target;
-            self.views.stop(target, p.pid)?;
+            if p.mechanism.name() != "native" {
+                self.views.stop(target, p.pid)?;
+            }
         } else {
             match mount::health(target) {
                 Health::NotMounted => {}
@@ -526,7 +583,22 @@ impl Node {
                 }
             }
         }
-        let pid = match self.views.start(&source, target, &options) {
+        // A repeat keeps the mechanism it had; a new publish is native where it can be.
+        let (mechanism, fallback) = match &existing {
+            Some(p) => (p.mechanism, p.fallback.clone()),
+            None => self.mechanism(req, kind, &options),
+        };
+        let served = match mechanism {
+            Mechanism::Native { disk_group, shown } => {
+                native::mount(&source, target, disk_group, shown, &options).map(|()| None)
+            }
+            Mechanism::Twin { disk_group } => self
+                .views
+                .start(&source, target, &native::twin_options(&options, disk_group))
+                .map(Some),
+            Mechanism::Fuse => self.views.start(&source, target, &options).map(Some),
+        };
+        let pid = match served {
             Ok(pid) => pid,
             Err(e) => {
                 if created_target && existing.is_none() {
@@ -543,17 +615,93 @@ impl Node {
             kind,
             source,
             options: canonical,
-            pid: Some(pid),
+            pid,
             created_target,
+            mechanism,
+            fallback: fallback.clone(),
         };
         if let Err(e) = self.update(|st| {
             st.published.insert(target.clone(), published);
         }) {
-            let _ = self.views.stop(target, Some(pid));
+            self.stop_serving(target, mechanism, pid);
             return Err(e);
         }
-        tracing::info!(volume_id = %id, target = %target.display(), kind = ?kind, "volume published");
+        match &fallback {
+            None => {
+                tracing::info!(volume_id = %id, target = %target.display(), kind = ?kind, mechanism = mechanism.name(), "volume published")
+            }
+            Some(reason) => {
+                tracing::info!(volume_id = %id, target = %target.display(), kind = ?kind, mechanism = mechanism.name(), fallback = %reason, "volume published as a FUSE view")
+            }
+        }
         Ok(())
+    }
+
+    /// Whether the target is served as `mechanism` says: a FUSE view's mount is live, a
+    /// native view's idmapped mount is there.
+    fn serving(target: &Path, mechanism: Mechanism) -> bool {
+        match mechanism {
+            Mechanism::Native { .. } => native::mounted(target),
+            Mechanism::Fuse | Mechanism::Twin { .. } => {
+                mount::health(target) == Health::Mounted(VIEW_FSTYPE.into())
+            }
+        }
+    }
+
+    /// Stops serving a target: unmounts a native view (lazily, as views are), stops a
+    /// FUSE view's process.
+    fn stop_serving(&self, target: &Path, mechanism: Mechanism, pid: Option<u32>) {
+        match mechanism {
+            Mechanism::Native { .. } => {
+                if native::mounted(target) {
+                    let _ = mount::unmount_lazy(target);
+                }
+            }
+            Mechanism::Fuse | Mechanism::Twin { .. } => {
+                let _ = self.views.stop(target, pid);
+            }
+        }
+    }
+
+    /// How a new publish is served, and why not natively where the volume is native
+    /// (docs/SEMANTICS.md, *Native views*): logged, and a label of the view's metric.
+    fn mechanism(
+        &self,
+        req: &PublishRequest,
+        kind: ViewKind,
+        options: &ViewOptions,
+    ) -> (Mechanism, Option<String>) {
+        let volume_group = match kind {
+            ViewKind::InlineSecrets => None,
+            ViewKind::Persistent | ViewKind::InlineShare => self
+                .share
+                .get(&req.volume_id)
+                .ok()
+                .flatten()
+                .and_then(|r| r.group),
+        };
+        let decided = native::decide(
+            volume_group,
+            kind == ViewKind::InlineSecrets,
+            options,
+            || self.share.native_capable(),
+            || self.pods.pod(req.pod.as_ref()),
+        );
+        match decided {
+            Ok(m) => (m, None),
+            Err(f) => {
+                let why = f.to_string();
+                let code = f.code().to_string();
+                let mechanism = match (volume_group, f.twin()) {
+                    (Some(disk_group), true) => Mechanism::Twin { disk_group },
+                    _ => Mechanism::Fuse,
+                };
+                if !matches!(f, Fallback::NotNative | Fallback::Secrets) {
+                    tracing::info!(volume_id = %req.volume_id, target = %req.target_path.display(), fallback = code.as_str(), why = %why, "not a native view");
+                }
+                (mechanism, volume_group.map(|_| code))
+            }
+        }
     }
 
     /// Creates the inline volume `id` on the share unless it exists; returns whether it
@@ -631,7 +779,19 @@ impl Node {
                 p.volume_id
             ))),
             Some(p) => {
-                self.views.stop(target, p.pid)?;
+                match p.mechanism {
+                    Mechanism::Native { .. } => {
+                        if native::mounted(target) {
+                            mount::unmount_lazy(target).map_err(|e| {
+                                VolumeError::Internal(format!(
+                                    "cannot unmount the native view at {}: {e}",
+                                    target.display()
+                                ))
+                            })?;
+                        }
+                    }
+                    Mechanism::Fuse | Mechanism::Twin { .. } => self.views.stop(target, p.pid)?,
+                }
                 if p.created_target {
                     let _ = std::fs::remove_dir(target);
                 }

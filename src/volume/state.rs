@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::share::{VolumeId, write_atomically};
 
 use super::VolumeError;
+use super::native::Mechanism;
 
 const VERSION: u32 = 1;
 
@@ -49,6 +50,12 @@ pub struct Published {
     pub pid: Option<u32>,
     /// Whether publish created the target directory (and unpublish removes it).
     pub created_target: bool,
+    /// How the target is served (a FUSE view for what earlier versions published).
+    #[serde(default)]
+    pub mechanism: Mechanism,
+    /// Why it is not a native view, when the volume is native (a metric's label).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
 }
 
 /// Everything the node remembers.
@@ -142,6 +149,11 @@ mod tests {
                 options: "gid=1".into(),
                 pid: Some(7),
                 created_target: true,
+                mechanism: Mechanism::Native {
+                    disk_group: 2_000_000_000,
+                    shown: 4242,
+                },
+                fallback: None,
             },
         );
         s.save(&path).unwrap();

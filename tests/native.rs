@@ -1,0 +1,360 @@
+//! Native views: on a share that can be idmapped and is mounted `nosuid,nodev`, a
+//! volume gets a group of its own at CreateVolume, and each publish is an idmapped
+//! bind mount that shows that group as the pod's fsGroup, served by no process. Driven
+//! through the CSI socket as kubelet drives it; the fallbacks say why.
+
+mod common;
+#[path = "common/driver.rs"]
+mod driver;
+#[path = "common/keeper.rs"]
+mod keeper;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use driver::*;
+use keeper::*;
+use mountgroup::csi::pb;
+use mountgroup::csi::pb::volume_capability::access_mode::Mode;
+
+const MEMBER: u32 = 1000;
+
+/// A share mounted as native views need it: a tmpfs (idmappable from Linux 6.3),
+/// `nosuid,nodev`. Unmounted on drop.
+fn native_share(root: &Path) -> Unmount {
+    let share = root.join("share");
+    fs::create_dir_all(&share).unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "nosuid,nodev,mode=0755", "tmpfs"])
+        .arg(&share)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "tmpfs on {}", share.display());
+    Unmount(share)
+}
+
+fn publish(
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    flags: &[&str],
+    group: &str,
+) -> pb::NodePublishVolumeRequest {
+    pb::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_string_lossy().into(),
+        target_path: target.to_string_lossy().into(),
+        volume_capability: Some(mount_cap(flags, group, Mode::SingleNodeMultiWriter)),
+        ..Default::default()
+    }
+}
+
+/// The volume's record on the share (its metadata file).
+fn record(d: &Driver, id: &str) -> serde_json::Value {
+    serde_json::from_slice(&fs::read(d.share.join(format!("meta/{id}.json"))).unwrap()).unwrap()
+}
+
+/// The `mountgroup_view_mechanism` sample of `target`: (mechanism, fallback).
+fn mechanism(addr: &str, target: &Path) -> (String, String) {
+    let text = scrape(addr);
+    let line = text
+        .lines()
+        .find(|l| {
+            l.starts_with("mountgroup_view_mechanism{")
+                && l.contains(&format!("target=\"{}\"", target.display()))
+        })
+        .unwrap_or_else(|| panic!("no mechanism for {}:\n{text}", target.display()));
+    let label = |name: &str| {
+        let start = line.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+        line[start..start + line[start..].find('"').unwrap()].to_string()
+    };
+    (label("mechanism"), label("fallback"))
+}
+
+fn is_idmapped(path: &Path) -> bool {
+    mountgroup::sys::mount::is_idmapped(path).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_native_volume_is_an_idmapped_bind_mount_per_pod() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let _share = native_share(root);
+    let mut d = Driver::start_with_metrics(root);
+    let addr = d.metrics_addr();
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    c.create_and_stage("vol", &staging).await;
+
+    // The volume's own group, its root setgid in it.
+    let group = record(&d, "vol")["group"]
+        .as_u64()
+        .expect("a native volume has a group") as u32;
+    assert!(group >= 2_000_000_000, "{group}");
+    let data = d.share.join("volumes/vol");
+    assert_eq!(owner(&data), (0, group, 0o2775));
+
+    // Two pods, two fsGroups, one volume.
+    let (a, b) = (root.join("pod-a"), root.join("pod-b"));
+    c.node
+        .node_publish_volume(publish("vol", &staging, &a, &[], "4242"))
+        .await
+        .unwrap();
+    c.node
+        .node_publish_volume(publish("vol", &staging, &b, &["ro"], "5555"))
+        .await
+        .unwrap();
+    for t in [&a, &b] {
+        assert!(is_idmapped(t), "{} is not an idmapped mount", t.display());
+        assert!(
+            view_processes(t).is_empty(),
+            "a process serves {}",
+            t.display()
+        );
+        assert_eq!(mechanism(&addr, t), ("native".into(), String::new()));
+    }
+    // What kubelet gives a new volume's first pod: a setgid root in the pod's group.
+    assert_eq!(owner(&a), (0, 4242, 0o2775));
+    assert_eq!(owner(&b), (0, 5555, 0o2775));
+    // A member of the group makes files as it likes; they are born in the volume's
+    // group, which each pod sees as its own.
+    let r = run_as(
+        MEMBER,
+        MEMBER,
+        &[4242],
+        &format!("umask 002 && mkdir {0}/d && echo hi > {0}/d/f", a.display()),
+    );
+    assert!(r.ok, "{r:?}");
+    assert_eq!(owner(&data.join("d/f")), (MEMBER, group, 0o664));
+    assert_eq!(owner(&a.join("d/f")), (MEMBER, 4242, 0o664));
+    assert_eq!(owner(&b.join("d/f")), (MEMBER, 5555, 0o664));
+    assert_eq!(
+        owner(&a.join("d")),
+        (MEMBER, 4242, 0o2775),
+        "setgid inherited"
+    );
+    // ro is a mount attribute; another user of pod B's group reads what A wrote.
+    let r = run_as(
+        2000,
+        2000,
+        &[5555],
+        &format!("cat {0}/d/f && ! touch {0}/x", b.display()),
+    );
+    assert!(r.ok && r.stdout.trim() == "hi", "{r:?}");
+    // chmod is the kernel's, on disk.
+    let r = run_as(
+        MEMBER,
+        MEMBER,
+        &[4242],
+        &format!("chmod 640 {}/d/f", a.display()),
+    );
+    assert!(r.ok, "{r:?}");
+    assert_eq!(owner(&data.join("d/f")).2, 0o640);
+
+    // Stats and expansion as for any volume.
+    let stats = c
+        .node
+        .node_get_volume_stats(stats_req("vol", &a))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!stats.usage.is_empty(), "{stats:?}");
+    c.controller
+        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
+            volume_id: "vol".into(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 2 << 30,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    c.node
+        .node_expand_volume(pb::NodeExpandVolumeRequest {
+            volume_id: "vol".into(),
+            volume_path: a.to_string_lossy().into(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 2 << 30,
+                limit_bytes: 0,
+            }),
+            staging_target_path: staging.to_string_lossy().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    // A restart of the driver (SIGKILL) touches nothing: kubelet's repeated publish is
+    // OK, and the mounts are the same.
+    d.kill9();
+    d.restart();
+    let mut c = d.clients().await;
+    c.node
+        .node_publish_volume(publish("vol", &staging, &a, &[], "4242"))
+        .await
+        .unwrap();
+    assert!(is_idmapped(&a) && is_idmapped(&b));
+    assert_eq!(owner(&a.join("d/f")), (MEMBER, 4242, 0o640));
+
+    // Unpublish: the mounts and the directories kubelet did not make go.
+    for t in [&a, &b] {
+        c.node
+            .node_unpublish_volume(unpublish_req("vol", t))
+            .await
+            .unwrap();
+        assert!(!t.exists(), "{} left", t.display());
+    }
+    c.node
+        .node_unstage_volume(unstage_req("vol", &staging))
+        .await
+        .unwrap();
+}
+
+/// Where a native view cannot serve, a FUSE view does, and the metric says why: the
+/// native presentation (`fuse-native`) where only the mechanism cannot serve, the
+/// options' own where the request asked for FUSE semantics; a volume of a share that
+/// is not `nosuid,nodev` is not native at all.
+#[tokio::test(flavor = "multi_thread")]
+async fn fallbacks_say_why() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let share = native_share(root);
+    let d = Driver::start_with_metrics(root);
+    let addr = d.metrics_addr();
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    c.create_and_stage("vol", &staging).await;
+    let t = |name: &str| root.join(name);
+    let cases: [(&str, &[&str], (&str, &str)); 3] = [
+        (
+            "cifs",
+            &["uid=1000", "file_mode=0644"],
+            ("fuse", "cifs-options"),
+        ),
+        ("off", &["ownership=off"], ("fuse", "view-option")),
+        ("tuned", &["attr_timeout=5", "noatime"], ("native", "")),
+    ];
+    for (name, flags, _) in &cases {
+        c.node
+            .node_publish_volume(publish("vol", &staging, &t(name), flags, "4242"))
+            .await
+            .unwrap();
+    }
+    for (name, _, (mech, why)) in &cases {
+        assert_eq!(
+            mechanism(&addr, &t(name)),
+            (mech.to_string(), why.to_string()),
+            "{name}"
+        );
+    }
+    // The share remounted without nosuid,nodev: a new publish of the native volume is
+    // its FUSE twin, which shows the same.
+    let remount = |opts: &str| {
+        assert!(
+            Command::new("mount")
+                .args(["-o", opts])
+                .arg(&share.0)
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    remount("remount,suid,dev");
+    c.node
+        .node_publish_volume(publish("vol", &staging, &t("twin"), &[], "4242"))
+        .await
+        .unwrap();
+    remount("remount,nosuid,nodev");
+    assert_eq!(
+        mechanism(&addr, &t("twin")),
+        ("fuse-native".into(), "share".into())
+    );
+    assert!(!is_idmapped(&t("twin")) && view_processes(&t("twin")).len() == 1);
+
+    // A volume of a share that is not nosuid,nodev is a FUSE volume, as before.
+    let g = Fixture::new();
+    let d2 = Driver::start_with_metrics(g.dir.path());
+    let addr2 = d2.metrics_addr();
+    let mut c2 = d2.clients().await;
+    let staging2 = g.subdir("staging");
+    c2.create_and_stage("old", &staging2).await;
+    assert!(record(&d2, "old").get("group").is_none());
+    let t2 = g.dir.path().join("t");
+    c2.node
+        .node_publish_volume(publish("old", &staging2, &t2, &[], "4242"))
+        .await
+        .unwrap();
+    assert_eq!(mechanism(&addr2, &t2), ("fuse".into(), String::new()));
+    assert_eq!(owner(&t2).1, 4242);
+}
+
+/// What a native view must refuse, so that no pod gets more than a FUSE view gives it
+/// (docs/ARCHITECTURE.md, *Threat model*): set-id bits and file capabilities do nothing
+/// through it (`nosuid`), device nodes open nothing (`nodev`), and its FUSE twin puts
+/// no set-id bit on a file at all.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_native_view_gives_a_pod_nothing_a_view_does_not() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let share = native_share(root);
+    let d = Driver::start(root);
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    c.create_and_stage("vol", &staging).await;
+    let t = root.join("native");
+    c.node
+        .node_publish_volume(publish("vol", &staging, &t, &[], "4242"))
+        .await
+        .unwrap();
+    assert!(is_idmapped(&t));
+    // A setuid-root program made by a pod's root: running it does not make root.
+    fs::copy("/usr/bin/id", t.join("id")).unwrap();
+    chmod(&t.join("id"), 0o4755);
+    let r = run_as(MEMBER, MEMBER, &[], &format!("{}/id -u", t.display()));
+    assert!(r.ok && r.stdout.trim() == MEMBER.to_string(), "{r:?}");
+    // A device node made by a pod's root (CAP_MKNOD): it opens nothing.
+    let r = run_as(
+        0,
+        0,
+        &[],
+        &format!(
+            "mknod {0}/null c 1 3 && ! cat {0}/null 2>/dev/null",
+            t.display()
+        ),
+    );
+    assert!(r.ok, "{r:?}");
+    // The twin (the share without nosuid,nodev): no set-id bit on a file.
+    assert!(
+        Command::new("mount")
+            .args(["-o", "remount,suid,dev"])
+            .arg(&share.0)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let twin = root.join("twin");
+    c.node
+        .node_publish_volume(publish("vol", &staging, &twin, &[], "4242"))
+        .await
+        .unwrap();
+    let r = run_as(
+        MEMBER,
+        MEMBER,
+        &[4242],
+        &format!("echo x > {0}/mine && chmod 4755 {0}/mine", twin.display()),
+    );
+    assert!(!r.ok && r.stderr.contains("not permitted"), "{r:?}");
+    assert_eq!(
+        fs::metadata(d.share.join("volumes/vol/mine"))
+            .unwrap()
+            .mode()
+            & 0o7000,
+        0
+    );
+    // What the twin shows is what the native view shows.
+    assert_eq!(snapshot(&twin), snapshot(&t));
+}
