@@ -6,7 +6,8 @@
 //! `volume` (volume lifecycle and node state) and `share` (the backing share) →
 //! `transport` (a view process's FUSE connection: the only code that sees fuser) → `fs`
 //! (the group view as a filesystem, free of FUSE types) → `sys` (the only `unsafe` and
-//! raw system calls). `config` is the typed view configuration they share.
+//! raw system calls). `config` is the typed view configuration they share; `kube` asks
+//! the Kubernetes API whether a pod runs in a user namespace.
 
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -15,6 +16,7 @@
 pub mod config;
 pub mod csi;
 pub mod fs;
+pub mod kube;
 pub mod logfile;
 pub mod share;
 pub mod sys;

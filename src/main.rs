@@ -90,6 +90,21 @@ struct ServeArgs {
     /// when they hang, and taken over by the next `serve`.
     #[arg(long, value_name = "PATH")]
     keeper_socket: Option<PathBuf>,
+    /// The Kubernetes API server asked whether a pod runs in a user namespace (whose
+    /// native volumes are then FUSE views): `in-cluster` (the cluster's, from
+    /// KUBERNETES_SERVICE_HOST, none outside a cluster), `none`, or HOST:PORT.
+    #[arg(
+        long,
+        value_name = "in-cluster|none|HOST:PORT",
+        default_value = "in-cluster"
+    )]
+    kube_api: String,
+    /// The bearer token for --kube-api HOST:PORT (read at every request).
+    #[arg(long, value_name = "PATH", default_value = mountgroup::kube::TOKEN_FILE)]
+    kube_token_file: PathBuf,
+    /// The CA that signs --kube-api HOST:PORT's certificate.
+    #[arg(long, value_name = "PATH", default_value = mountgroup::kube::CA_FILE)]
+    kube_ca_file: PathBuf,
 }
 
 /// The views' control directory, shared by `mount` and `keeper`.
@@ -157,6 +172,26 @@ fn serve(args: ServeArgs) -> ExitCode {
         Some(path) => Some(PathBuf::from(path)),
         None => Some(args.state_dir.join("share.key")),
     };
+    use mountgroup::csi::server::KubeApi;
+    let kube = match args.kube_api.as_str() {
+        "in-cluster" => KubeApi::InCluster,
+        "none" => KubeApi::None,
+        other => match other
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)))
+        {
+            Some((host, port)) if !host.is_empty() => KubeApi::At {
+                host: host.to_string(),
+                port,
+                token_file: args.kube_token_file,
+                ca_file: args.kube_ca_file,
+            },
+            _ => {
+                eprintln!("mountgroup: --kube-api {other:?} is not in-cluster, none or HOST:PORT");
+                return ExitCode::from(2);
+            }
+        },
+    };
     let cfg = mountgroup::csi::server::ServeConfig {
         share_key_file,
         metrics_addr: args.metrics_addr,
@@ -172,6 +207,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         },
         view_binary,
         keeper_socket: args.keeper_socket,
+        kube,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

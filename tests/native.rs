@@ -3,12 +3,17 @@
 //! bind mount that shows that group as the pod's fsGroup, served by no process. Driven
 //! through the CSI socket as kubelet drives it; the fallbacks say why.
 
+#[path = "common/apiserver.rs"]
+mod apiserver;
 mod common;
 #[path = "common/driver.rs"]
 mod driver;
 #[path = "common/keeper.rs"]
 mod keeper;
+#[path = "common/userns.rs"]
+mod userns;
 
+use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -357,4 +362,131 @@ async fn a_native_view_gives_a_pod_nothing_a_view_does_not() {
     );
     // What the twin shows is what the native view shows.
     assert_eq!(snapshot(&twin), snapshot(&t));
+}
+
+/// A pod with `hostUsers: false` must never fail to start because of a native view: its
+/// runtime idmaps every volume, and the kernel refuses to idmap an idmapped mount. The
+/// driver asks the API server (a stand-in that answers as kube-apiserver does) about the
+/// pod kubelet names, and gives such a pod the native twin, which its runtime can
+/// idmap; a pod it cannot learn about (RBAC, not found, no pod named, the API server
+/// down) gets the twin too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_in_a_user_namespace_gets_a_view_its_runtime_can_idmap() {
+    use apiserver::Known;
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let _share = native_share(root);
+    let api_dir = f.subdir("api");
+    let api = apiserver::ApiServer::start(
+        &api_dir,
+        HashMap::from([
+            ("team/host-pod".to_string(), Known::Pod(None)),
+            ("team/userns-pod".to_string(), Known::Pod(Some(false))),
+            ("team/denied".to_string(), Known::Forbidden),
+        ]),
+    )
+    .await;
+    let mut args = vec![
+        "--share-key-file",
+        "none",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--log-format",
+        "json",
+    ];
+    let api_args = api.args();
+    args.extend(api_args.iter().map(String::as_str));
+    let d = Driver::start_with(root, root.join("share"), &args);
+    let addr = d.metrics_addr();
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    c.create_and_stage("vol", &staging).await;
+    let for_pod = |name: Option<&str>, target: &Path| {
+        let mut r = publish("vol", &staging, target, &[], "4242");
+        if let Some(name) = name {
+            r.volume_context = HashMap::from([
+                ("csi.storage.k8s.io/pod.name".to_string(), name.to_string()),
+                (
+                    "csi.storage.k8s.io/pod.namespace".to_string(),
+                    "team".to_string(),
+                ),
+            ]);
+        }
+        r
+    };
+    let cases = [
+        (Some("host-pod"), ("native", "")),
+        (Some("userns-pod"), ("fuse-native", "user-namespace-pod")),
+        (Some("denied"), ("fuse-native", "pod-unknown")),
+        (Some("gone"), ("fuse-native", "pod-unknown")),
+        (None, ("fuse-native", "pod-unknown")),
+    ];
+    for (pod, _) in &cases {
+        let t = root.join(format!("t-{}", pod.unwrap_or("none")));
+        c.node.node_publish_volume(for_pod(*pod, &t)).await.unwrap();
+    }
+    for (pod, (mech, why)) in &cases {
+        let t = root.join(format!("t-{}", pod.unwrap_or("none")));
+        assert_eq!(
+            mechanism(&addr, &t),
+            (mech.to_string(), why.to_string()),
+            "{pod:?}"
+        );
+    }
+    // What the runtime of each pod does: the twin can be idmapped, the native view not.
+    let ns = userns::PodUserns::new(5);
+    let ctr = f.subdir("container-root");
+    let twin = userns::idmapped_volume(&ns, &root.join("t-userns-pod"), &ctr, "data")
+        .expect("a user-namespaced pod's runtime idmaps its view");
+    let refused = userns::idmapped_volume(&ns, &root.join("t-host-pod"), &ctr, "native");
+    assert!(refused.is_err(), "the kernel idmapped an idmapped mount");
+    // The same presentation either way.
+    assert_eq!(
+        snapshot(&root.join("t-userns-pod")),
+        snapshot(&root.join("t-host-pod"))
+    );
+    drop(twin);
+
+    // The API server down: every native volume's publish is the twin.
+    let g = Fixture::new();
+    let _share2 = native_share(g.dir.path());
+    let down = Driver::start_with(
+        g.dir.path(),
+        g.dir.path().join("share"),
+        &[
+            "--share-key-file",
+            "none",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--kube-api",
+            "127.0.0.1:1",
+            "--kube-token-file",
+            api.token_file.to_str().unwrap(),
+            "--kube-ca-file",
+            api.ca_file.to_str().unwrap(),
+        ],
+    );
+    let addr2 = down.metrics_addr();
+    let mut c2 = down.clients().await;
+    let staging2 = g.subdir("staging");
+    c2.create_and_stage("vol", &staging2).await;
+    let t = g.dir.path().join("t");
+    let mut r = publish("vol", &staging2, &t, &[], "4242");
+    r.volume_context = HashMap::from([
+        (
+            "csi.storage.k8s.io/pod.name".to_string(),
+            "host-pod".to_string(),
+        ),
+        (
+            "csi.storage.k8s.io/pod.namespace".to_string(),
+            "team".to_string(),
+        ),
+    ]);
+    c2.node.node_publish_volume(r).await.unwrap();
+    assert_eq!(
+        mechanism(&addr2, &t),
+        ("fuse-native".into(), "pod-unknown".into())
+    );
 }

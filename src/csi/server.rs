@@ -43,6 +43,69 @@ pub struct ServeConfig {
     pub runtime_dir: PathBuf,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The Kubernetes API, asked whether a pod runs in a user namespace.
+    pub kube: KubeApi,
+}
+
+/// Which Kubernetes API server the node plugin asks about pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KubeApi {
+    /// The cluster's, where this runs in one (`KUBERNETES_SERVICE_HOST`); none
+    /// elsewhere.
+    InCluster,
+    /// None: no pod runs in a user namespace of its own here.
+    None,
+    /// The one at `host:port`, trusted through `ca_file`, asked with `token_file`.
+    At {
+        host: String,
+        port: u16,
+        token_file: PathBuf,
+        ca_file: PathBuf,
+    },
+}
+
+/// A lookup that always fails, for an API server that cannot be used (its reason).
+struct Unusable(String);
+
+impl crate::volume::native::PodLookup for Unusable {
+    fn pod(&self, _: Option<&crate::volume::native::PodRef>) -> crate::volume::native::Pod {
+        crate::volume::native::Pod::Unknown(self.0.clone())
+    }
+}
+
+/// The pod lookup `kube` names. One that cannot be set up answers every lookup with
+/// its reason, so native volumes are served by FUSE views, which every pod can use.
+fn pod_lookup(kube: &KubeApi) -> Arc<dyn crate::volume::native::PodLookup> {
+    use crate::kube::ApiServer;
+    let handle = tokio::runtime::Handle::current();
+    let made = match kube {
+        KubeApi::None => None,
+        KubeApi::InCluster => ApiServer::in_cluster(handle),
+        KubeApi::At {
+            host,
+            port,
+            token_file,
+            ca_file,
+        } => Some(ApiServer::new(host, *port, token_file, ca_file, handle)),
+    };
+    match made {
+        None => {
+            tracing::info!(
+                "no Kubernetes API server: no pod runs in a user namespace here, so native volumes are native views"
+            );
+            Arc::new(crate::volume::native::NoApiServer)
+        }
+        Some(Ok(api)) => {
+            tracing::info!(
+                "the Kubernetes API server tells which pods run in user namespaces (their native volumes are FUSE views)"
+            );
+            Arc::new(api)
+        }
+        Some(Err(why)) => {
+            tracing::warn!(%why, "the Kubernetes API server cannot be used: native volumes are served by FUSE views");
+            Arc::new(Unusable(why))
+        }
+    }
 }
 
 /// Why the server could not start or ended badly.
@@ -251,6 +314,7 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
         }
     };
     let kernel = kernel_fuse(&cfg.runtime_dir).await;
+    let pods = pod_lookup(&cfg.kube);
     let guards = Arc::new(OpGuards::default());
     let node = {
         let (share, guards, key, cfg) = (
@@ -270,7 +334,7 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
                     runtime: &cfg.runtime_dir,
                     keeper: keeper_socket,
                 },
-                Arc::new(crate::volume::native::NoApiServer),
+                pods,
             )
         })
         .await
