@@ -285,6 +285,13 @@ struct MountArgs {
     /// entry_timeout=S; all in docs/SEMANTICS.md). May be repeated; later ones win.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
+    /// A native view: the kernel's idmapped bind mount of SOURCE that shows SOURCE's
+    /// own group as the `gid=` group (nosuid, nodev; `ro`, `noexec` and the access-time
+    /// options apply), served by no process: the command mounts and exits, and
+    /// `umount` removes it. Give SOURCE a group of its own and make it setgid, so that
+    /// what is made in it is born in that group (docs/SEMANTICS.md, *Native views*).
+    #[arg(long)]
+    native: bool,
     /// Same as `-o gid=N`.
     #[arg(long, value_name = "N")]
     gid: Option<String>,
@@ -357,6 +364,39 @@ fn init_logging(default: &str, json: bool, file: Option<BoundedLog>) {
         .init();
 }
 
+/// `mountgroup mount --native`: an idmapped bind mount of `source` on `mountpoint`
+/// showing `source`'s group as the `gid=` group; nothing keeps running.
+fn native_mount(
+    source: &std::path::Path,
+    mountpoint: &std::path::Path,
+    options: &ViewOptions,
+) -> ExitCode {
+    use std::os::unix::fs::MetadataExt;
+    let disk_group = match std::fs::metadata(source) {
+        Ok(m) if m.is_dir() => m.gid(),
+        Ok(_) => {
+            eprintln!("mountgroup: source {} is not a directory", source.display());
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            eprintln!("mountgroup: source {}: {e}", source.display());
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = mountgroup::transport::check_mountpoint(mountpoint) {
+        eprintln!("mountgroup: {e}");
+        return ExitCode::from(2);
+    }
+    let shown = options.group.map_or(disk_group, |g| g.get());
+    match mountgroup::volume::native::mount(source, mountpoint, disk_group, shown, options) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mountgroup: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let log_file = match &cli.command {
@@ -386,6 +426,9 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            if args.native {
+                return native_mount(&args.source, &args.mountpoint, &options);
+            }
             match mountgroup::transport::run_foreground(
                 &args.source,
                 &args.mountpoint,
