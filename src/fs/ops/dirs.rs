@@ -333,11 +333,14 @@ impl ViewFs {
             s.pos = next;
             // The node id of an entry handed without attributes is not known; its
             // backing inode number is, which is the node id unless it was taken.
-            if item.kind == Kind::Directory
-                && !dot
-                && s.subdirs.len() < crate::fs::ahead::MAX_PLANNED
-            {
-                s.subdirs.push((item.ino, item.name.clone()));
+            if item.kind == Kind::Directory && !dot {
+                if let Some(a) = item.attr {
+                    // Handed with its attributes: the walker descends without a lookup.
+                    self.listing.reached(ino, a.ino);
+                }
+                if s.subdirs.len() < crate::fs::ahead::MAX_PLANNED {
+                    s.subdirs.push((item.ino, item.name.clone()));
+                }
             }
         }
     }

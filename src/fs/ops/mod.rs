@@ -436,6 +436,11 @@ impl ViewFs {
         let found = self.find(parent, name);
         let held = matches!(found, Ok((_, true)));
         self.listing.looked_up(parent, name.as_bytes(), held);
+        if let Ok((a, _)) = &found {
+            if a.kind == Kind::Directory {
+                self.listing.reached(parent, a.ino);
+            }
+        }
         found.map(|(attr, _)| attr)
     }
 
@@ -1093,6 +1098,57 @@ mod tests {
             v.release(fh);
         }
         assert_eq!(v.pending_dir_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    /// Issue 33's listing cliff: a name listing made right after a walk elsewhere in the
+    /// view carried attributes (a lookup per entry). It stays a name listing; the
+    /// walked directory, and a directory the walk reaches from it, carry attributes.
+    #[test]
+    fn a_name_listing_beside_a_walk_stays_a_name_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["walked", "walked/sub", "elsewhere"] {
+            std::fs::create_dir(dir.path().join(d)).unwrap();
+        }
+        for i in 0..64 {
+            for d in ["walked", "walked/sub", "elsewhere"] {
+                std::fs::write(dir.path().join(d).join(format!("f{i}")), "x").unwrap();
+            }
+        }
+        let v = view(dir.path(), "gid=5");
+        let list = |ino: u64| {
+            let fh = v.opendir(ino).unwrap();
+            let mut items = Vec::new();
+            v.readdir(ino, fh, 0, Listing::AsNeeded, Room::UNBOUNDED, |item, _| {
+                if item.name.starts_with(b"f") {
+                    items.push(item.clone());
+                }
+                false
+            })
+            .unwrap();
+            v.release(fh);
+            items
+        };
+        let walked = v.lookup(ROOT, OsStr::new("walked")).unwrap().ino;
+        let elsewhere = v.lookup(ROOT, OsStr::new("elsewhere")).unwrap().ino;
+        // A walker stats all it lists in `walked`, and goes down into `sub`.
+        for i in list(walked) {
+            v.lookup(walked, OsStr::from_bytes(&i.name)).unwrap();
+        }
+        let sub = v.lookup(walked, OsStr::new("sub")).unwrap().ino;
+        let with = |items: &[DirItem]| items.iter().filter(|i| i.attr.is_some()).count();
+        assert!(
+            with(&list(walked)) >= 63,
+            "the walked directory carries attributes"
+        );
+        assert!(
+            with(&list(sub)) >= 63,
+            "where the walk goes next, from its first entry"
+        );
+        assert_eq!(
+            with(&list(elsewhere)),
+            0,
+            "a name listing elsewhere stays one"
+        );
     }
 
     #[test]
