@@ -219,6 +219,55 @@ async fn a_native_volume_is_an_idmapped_bind_mount_per_pod() {
         .unwrap();
 }
 
+/// A node's reboot: every mount is gone, the state file is not. The restarted driver
+/// binds the staging path again and mounts the native views again, before kubelet's
+/// first call; nothing else was running for them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reboot_brings_native_views_back() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let _share = native_share(root);
+    let mut d = Driver::start(root);
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    c.create_and_stage("vol", &staging).await;
+    let t = root.join("pod");
+    c.node
+        .node_publish_volume(publish("vol", &staging, &t, &["noexec"], "4242"))
+        .await
+        .unwrap();
+    fs::write(t.join("kept"), "x").unwrap();
+    d.kill9();
+    for m in [&t, &staging] {
+        mountgroup::sys::mount::unmount_lazy(m).unwrap();
+    }
+    assert!(!is_idmapped(&t) && !t.join("kept").exists());
+    d.restart();
+    assert!(is_idmapped(&t), "the native view is back");
+    assert_eq!(owner(&t.join("kept")).1, 4242);
+    let (flags, _) = mount_entry(&t);
+    assert!(flags.iter().any(|f| f == "noexec"), "{flags:?}");
+}
+
+/// The mount at `path` as mountinfo shows it: (per-mount options, source).
+fn mount_entry(path: &Path) -> (Vec<String>, String) {
+    let p = path.to_str().unwrap();
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some(p))
+        .unwrap_or_else(|| panic!("{p} is not mounted"));
+    let (head, tail) = line.split_once(" - ").unwrap();
+    let options = head
+        .split(' ')
+        .nth(5)
+        .unwrap()
+        .split(',')
+        .map(String::from)
+        .collect();
+    (options, tail.split(' ').nth(1).unwrap().to_string())
+}
+
 /// Where a native view cannot serve, a FUSE view does, and the metric says why: the
 /// native presentation (`fuse-native`) where only the mechanism cannot serve, the
 /// options' own where the request asked for FUSE semantics; a volume of a share that
@@ -489,4 +538,163 @@ async fn a_pod_in_a_user_namespace_gets_a_view_its_runtime_can_idmap() {
         mechanism(&addr2, &t),
         ("fuse-native".into(), "pod-unknown".into())
     );
+}
+
+/// Debian's PostgreSQL programs (`initdb`, `pg_ctl`), whichever version is installed.
+fn postgres_bin(program: &str) -> std::path::PathBuf {
+    let mut found: Vec<_> = fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is installed (scripts/test installs postgresql)")
+        .flatten()
+        .map(|e| e.path().join("bin").join(program))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    found.pop().expect("a PostgreSQL version with its programs")
+}
+
+/// Starts PostgreSQL on `data` as the postgres user (with `groups`), asks it one query
+/// and stops it; `Err` with what it said when it does not start.
+fn postgres_runs(data: &Path, sockets: &Path, groups: &[u32]) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let pg = fs::metadata("/var/lib/postgresql")
+        .map(|m| (m.uid(), m.gid()))
+        .unwrap_or((101, 104));
+    let log = sockets.join("pg.log");
+    let start = run_as(
+        pg.0,
+        pg.1,
+        groups,
+        &format!(
+            "{} -D {} -l {} -w -t 30 -o \"-k {} -c listen_addresses='' -p 5499\" start",
+            postgres_bin("pg_ctl").display(),
+            data.display(),
+            log.display(),
+            sockets.display()
+        ),
+    );
+    if !start.ok {
+        return Err(format!(
+            "{start:?} {}",
+            fs::read_to_string(&log).unwrap_or_default()
+        ));
+    }
+    let q = run_as(
+        pg.0,
+        pg.1,
+        groups,
+        &format!(
+            "psql -h {} -p 5499 -d postgres -tAc 'select 6*7'",
+            sockets.display()
+        ),
+    );
+    let stop = run_as(
+        pg.0,
+        pg.1,
+        groups,
+        &format!(
+            "{} -D {} -m fast -w stop",
+            postgres_bin("pg_ctl").display(),
+            data.display()
+        ),
+    );
+    assert!(stop.ok, "{stop:?}");
+    if q.ok && q.stdout.trim() == "42" {
+        Ok(())
+    } else {
+        Err(format!("{q:?}"))
+    }
+}
+
+/// KEP-695's database: a PostgreSQL data directory restored onto a volume (mode 0700,
+/// owned by postgres, no ownership record) starts on a native view and on its FUSE
+/// twin, which show its modes, and not on a group view, which shows it 2770 ("data
+/// directory has invalid permissions"), the failure native views answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restored_postgres_data_directory_starts_on_a_native_view() {
+    use std::os::unix::fs::MetadataExt;
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let share = native_share(root);
+    let d = Driver::start(root);
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    c.create_and_stage("vol", &staging).await;
+    // The restore: initdb elsewhere, then the tree copied onto the volume as it was.
+    let pg_home = fs::metadata("/var/lib/postgresql").unwrap();
+    let (pg_uid, pg_gid) = (pg_home.uid(), pg_home.gid());
+    let made = f.subdir("initdb");
+    chown(&made, pg_uid, pg_gid);
+    let r = run_as(
+        pg_uid,
+        pg_gid,
+        &[],
+        &format!(
+            "{} -D {}/data -A trust -U postgres >/dev/null",
+            postgres_bin("initdb").display(),
+            made.display()
+        ),
+    );
+    assert!(r.ok, "{r:?}");
+    let volume = d.share.join("volumes/vol");
+    assert!(
+        Command::new("cp")
+            .args(["-a"])
+            .arg(made.join("data"))
+            .arg(&volume)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let sockets = f.subdir("sockets");
+    fs::set_permissions(
+        &sockets,
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+
+    let native = root.join("native");
+    c.node
+        .node_publish_volume(publish("vol", &staging, &native, &[], "4242"))
+        .await
+        .unwrap();
+    assert!(is_idmapped(&native));
+    // 0700, with the setgid bit its making in the volume gave it (GNU cp keeps a
+    // directory's setgid), which PostgreSQL does not mind.
+    assert_eq!(owner(&native.join("data")).2 & 0o777, 0o700);
+    postgres_runs(&native.join("data"), &sockets, &[4242]).expect("PostgreSQL on a native view");
+
+    // The twin, where the share's mount honours set-id bits.
+    assert!(
+        Command::new("mount")
+            .args(["-o", "remount,suid,dev"])
+            .arg(&share.0)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let twin = root.join("twin");
+    c.node
+        .node_publish_volume(publish("vol", &staging, &twin, &[], "4242"))
+        .await
+        .unwrap();
+    assert!(!is_idmapped(&twin));
+    assert_eq!(owner(&twin.join("data")).2 & 0o777, 0o700);
+    postgres_runs(&twin.join("data"), &sockets, &[4242]).expect("PostgreSQL on the twin");
+
+    // A group view of the same tree: kubelet's 2770, which PostgreSQL refuses.
+    let group = root.join("group");
+    c.node
+        .node_publish_volume(publish(
+            "vol",
+            &staging,
+            &group,
+            &["ownership=emulate", "ownership=off"],
+            "4242",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(owner(&group.join("data")).2, 0o2770);
+    let refused = postgres_runs(&group.join("data"), &sockets, &[4242])
+        .expect_err("PostgreSQL on a group view");
+    assert!(refused.contains("invalid permissions"), "{refused}");
 }
