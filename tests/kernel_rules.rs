@@ -88,26 +88,6 @@ fn a_writer_outside_the_group_drops_setgid() {
     }
 }
 
-/// The mount at `path` as mountinfo shows it: (its options, its source).
-fn mount_entry(path: &std::path::Path) -> (Vec<String>, String) {
-    let p = path.to_str().unwrap();
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let line = info
-        .lines()
-        .rfind(|l| l.split(' ').nth(4) == Some(p))
-        .unwrap_or_else(|| panic!("{p} is not mounted"));
-    // Per-mount flags (noatime, ...) and the superblock's (lazytime, sync, ...).
-    let (head, tail) = line.split_once(" - ").unwrap();
-    let tail: Vec<&str> = tail.split(' ').collect();
-    let options = head
-        .split(' ')
-        .nth(5)
-        .unwrap()
-        .split(',')
-        .chain(tail[2].split(','));
-    (options.map(String::from).collect(), tail[1].to_string())
-}
-
 /// generic/120 (and every fstab line with `noatime`): what mount(8), fstab and FUSE
 /// users write is accepted, the VFS flags are applied to the mount, and only what
 /// contradicts a view (`suid`, `dev`) is refused, naming it.

@@ -23,7 +23,6 @@ use common::*;
 use driver::*;
 use keeper::*;
 use mountgroup::csi::pb;
-use mountgroup::csi::pb::volume_capability::access_mode::Mode;
 
 const MEMBER: u32 = 1000;
 
@@ -49,13 +48,30 @@ fn publish(
     flags: &[&str],
     group: &str,
 ) -> pb::NodePublishVolumeRequest {
-    pb::NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_string_lossy().into(),
-        target_path: target.to_string_lossy().into(),
-        volume_capability: Some(mount_cap(flags, group, Mode::SingleNodeMultiWriter)),
-        ..Default::default()
-    }
+    publish_flags(id, staging, target, flags, group, false)
+}
+
+/// Mounts the share again with `options` (`remount,suid,dev`: a share whose own mount
+/// honours set-id bits, where a native view may not serve).
+fn remount(share: &Unmount, options: &str) {
+    let ok = Command::new("mount")
+        .args(["-o", options])
+        .arg(&share.0)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mount -o {options} {}", share.0.display());
+}
+
+/// A native share, a driver without metrics on it, and the native volume `vol` staged:
+/// the share's guard, the driver, its clients and the staging path.
+async fn native_volume(f: &Fixture) -> (Unmount, Driver, Clients, std::path::PathBuf) {
+    let share = native_share(f.dir.path());
+    let d = Driver::start(f.dir.path());
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    c.create_and_stage("vol", &staging).await;
+    (share, d, c, staging)
 }
 
 /// The volume's record on the share (its metadata file).
@@ -249,25 +265,6 @@ async fn a_reboot_brings_native_views_back() {
     assert!(flags.iter().any(|f| f == "noexec"), "{flags:?}");
 }
 
-/// The mount at `path` as mountinfo shows it: (per-mount options, source).
-fn mount_entry(path: &Path) -> (Vec<String>, String) {
-    let p = path.to_str().unwrap();
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let line = info
-        .lines()
-        .rfind(|l| l.split(' ').nth(4) == Some(p))
-        .unwrap_or_else(|| panic!("{p} is not mounted"));
-    let (head, tail) = line.split_once(" - ").unwrap();
-    let options = head
-        .split(' ')
-        .nth(5)
-        .unwrap()
-        .split(',')
-        .map(String::from)
-        .collect();
-    (options, tail.split(' ').nth(1).unwrap().to_string())
-}
-
 /// Where a native view cannot serve, a FUSE view does, and the metric says why: the
 /// native presentation (`fuse-native`) where only the mechanism cannot serve, the
 /// options' own where the request asked for FUSE semantics; a volume of a share that
@@ -307,22 +304,12 @@ async fn fallbacks_say_why() {
     }
     // The share remounted without nosuid,nodev: a new publish of the native volume is
     // its FUSE twin, which shows the same.
-    let remount = |opts: &str| {
-        assert!(
-            Command::new("mount")
-                .args(["-o", opts])
-                .arg(&share.0)
-                .status()
-                .unwrap()
-                .success()
-        );
-    };
-    remount("remount,suid,dev");
+    remount(&share, "remount,suid,dev");
     c.node
         .node_publish_volume(publish("vol", &staging, &t("twin"), &[], "4242"))
         .await
         .unwrap();
-    remount("remount,nosuid,nodev");
+    remount(&share, "remount,nosuid,nodev");
     assert_eq!(
         mechanism(&addr, &t("twin")),
         ("fuse-native".into(), "share".into())
@@ -354,11 +341,7 @@ async fn fallbacks_say_why() {
 async fn a_native_view_gives_a_pod_nothing_a_view_does_not() {
     let f = Fixture::new();
     let root = f.dir.path();
-    let share = native_share(root);
-    let d = Driver::start(root);
-    let mut c = d.clients().await;
-    let staging = f.subdir("staging");
-    c.create_and_stage("vol", &staging).await;
+    let (share, d, mut c, staging) = native_volume(&f).await;
     let t = root.join("native");
     c.node
         .node_publish_volume(publish("vol", &staging, &t, &[], "4242"))
@@ -382,14 +365,7 @@ async fn a_native_view_gives_a_pod_nothing_a_view_does_not() {
     );
     assert!(r.ok, "{r:?}");
     // The twin (the share without nosuid,nodev): no set-id bit on a file.
-    assert!(
-        Command::new("mount")
-            .args(["-o", "remount,suid,dev"])
-            .arg(&share.0)
-            .status()
-            .unwrap()
-            .success()
-    );
+    remount(&share, "remount,suid,dev");
     let twin = root.join("twin");
     c.node
         .node_publish_volume(publish("vol", &staging, &twin, &[], "4242"))
@@ -435,17 +411,9 @@ async fn a_pod_in_a_user_namespace_gets_a_view_its_runtime_can_idmap() {
         ]),
     )
     .await;
-    let mut args = vec![
-        "--share-key-file",
-        "none",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--log-format",
-        "json",
-    ];
     let api_args = api.args();
-    args.extend(api_args.iter().map(String::as_str));
-    let d = Driver::start_with(root, root.join("share"), &args);
+    let api_args: Vec<&str> = api_args.iter().map(String::as_str).collect();
+    let d = Driver::start_with_metrics_and(root, &api_args);
     let addr = d.metrics_addr();
     let mut c = d.clients().await;
     let staging = f.subdir("staging");
@@ -499,16 +467,9 @@ async fn a_pod_in_a_user_namespace_gets_a_view_its_runtime_can_idmap() {
     // The API server down: every native volume's publish is the twin.
     let g = Fixture::new();
     let _share2 = native_share(g.dir.path());
-    let down = Driver::start_with(
+    let down = Driver::start_with_metrics_and(
         g.dir.path(),
-        g.dir.path().join("share"),
         &[
-            "--share-key-file",
-            "none",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
             "--kube-api",
             "127.0.0.1:1",
             "--kube-token-file",
@@ -614,11 +575,7 @@ async fn a_restored_postgres_data_directory_starts_on_a_native_view() {
     use std::os::unix::fs::MetadataExt;
     let f = Fixture::new();
     let root = f.dir.path();
-    let share = native_share(root);
-    let d = Driver::start(root);
-    let mut c = d.clients().await;
-    let staging = f.subdir("staging");
-    c.create_and_stage("vol", &staging).await;
+    let (share, d, mut c, staging) = native_volume(&f).await;
     // The restore: initdb elsewhere, then the tree copied onto the volume as it was.
     let pg_home = fs::metadata("/var/lib/postgresql").unwrap();
     let (pg_uid, pg_gid) = (pg_home.uid(), pg_home.gid());
@@ -664,14 +621,7 @@ async fn a_restored_postgres_data_directory_starts_on_a_native_view() {
     postgres_runs(&native.join("data"), &sockets, &[4242]).expect("PostgreSQL on a native view");
 
     // The twin, where the share's mount honours set-id bits.
-    assert!(
-        Command::new("mount")
-            .args(["-o", "remount,suid,dev"])
-            .arg(&share.0)
-            .status()
-            .unwrap()
-            .success()
-    );
+    remount(&share, "remount,suid,dev");
     let twin = root.join("twin");
     c.node
         .node_publish_volume(publish("vol", &staging, &twin, &[], "4242"))

@@ -28,7 +28,6 @@ use container::*;
 use driver::*;
 use keeper::*;
 use mountgroup::csi::pb;
-use mountgroup::csi::pb::volume_capability::access_mode::Mode;
 use rustix::process::Signal;
 use userns::*;
 
@@ -40,24 +39,6 @@ const FS_GROUP: u32 = 4242;
 const POD_UID: u32 = 1000;
 const MEMBER: u32 = 1001;
 const OUTSIDER: u32 = 1002;
-
-fn publish_with(
-    id: &str,
-    staging: &Path,
-    target: &Path,
-    flags: &[&str],
-    group: &str,
-    readonly: bool,
-) -> pb::NodePublishVolumeRequest {
-    pb::NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_string_lossy().into(),
-        target_path: target.to_string_lossy().into(),
-        volume_capability: Some(mount_cap(flags, group, Mode::SingleNodeMultiWriter)),
-        readonly,
-        ..Default::default()
-    }
-}
 
 /// A secret-like inline volume (`source: secrets`), as kubelet publishes a CSI inline
 /// volume with a `nodePublishSecretRef`.
@@ -114,11 +95,11 @@ async fn a_runtime_can_idmap_every_kind_of_view() {
     let kinds: Vec<(&str, pb::NodePublishVolumeRequest)> = vec![
         (
             "fsgroup",
-            publish_with("vol", &staging, &root.join("t-fsgroup"), &[], &group, false),
+            publish_flags("vol", &staging, &root.join("t-fsgroup"), &[], &group, false),
         ),
         (
             "cifs",
-            publish_with(
+            publish_flags(
                 "vol",
                 &staging,
                 &root.join("t-cifs"),
@@ -129,11 +110,11 @@ async fn a_runtime_can_idmap_every_kind_of_view() {
         ),
         (
             "plain",
-            publish_with("vol", &staging, &root.join("t-plain"), &[], "", false),
+            publish_flags("vol", &staging, &root.join("t-plain"), &[], "", false),
         ),
         (
             "ro",
-            publish_with("vol", &staging, &root.join("t-ro"), &[], &group, true),
+            publish_flags("vol", &staging, &root.join("t-ro"), &[], &group, true),
         ),
         (
             "secret",
@@ -141,7 +122,7 @@ async fn a_runtime_can_idmap_every_kind_of_view() {
         ),
         (
             "noperm",
-            publish_with(
+            publish_flags(
                 "vol",
                 &staging,
                 &root.join("t-noperm"),
@@ -280,7 +261,7 @@ async fn a_pod_in_a_user_namespace_keeps_the_views_rules() {
     c.create_stage_publish_with(
         "vol",
         &staging,
-        publish_with(
+        publish_flags(
             "vol",
             &staging,
             &target,
@@ -444,8 +425,8 @@ async fn publish_kinds(c: &mut Clients, root: &Path, staging: &Path) {
     let group = FS_GROUP.to_string();
     let t = |kind: &str| root.join(format!("t-{kind}"));
     let reqs = [
-        publish_with("vol", staging, &t("fsgroup"), &[], &group, false),
-        publish_with(
+        publish_flags("vol", staging, &t("fsgroup"), &[], &group, false),
+        publish_flags(
             "vol",
             staging,
             &t("cifs"),
@@ -453,8 +434,8 @@ async fn publish_kinds(c: &mut Clients, root: &Path, staging: &Path) {
             &group,
             false,
         ),
-        publish_with("vol", staging, &t("plain"), &[], "", false),
-        publish_with("vol", staging, &t("ro"), &[], &group, true),
+        publish_flags("vol", staging, &t("plain"), &[], "", false),
+        publish_flags("vol", staging, &t("ro"), &[], &group, true),
         secret_publish(&t("secret"), &group, "t-1"),
     ];
     for r in reqs {

@@ -56,18 +56,21 @@ impl Driver {
     /// [`Driver::start`] with metrics served on a free port (`--metrics-addr`, found
     /// with [`Driver::metrics_addr`]) and JSON logs.
     pub fn start_with_metrics(root: &Path) -> Driver {
-        Driver::start_with(
-            root,
-            root.join("share"),
-            &[
-                "--share-key-file",
-                "none",
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--log-format",
-                "json",
-            ],
-        )
+        Driver::start_with_metrics_and(root, &[])
+    }
+
+    /// [`Driver::start_with_metrics`] with `extra` arguments.
+    pub fn start_with_metrics_and(root: &Path, extra: &[&str]) -> Driver {
+        let mut args = vec![
+            "--share-key-file",
+            "none",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ];
+        args.extend(extra);
+        Driver::start_with(root, root.join("share"), &args)
     }
 
     /// A driver whose views the keeper at `keeper` runs (`serve --keeper-socket`, as
@@ -336,6 +339,26 @@ pub fn publish_req(
         staging_target_path: staging.to_string_lossy().into(),
         target_path: target.to_string_lossy().into(),
         volume_capability: Some(rw_cap(group)),
+        ..Default::default()
+    }
+}
+
+/// A publish with `mount_flags`, a group and `readonly`, as kubelet sends a PV's
+/// `mountOptions` and a pod's volume.
+pub fn publish_flags(
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    flags: &[&str],
+    group: &str,
+    readonly: bool,
+) -> pb::NodePublishVolumeRequest {
+    pb::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_string_lossy().into(),
+        target_path: target.to_string_lossy().into(),
+        volume_capability: Some(mount_cap(flags, group, Mode::SingleNodeMultiWriter)),
+        readonly,
         ..Default::default()
     }
 }

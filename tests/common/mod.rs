@@ -379,3 +379,23 @@ pub fn count(metrics: &Path, op: &str) -> u64 {
     let since = std::time::SystemTime::now();
     op_counts(metrics, since)[op]["count"].as_u64().unwrap_or(0)
 }
+
+/// The mount at `path` as mountinfo shows it: (its options, its source).
+pub fn mount_entry(path: &Path) -> (Vec<String>, String) {
+    let p = path.to_str().unwrap();
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some(p))
+        .unwrap_or_else(|| panic!("{p} is not mounted"));
+    // Per-mount flags (noatime, ...) and the superblock's (lazytime, sync, ...).
+    let (head, tail) = line.split_once(" - ").unwrap();
+    let tail: Vec<&str> = tail.split(' ').collect();
+    let options = head
+        .split(' ')
+        .nth(5)
+        .unwrap()
+        .split(',')
+        .chain(tail[2].split(','));
+    (options.map(String::from).collect(), tail[1].to_string())
+}

@@ -1100,6 +1100,21 @@ mod tests {
         assert_eq!(v.pending_dir_bytes.load(Ordering::Relaxed), 0);
     }
 
+    /// The entries named `f...` of one listing of directory `ino`, as the view decides.
+    fn listed_files(v: &ViewFs, ino: u64) -> Vec<DirItem> {
+        let fh = v.opendir(ino).unwrap();
+        let mut items = Vec::new();
+        v.readdir(ino, fh, 0, Listing::AsNeeded, Room::UNBOUNDED, |item, _| {
+            if item.name.starts_with(b"f") {
+                items.push(item.clone());
+            }
+            false
+        })
+        .unwrap();
+        v.release(fh);
+        items
+    }
+
     /// Issue 33's listing cliff: a name listing made right after a walk elsewhere in the
     /// view carried attributes (a lookup per entry). It stays a name listing; the
     /// walked directory, and a directory the walk reaches from it, carry attributes.
@@ -1115,19 +1130,7 @@ mod tests {
             }
         }
         let v = view(dir.path(), "gid=5");
-        let list = |ino: u64| {
-            let fh = v.opendir(ino).unwrap();
-            let mut items = Vec::new();
-            v.readdir(ino, fh, 0, Listing::AsNeeded, Room::UNBOUNDED, |item, _| {
-                if item.name.starts_with(b"f") {
-                    items.push(item.clone());
-                }
-                false
-            })
-            .unwrap();
-            v.release(fh);
-            items
-        };
+        let list = |ino: u64| listed_files(&v, ino);
         let walked = v.lookup(ROOT, OsStr::new("walked")).unwrap().ino;
         let elsewhere = v.lookup(ROOT, OsStr::new("elsewhere")).unwrap().ino;
         // A walker stats all it lists in `walked`, and goes down into `sub`.
@@ -1155,26 +1158,7 @@ mod tests {
     fn a_listing_carries_attributes_only_while_listed_names_are_looked_up() {
         let dir = populated(64);
         let v = view(dir.path(), "gid=5");
-        let list = |v: &ViewFs| {
-            let fh = v.opendir(ROOT).unwrap();
-            let mut items = Vec::new();
-            v.readdir(
-                ROOT,
-                fh,
-                0,
-                Listing::AsNeeded,
-                Room::UNBOUNDED,
-                |item, _| {
-                    if item.name.starts_with(b"f") {
-                        items.push(item.clone());
-                    }
-                    false
-                },
-            )
-            .unwrap();
-            v.release(fh);
-            items
-        };
+        let list = |v: &ViewFs| listed_files(v, ROOT);
         // Nobody has stated a listed name yet: names only, nothing registered.
         let first = list(&v);
         assert_eq!(first.len(), 64);
