@@ -17,7 +17,7 @@
 //! someone stats what they list in that directory, and for [`DIR_MEMORY`] after it its
 //! listings carry attributes (but for their probes, which keep the evidence coming);
 //! so do the listings of the directories the walker looks up or is handed in it, where
-//! a walk goes next. With no such lookup, listings are names only: a name listing of
+//! a walk goes next, and those of the directory it was reached from. With no such lookup, listings are names only: a name listing of
 //! one directory stays one whatever is walked elsewhere in the view (it used to carry
 //! attributes, a lookup per entry, for a second after a walk anywhere: `os.scandir` of
 //! 20,000 names took 280 ms instead of 15). A probe costs its one round trip when it
@@ -82,6 +82,9 @@ pub struct ListingHints {
     kept: Mutex<Dirs<(u64, u32)>>,
     /// Directories seen walked, and when last.
     walked: Mutex<Dirs<u64>>,
+    /// The directory each directory was last reached from (looked up in, or handed
+    /// in a listing of): a walk seen in a directory is a walk of its parent too.
+    parents: Mutex<Dirs<u64>>,
 }
 
 /// A bounded map of directories (their node ids) to what is remembered of them.
@@ -127,6 +130,7 @@ impl Default for ListingHints {
             keys: std::hash::RandomState::new(),
             kept: Mutex::default(),
             walked: Mutex::default(),
+            parents: Mutex::default(),
         }
     }
 }
@@ -164,8 +168,11 @@ impl ListingHints {
 
     /// Notes that the directory `child` was reached from `dir` (looked up in it, or
     /// handed in its listing): where `dir` is walked, the walk goes on in `child`, whose
-    /// listings then carry attributes from their first entry.
+    /// listings then carry attributes from their first entry; and where `child` is
+    /// found walked later, `dir` is (a walker descends from it into its other
+    /// directories next).
     pub fn reached(&self, dir: u64, child: u64) {
+        lock(&self.parents).put(child, dir, |_| false);
         if self.walking_in(dir) {
             let now = self.now();
             let fresh = |&t: &u64| self.within(t, DIR_MEMORY);
@@ -185,12 +192,17 @@ impl ListingHints {
         true
     }
 
-    /// Notes that `dir` is walked.
+    /// Notes that `dir` is walked, and so its parent, where it is known.
     fn hit(&self, dir: u64) {
         let now = self.now();
         self.last_hit.store(now, Ordering::Relaxed);
         let fresh = |&t: &u64| self.within(t, DIR_MEMORY);
-        lock(&self.walked).put(dir, now, fresh);
+        let parent = lock(&self.parents).map.get(&dir).copied();
+        let mut walked = lock(&self.walked);
+        walked.put(dir, now, fresh);
+        if let Some(p) = parent {
+            walked.put(p, now, fresh);
+        }
     }
 
     /// Counts one listed entry; whether it is to be a probe, in a listing that carries
@@ -325,6 +337,20 @@ mod tests {
         h.reached(2, 5);
         assert!(h.walking_in(5));
         assert!(!h.walking_in(9), "a name listing elsewhere stays one");
+        // A walk found in a directory is its parent's too: a walker that went into
+        // one directory of 10 goes into the others next.
+        h.reached(10, 11);
+        h.reached(10, 12);
+        assert!(!h.walking_in(12));
+        h.listed(11, b"x");
+        h.looked_up(11, b"x", false);
+        assert!(h.walking_in(11) && h.walking_in(10));
+        h.reached(10, 12);
+        assert!(h.walking_in(12));
+        assert!(
+            !h.walking_in(3),
+            "nor in the parent of a directory no walk reached"
+        );
     }
 
     #[test]
