@@ -129,20 +129,6 @@ fn emulate_on_a_backend_without_xattrs_is_refused() {
 }
 
 #[test]
-fn passthrough_on_mounts_where_the_kernel_offers_it() {
-    // This kernel offers passthrough, so `on` must mount. The refusal on a kernel
-    // without it (the init check) cannot happen here and is not tested.
-    let f = Fixture::new();
-    let m = f.mount("gid=5,passthrough=on");
-    std::fs::write(f.mnt.join("x"), "y").unwrap();
-    assert!(
-        m.log_text().contains("passthrough=true"),
-        "{}",
-        m.log_text()
-    );
-}
-
-#[test]
 fn sigterm_and_sigint_unmount_and_exit_zero() {
     for sig in [rustix::process::Signal::TERM, rustix::process::Signal::INT] {
         let f = Fixture::new();

@@ -568,7 +568,8 @@ fn data_round_trips_with_and_without_passthrough() {
             "{opt}: O_APPEND"
         );
         let log = m.log_text();
-        let expect = if opt == "passthrough=off" {
+        // `auto`: passthrough where this kernel offers it (Linux 6.9+).
+        let expect = if opt == "passthrough=off" || !kernel_fuse().passthrough {
             "passthrough=false"
         } else {
             "passthrough=true"
@@ -737,7 +738,17 @@ fn a_walk_stats_what_it_lists_without_a_lookup_per_entry_and_a_listing_looks_not
         |op: &str| after[op]["count"].as_u64().unwrap() - before[op]["count"].as_u64().unwrap_or(0);
     assert!(delta("lookup") < 5);
     let readdirs = delta("readdir");
-    assert!(readdirs <= 2, "{readdirs} requests to list 800 names");
+    if kernel_at_least(6, 16) {
+        assert!(readdirs <= 2, "{readdirs} requests to list 800 names");
+    } else {
+        // Before Linux 6.16 (dabb90391028, "fuse: increase readdir buffer size") the
+        // kernel asks for a page a request, whatever the caller's buffer: about 25
+        // READDIRPLUS entries each.
+        assert!(
+            readdirs <= 800 / 20,
+            "{readdirs} requests to list 800 names"
+        );
+    }
     // The first directory of a walk is a lookup per entry (nothing told the view yet);
     // from the second on, the listing carries what the walk stats. The two walks run
     // back to back: the counters are written once a second, and waiting for them

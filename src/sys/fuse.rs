@@ -141,8 +141,13 @@ const FUSE_INIT: u32 = 26;
 const FUSE_INIT_EXT: u32 = 1 << 30;
 
 impl InitOffer {
+    /// `FUSE_PASSTHROUGH` (Linux 6.9+, protocol 7.40).
+    pub const PASSTHROUGH: u64 = 1 << 37;
     /// `FUSE_ALLOW_IDMAP` (Linux 6.12+, protocol 7.41).
     pub const ALLOW_IDMAP: u64 = 1 << 40;
+    /// `FUSE_OVER_IO_URING` (Linux 6.14+, protocol 7.42; offered only with the fuse
+    /// module's `enable_uring=Y`).
+    pub const OVER_IO_URING: u64 = 1 << 41;
 
     /// Decodes an INIT request as read from `/dev/fuse`: `struct fuse_in_header`
     /// (40 bytes) and `struct fuse_init_in` (major, minor, max_readahead, flags, then

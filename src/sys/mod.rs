@@ -21,6 +21,12 @@ pub mod xattr;
 use std::cell::Cell;
 use std::fmt;
 
+/// The running kernel's release (`uname -r`), or "unknown".
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or_else(|_| "unknown".to_string(), |r| r.trim().to_string())
+}
+
 thread_local! {
     /// The system call that failed last on this thread (see [`failed`]).
     static FAILED_CALL: Cell<Option<&'static str>> = const { Cell::new(None) };

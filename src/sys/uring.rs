@@ -352,11 +352,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Whether the kernel lets FUSE connections use io_uring: the `fuse` module's
-/// `enable_uring` parameter (read when a connection is initialised).
-pub fn fuse_uring_enabled() -> bool {
-    std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
-        .is_ok_and(|v| v.trim() == "Y")
+/// Whether the kernel lets FUSE connections use io_uring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FuseUring {
+    /// The `fuse` module has no `enable_uring` parameter: the kernel predates FUSE over
+    /// io_uring (Linux 6.14) or was built without `CONFIG_FUSE_IO_URING`.
+    Absent,
+    /// `enable_uring=N` (the default).
+    Disabled,
+    /// `enable_uring=Y`.
+    Enabled,
+}
+
+/// The `fuse` module's `enable_uring` parameter (read by the kernel when a connection
+/// is initialised).
+pub fn fuse_uring() -> FuseUring {
+    match std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring") {
+        Ok(v) if v.trim() == "Y" => FuseUring::Enabled,
+        Ok(_) => FuseUring::Disabled,
+        Err(_) => FuseUring::Absent,
+    }
 }
 
 /// The queues a FUSE ring has: one per possible CPU (`num_possible_cpus()` in

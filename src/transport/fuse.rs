@@ -611,7 +611,10 @@ impl Filesystem for FuseView {
             (Passthrough::On, false) => {
                 return Err(io::Error::new(
                     io::ErrorKind::Unsupported,
-                    "passthrough=on, but the kernel offers no FUSE passthrough (Linux 6.9+ and root are needed)",
+                    format!(
+                        "passthrough=on, but this kernel ({}) offers no FUSE passthrough to this view (Linux 6.9+ and root are needed): use passthrough=auto",
+                        crate::sys::kernel_release()
+                    ),
                 ));
             }
             (Passthrough::Auto | Passthrough::On, true) => {
@@ -653,7 +656,10 @@ impl Filesystem for FuseView {
             if !caps.contains(InitFlags::FUSE_OVER_IO_URING) {
                 return Err(io::Error::new(
                     io::ErrorKind::Unsupported,
-                    "transport=ring, but the kernel offers no FUSE over io_uring (Linux 6.14+ with the fuse module's enable_uring=Y)",
+                    format!(
+                        "transport=ring, but this kernel ({}) offers no FUSE over io_uring (Linux 6.14+ with the fuse module's enable_uring=Y)",
+                        crate::sys::kernel_release()
+                    ),
                 ));
             }
             let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);

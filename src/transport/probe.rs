@@ -15,6 +15,12 @@ pub struct KernelFuse {
     /// Whether a view can be idmapped (`FUSE_ALLOW_IDMAP`, Linux 6.12+): what a
     /// container runtime needs for a pod in a user namespace (`hostUsers: false`).
     pub idmap: bool,
+    /// Whether reads and writes can go through kernel passthrough
+    /// (`FUSE_PASSTHROUGH`, Linux 6.9+).
+    pub passthrough: bool,
+    /// Whether the kernel offers FUSE over io_uring (`FUSE_OVER_IO_URING`, Linux
+    /// 6.14+ with the fuse module's `enable_uring=Y`).
+    pub ring: bool,
 }
 
 /// Mounts a FUSE file system on a directory made for it under `dir`, reads the INIT
@@ -57,5 +63,7 @@ pub fn probe(dir: &Path) -> Result<KernelFuse, String> {
     Ok(KernelFuse {
         minor: offer.minor,
         idmap: offer.flags & InitOffer::ALLOW_IDMAP != 0,
+        passthrough: offer.flags & InitOffer::PASSTHROUGH != 0,
+        ring: offer.flags & InitOffer::OVER_IO_URING != 0,
     })
 }

@@ -37,10 +37,19 @@ impl Rings {
     /// # Errors
     /// [`MountError::Ring`] naming what is missing.
     pub fn prepare(workers: usize, payload: usize) -> Result<Rings, MountError> {
-        if !uring::fuse_uring_enabled() {
-            return Err(MountError::Ring(
-                "the fuse module does not allow io_uring: set /sys/module/fuse/parameters/enable_uring to Y (Linux 6.14+), or use transport=dev".into(),
-            ));
+        match uring::fuse_uring() {
+            uring::FuseUring::Enabled => {}
+            uring::FuseUring::Disabled => {
+                return Err(MountError::Ring(
+                    "the fuse module does not allow io_uring: set /sys/module/fuse/parameters/enable_uring to Y, or use transport=dev".into(),
+                ));
+            }
+            uring::FuseUring::Absent => {
+                return Err(MountError::Ring(format!(
+                    "this kernel ({}) has no FUSE over io_uring (Linux 6.14 or later, built with CONFIG_FUSE_IO_URING; its fuse module has no enable_uring parameter): use transport=dev",
+                    crate::sys::kernel_release()
+                )));
+            }
         }
         let queues = uring::possible_cpus().map_err(|e| {
             MountError::Ring(format!("cannot read /sys/devices/system/cpu/possible: {e}"))

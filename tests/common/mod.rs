@@ -399,3 +399,24 @@ pub fn mount_entry(path: &Path) -> (Vec<String>, String) {
         .chain(tail[2].split(','));
     (options.map(String::from).collect(), tail[1].to_string())
 }
+
+/// What this machine's kernel FUSE offers a server (its INIT flags), asked once.
+pub fn kernel_fuse() -> mountgroup::transport::probe::KernelFuse {
+    static ASKED: std::sync::OnceLock<mountgroup::transport::probe::KernelFuse> =
+        std::sync::OnceLock::new();
+    *ASKED.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        mountgroup::transport::probe::probe(dir.path()).unwrap()
+    })
+}
+
+/// Whether the running kernel is `major.minor` or later (`/proc/sys/kernel/osrelease`).
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    found >= (major, minor)
+}
