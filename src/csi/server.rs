@@ -206,9 +206,9 @@ async fn shutdown_signal() {
 }
 
 /// Asks the kernel what its FUSE offers views (a throwaway mount under
-/// `runtime_dir`) and says whether pods in user namespaces can use them. The driver
-/// cannot see a pod's `hostUsers`, so it refuses nothing: a runtime's idmapped mount of
-/// a view fails on its own where the kernel lacks support (docs/DEPLOY.md).
+/// `runtime_dir`) and says whether pods in user namespaces can use them. Where the
+/// kernel lacks support, a publish for such a pod is refused where the API server says
+/// what the pod is (docs/DEPLOY.md); without one, its runtime's idmapped mount fails.
 async fn kernel_fuse(runtime_dir: &Path) -> Option<KernelFuse> {
     let dir = runtime_dir.to_path_buf();
     match tokio::task::spawn_blocking(move || crate::transport::probe::probe(&dir)).await {
@@ -335,6 +335,7 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
                     keeper: keeper_socket,
                 },
                 pods,
+                kernel.map(|k| k.idmap),
             )
         })
         .await

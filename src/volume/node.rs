@@ -17,7 +17,7 @@ use crate::share::{Share, VolumeId, VolumeRecord, VolumeSpec};
 use crate::sys::mount::{self, Health};
 
 use super::guard::OpGuards;
-use super::native::{self, Fallback, Mechanism, PodLookup, PodRef};
+use super::native::{self, Fallback, Mechanism, Pod, PodLookup, PodRef};
 use super::secrets::{self, Payload};
 use super::state::{NodeState, Published, Staged, ViewKind};
 use super::view::{VIEW_FSTYPE, Views};
@@ -102,6 +102,8 @@ pub struct Node {
     views: Views,
     /// Whether a pod is in a user namespace (the API server, where there is one).
     pods: Arc<dyn PodLookup>,
+    /// Whether this kernel's FUSE lets a runtime idmap a view (`None`: not known).
+    fuse_idmap: Option<bool>,
     /// Where secret views keep their tmpfs (memory, outside the state directory).
     runtime_dir: PathBuf,
     state_path: PathBuf,
@@ -123,6 +125,7 @@ impl Node {
         key: Arc<ShareKey>,
         dirs: NodeDirs<'_>,
         pods: Arc<dyn PodLookup>,
+        fuse_idmap: Option<bool>,
     ) -> Result<Arc<Node>, VolumeError> {
         let NodeDirs {
             state: state_dir,
@@ -142,6 +145,7 @@ impl Node {
             runtime_dir: runtime_dir.to_path_buf(),
             views: Views::new(state_dir.join("views"), runtime_dir.join("views"), keeper)?,
             pods,
+            fuse_idmap,
             state_path,
             state: Mutex::new(state),
         });
@@ -501,6 +505,12 @@ impl Node {
                 )));
             }
         }
+        // Where no view can be idmapped, a pod in a user namespace is refused before
+        // anything is made (what is learnt of the pod serves the choice of mechanism).
+        let asked = match (&existing, self.fuse_idmap) {
+            (None, Some(false)) => Some(self.pod_without_idmap(req)?),
+            _ => None,
+        };
         // Make the source exist (the only side effects before the view starts).
         let made_source = match &req.lifecycle {
             Lifecycle::Persistent => {
@@ -586,7 +596,7 @@ impl Node {
         // A repeat keeps the mechanism it had; a new publish is native where it can be.
         let (mechanism, fallback) = match &existing {
             Some(p) => (p.mechanism, p.fallback.clone()),
-            None => self.mechanism(req, kind, &options),
+            None => self.mechanism(req, kind, &options, asked),
         };
         let served = match mechanism {
             Mechanism::Native { disk_group, shown } => {
@@ -663,6 +673,30 @@ impl Node {
         }
     }
 
+    /// The pod of a new publish on a node whose kernel cannot idmap a FUSE view
+    /// (before Linux 6.12): a pod in a user namespace cannot use a view here (its
+    /// runtime's idmapped mount of a FUSE view fails with `EINVAL`, and a native view
+    /// is an idmapped mount, which cannot be idmapped again), so it is refused with the
+    /// reason rather than left to fail in the runtime. A pod the API server could not
+    /// say anything of is let through (most pods share the node's user namespace).
+    ///
+    /// # Errors
+    /// `FailedPrecondition` naming the pod, the kernel and the ways out.
+    fn pod_without_idmap(&self, req: &PublishRequest) -> Result<Pod, VolumeError> {
+        let pod = self.pods.pod(req.pod.as_ref());
+        if pod != Pod::UserNamespace {
+            return Ok(pod);
+        }
+        let who = req
+            .pod
+            .as_ref()
+            .map_or_else(String::new, |p| format!(" {}/{}", p.namespace, p.name));
+        Err(VolumeError::FailedPrecondition(format!(
+            "pod{who} runs in a user namespace (hostUsers: false), whose runtime idmaps every volume, and this node's kernel ({}) cannot idmap a mountgroup view (FUSE_ALLOW_IDMAP needs Linux 6.12 or later): run the pod on a node with a newer kernel, or with hostUsers: true",
+            crate::sys::kernel_release()
+        )))
+    }
+
     /// How a new publish is served, and why not natively where the volume is native
     /// (docs/SEMANTICS.md, *Native views*): logged, and a label of the view's metric.
     fn mechanism(
@@ -670,6 +704,7 @@ impl Node {
         req: &PublishRequest,
         kind: ViewKind,
         options: &ViewOptions,
+        asked: Option<Pod>,
     ) -> (Mechanism, Option<String>) {
         let volume_group = match kind {
             ViewKind::InlineSecrets => None,
@@ -685,7 +720,7 @@ impl Node {
             kind == ViewKind::InlineSecrets,
             options,
             || self.share.native_capable(),
-            || self.pods.pod(req.pod.as_ref()),
+            || asked.unwrap_or_else(|| self.pods.pod(req.pod.as_ref())),
         );
         match decided {
             Ok(m) => (m, None),
