@@ -250,6 +250,159 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
     drop(guards);
 }
 
+/// One `key value` line of a cgroup's `memory.events` (counted for it and below it).
+fn memory_event(cgroup: &Path, key: &str) -> u64 {
+    fs::read_to_string(cgroup.join("memory.events"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {cgroup:?}/memory.events"))
+}
+
+/// Lowers `cgroup`'s `memory.max` below what it holds: the kernel reclaims what it can,
+/// then its OOM killer kills in that cgroup (mm/memcontrol.c `memory_max_write`), as
+/// when a process grows past its bound.
+fn squeeze(cgroup: &Path) {
+    fs::write(cgroup.join("memory.max"), "1M").unwrap();
+}
+
+/// The kernel's own OOM killer, where cgroup v2 has the memory controller (the VM
+/// tier's kernels, and every node with systemd; on this machine it is on cgroup v1,
+/// and the keeper says its views are not bounded). A view whose memory goes past its
+/// `memory.max` is killed alone and recovered while its neighbour serves; an OOM of
+/// the keeper's container, whose cgroup kubelet gives `memory.oom.group=1` (cgroup v2,
+/// since Kubernetes 1.28), kills the keeper whole and takes no view. Zero failed calls
+/// in either view.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_oom_killer_takes_one_view_or_the_keepers_container_and_never_a_neighbour() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let cg = TestCgroup::new();
+    let bin = Path::new(BIN);
+    let (socket, mut keeper_args) = node_run(root);
+    let views_cg = cg.child("views");
+    keeper_args.extend([
+        "--views-cgroup".into(),
+        views_cg.to_str().unwrap().into(),
+        "--view-memory-max".into(),
+        MEMORY_MAX.to_string(),
+    ]);
+    let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
+    let keeper_cg = |n: &str| cg.child(&format!("keeper{n}"));
+    let start_keeper = |n: &str| {
+        let k = Container::start_in_cgroup(
+            &keeper_cg(n),
+            false,
+            bin,
+            &keeper_args,
+            &root.join(format!("keeper{n}.log")),
+        );
+        wait_ready_in(&in_cgroup(&keeper_cg(n), false), bin, &socket);
+        k
+    };
+    let keeper_log = |n: &str| fs::read_to_string(root.join(format!("keeper{n}.log"))).unwrap();
+    let mut keeper1 = start_keeper("1");
+    if !cg.has_memory() {
+        assert!(
+            keeper_log("1").contains("the memory controller is not available here"),
+            "{}",
+            keeper_log("1")
+        );
+        keeper1.stop(Duration::from_secs(10));
+        return;
+    }
+    let mut d = Driver::start_kept(root, CONTAINER, bin, &socket, &[]);
+    let mut c = d.clients().await;
+    let (ta, tb) = (root.join("target-a"), root.join("target-b"));
+    let mut guards = Vec::new();
+    for (vol, gid, t) in [("a", "2000", &ta), ("b", "3000", &tb)] {
+        let staging = f.subdir(&format!("staging-{vol}"));
+        guards.push(Unmount(t.clone()));
+        guards.push(Unmount(staging.clone()));
+        c.create_stage_publish(vol, &staging, t, gid).await;
+    }
+    let (a_cg, b_cg) = (cgroup_dir(view_pid(&ta)), cgroup_dir(view_pid(&tb)));
+    for dir in [&a_cg, &b_cg] {
+        let max = fs::read_to_string(dir.join("memory.max")).unwrap();
+        assert_eq!(max.trim(), MEMORY_MAX.to_string(), "{dir:?}");
+    }
+    let running_a = Running::start(&ta, 100);
+    let running_b = Running::start(&tb, 100);
+    thread::sleep(Duration::from_millis(400));
+
+    // 1. View a past its bound: the OOM killer kills it, in its cgroup only.
+    let (pa, pb) = (view_pid(&ta), view_pid(&tb));
+    let kills = memory_event(&views_cg, "oom_kill");
+    squeeze(&a_cg);
+    assert_eq!(
+        memory_event(&views_cg, "oom_kill"),
+        kills + 1,
+        "one OOM kill"
+    );
+    wait_replaced(&ta, pa, Duration::from_secs(20));
+    assert_eq!(view_pid(&tb), pb, "the neighbour was touched");
+    assert!(
+        keeper_log("1").contains("recovering it"),
+        "{}",
+        keeper_log("1")
+    );
+    let new_a = cgroup_dir(view_pid(&ta));
+    assert_ne!(new_a, a_cg, "the recovered view has a cgroup of its own");
+    assert_eq!(
+        fs::read_to_string(new_a.join("memory.max")).unwrap().trim(),
+        MEMORY_MAX.to_string()
+    );
+    thread::sleep(Duration::from_millis(400));
+
+    // 2. The keeper's container past its own bound, as one OOM group: the kernel kills
+    // every process in it, and no view.
+    let (pa, pb) = (view_pid(&ta), view_pid(&tb));
+    let k1 = keeper_cg("1");
+    fs::write(k1.join("memory.oom.group"), "1").unwrap();
+    squeeze(&k1);
+    assert!(memory_event(&k1, "oom_group_kill") >= 1, "a group kill");
+    assert!(
+        emptied(&k1),
+        "the keeper's container outlived its OOM group kill"
+    );
+    keeper1.kill();
+    assert_eq!((view_pid(&ta), view_pid(&tb)), (pa, pb), "a view died");
+    let mut keeper2 = start_keeper("2");
+    for t in [&ta, &tb] {
+        assert_eq!(parent(view_pid(t)), keeper2.main_pid(), "{t:?}");
+    }
+    assert!(
+        keeper_log("2").contains("view taken over"),
+        "{}",
+        keeper_log("2")
+    );
+    thread::sleep(Duration::from_millis(400));
+
+    // Every call answered (`finish` asserts it), every append through the descriptors
+    // held throughout on the disk.
+    let (held_a, held_b) = (
+        std::sync::Arc::clone(&running_a.held),
+        std::sync::Arc::clone(&running_b.held),
+    );
+    let (done_a, done_b) = (running_a.finish(), running_b.finish());
+    for (done, held) in [(&done_a, &held_a), (&done_b, &held_b)] {
+        let h = outcome(done, "held file");
+        assert_eq!(held.metadata().unwrap().len(), h.rounds * 512);
+    }
+    drop((held_a, held_b));
+    c = d.clients().await;
+    for (vol, t) in [("a", &ta), ("b", &tb)] {
+        c.node
+            .node_unpublish_volume(unpublish_req(vol, t))
+            .await
+            .unwrap();
+        assert!(!is_mounted(t));
+    }
+    keeper2.stop(Duration::from_secs(10));
+    d.signal_first_process(Signal::TERM);
+    drop(guards);
+}
+
 /// What a keeper started under `prefix` with `--views-cgroup cgroup` says when it
 /// refuses to start (it must refuse).
 fn keeper_refusal(prefix: &[&str], cgroup: &Path) -> String {

@@ -54,7 +54,22 @@ impl TestCgroup {
             rand_u64()
         ));
         fs::create_dir(&path).unwrap();
+        // The memory controller for its children where this machine's cgroup v2 has
+        // it, as systemd delegates it to kubelet's slices and kubelet to a pod's cgroup.
+        let controllers = fs::read_to_string(path.join("cgroup.controllers")).unwrap();
+        if controllers.split_whitespace().any(|c| c == "memory") {
+            fs::write(path.join("cgroup.subtree_control"), "+memory").unwrap();
+        }
         TestCgroup { path }
+    }
+
+    /// Whether cgroup v2 has the memory controller here (on this machine it is on a v1
+    /// hierarchy; on the VM tier's kernels on v2, as on the nodes users run).
+    pub fn has_memory(&self) -> bool {
+        fs::read_to_string(self.path.join("cgroup.subtree_control"))
+            .unwrap()
+            .split_whitespace()
+            .any(|c| c == "memory")
     }
 
     /// The path of its child cgroup `name` (made by whoever uses it).
@@ -77,7 +92,7 @@ pub fn kill_cgroup(path: &Path) {
 }
 
 /// Whether the cgroup at `path` has no process left within 10 s.
-fn emptied(path: &Path) -> bool {
+pub fn emptied(path: &Path) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
     while fs::read_to_string(path.join("cgroup.events"))
         .map(|s| s.contains("populated 1"))
