@@ -116,6 +116,43 @@ pub fn notify_resend(dev: BorrowedFd<'_>) -> SysResult<()> {
     Ok(())
 }
 
+/// `_IOR(229, 0, uint32_t)`: FUSE_DEV_IOC_CLONE.
+const DEV_CLONE: libc::c_ulong = 0x8000_0000 | (4 << 16) | (229 << 8);
+
+/// A new descriptor on the FUSE connection of `dev` with a processing queue of its own
+/// (`FUSE_DEV_IOC_CLONE`): requests read through it wait for their answers on it, and
+/// when its last holder closes it the kernel fails those (`ECONNABORTED`) while the
+/// connection lives on through `dev`.
+///
+/// # Errors
+/// The error of opening `/dev/fuse` or of the ioctl.
+pub fn clone_dev(dev: BorrowedFd<'_>) -> SysResult<OwnedFd> {
+    let new = rustix::fs::open(
+        "/dev/fuse",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(failed("open(/dev/fuse)"))?;
+    let source = dev.as_raw_fd() as u32;
+    // SAFETY: the argument points at a u32 (the source descriptor) that lives across
+    // the call; the kernel only reads it, and binds `new` to the source's connection.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::ioctl(new.as_raw_fd(), DEV_CLONE, &source) };
+    if rc < 0 {
+        return Err(failed("ioctl(FUSE_DEV_IOC_CLONE)")(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(new)
+}
+
+/// Whether this kernel can be told to resend the requests a dead server read and did
+/// not answer (`FUSE_NOTIFY_RESEND`, Linux 6.9, FUSE protocol 7.40). Before it, those
+/// requests wait on the descriptor they were read from until it is closed.
+pub fn kernel_resends() -> bool {
+    super::kernel_at_least(&super::kernel_release(), 6, 9)
+}
+
 /// Duplicates a descriptor (`fcntl(F_DUPFD_CLOEXEC)`).
 ///
 /// # Errors

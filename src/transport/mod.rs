@@ -405,10 +405,10 @@ pub fn run_foreground(
     let signals = TerminationSignals::block().map_err(|e| MountError::Session(e.into()))?;
     file::set_umask(0);
     let mut cfg = session_config(&source, options);
-    if holder.is_some() {
-        // Every worker reads the one descriptor the holder keeps a duplicate of: the
-        // requests a dying process had read stay queued on it, for the kernel to resend
-        // to its successor (a cloned descriptor would take them down with it).
+    // Which descriptors the workers read when a holder keeps the connection:
+    // [`session_fd`].
+    let resends = crate::sys::fuse::kernel_resends();
+    if holder.is_some() && resends {
         cfg.clone_fd = false;
     }
     let fsname = options.fsname_for(&source);
@@ -481,7 +481,7 @@ pub fn run_foreground(
         let guard = OwnMountGuard::new(&own);
         view.attach(Arc::clone(&dev));
         let template = view.resume();
-        let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(session_err)?;
+        let fd = session_fd(&dev, &cfg).map_err(session_err)?;
         let session =
             ::fuser::Session::from_fd(view, fd, cfg.acl, cfg.clone()).map_err(mount_err)?;
         // Initialised: the guard below takes over.
@@ -577,7 +577,12 @@ pub fn run_foreground(
     if recovering {
         if let Some(dev) = &dev {
             // The requests the dead process had read and not answered: read them again.
-            if let Err(e) = crate::sys::fuse::notify_resend(dev.as_fd()) {
+            if !resends {
+                tracing::warn!(
+                    kernel = %crate::sys::kernel_release(),
+                    "the requests the dead view was answering failed (ECONNABORTED): a kernel before 6.9 cannot resend them"
+                );
+            } else if let Err(e) = crate::sys::fuse::notify_resend(dev.as_fd()) {
                 tracing::warn!(error = %e, "the kernel cannot resend the dead view's requests; they fail");
             }
         }
@@ -640,6 +645,25 @@ pub fn run_foreground(
     Ok(())
 }
 
+/// The descriptor a session's workers read the connection `dev` through: with
+/// `cfg.clone_fd`, a clone of it, and each other worker reads a clone of its own.
+///
+/// Where a holder keeps `dev` (the keeper), a request a worker read and had not
+/// answered when its process died waits on the descriptor it was read from. From Linux
+/// 6.9 the successor has the kernel resend it (`FUSE_NOTIFY_RESEND`), so every worker
+/// reads `dev` itself (no `clone_fd`: duplicates, the one queue the holder's duplicate
+/// keeps). Before 6.9 nothing can resend it, and a request left on the holder's queue
+/// would hang its caller until the pod is gone: there every worker reads a clone that
+/// the process alone holds, so that its death fails what it was answering
+/// (`ECONNABORTED`) while the connection lives on through the holder's `dev`.
+fn session_fd(dev: &OwnedFd, cfg: &::fuser::Config) -> Result<OwnedFd, Errno> {
+    if cfg.clone_fd {
+        crate::sys::fuse::clone_dev(dev.as_fd())
+    } else {
+        crate::sys::fuse::dup(dev.as_fd())
+    }
+}
+
 /// A session on a connection another process initialised (taken over, or recovered),
 /// and the adapter that serves again if a handover from this process fails.
 fn serve_adopted(
@@ -651,7 +675,7 @@ fn serve_adopted(
     view.set_negotiated(negotiated);
     view.attach(Arc::clone(dev));
     let template = view.resume();
-    let fd = crate::sys::fuse::dup(dev.as_fd()).map_err(|e| MountError::Session(e.into()))?;
+    let fd = session_fd(dev, cfg).map_err(|e| MountError::Session(e.into()))?;
     let session = ::fuser::Session::from_fd_initialized(view, fd, cfg.acl, cfg.clone());
     Ok((session, template))
 }
@@ -778,8 +802,7 @@ fn serve(
             }
             Err(e) => {
                 tracing::warn!(error = %e, "handover failed; serving the view again");
-                let fd = crate::sys::fuse::dup(dev.as_fd())
-                    .map_err(|e| MountError::Session(e.into()))?;
+                let fd = session_fd(dev, cfg).map_err(|e| MountError::Session(e.into()))?;
                 session = ::fuser::Session::from_fd_initialized(
                     template.resume(),
                     fd,

@@ -412,11 +412,5 @@ pub fn kernel_fuse() -> mountgroup::transport::probe::KernelFuse {
 
 /// Whether the running kernel is `major.minor` or later (`/proc/sys/kernel/osrelease`).
 pub fn kernel_at_least(major: u32, minor: u32) -> bool {
-    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut parts = release
-        .trim()
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    found >= (major, minor)
+    mountgroup::sys::kernel_at_least(&mountgroup::sys::kernel_release(), major, minor)
 }
