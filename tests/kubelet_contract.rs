@@ -489,47 +489,148 @@ async fn a_staging_bind_is_nosuid_nodev_on_the_hosts_side_too() {
     );
 }
 
+/// SELinux enforcing until dropped, then as it was: a denial is then an `EACCES` to
+/// the process, which permissive mode would let through.
+struct Enforcing(bool);
+
+impl Enforcing {
+    fn new() -> Enforcing {
+        let was = fs::read_to_string("/sys/fs/selinux/enforce")
+            .unwrap()
+            .trim()
+            == "1";
+        fs::write("/sys/fs/selinux/enforce", "1").unwrap();
+        Enforcing(was)
+    }
+}
+
+impl Drop for Enforcing {
+    fn drop(&mut self) {
+        if !self.0 {
+            let _ = fs::write("/sys/fs/selinux/enforce", "0");
+        }
+    }
+}
+
+/// A process in the pod's domain (`domain`, `container_t` where kubelet's runtime
+/// labels pods, with the pod's categories, as the runtime starts it) reads, writes and
+/// creates files in the labelled view, enforcing; the same domain with another pod's
+/// categories is refused (MCS). The VM tier boots enforcing (docs/KERNELS.md).
+fn selinux_lets_the_pods_domain_in(target: &Path, label: &str, domain: &str) {
+    let level = label.splitn(4, ':').nth(3).unwrap();
+    fs::write(target.join("made-by-driver"), "x").unwrap();
+    let run = |level: &str, script: &str| {
+        Command::new("runcon")
+            .arg(format!("system_u:system_r:{domain}:{level}"))
+            .args(["sh", "-c", script])
+            .current_dir(target)
+            .output()
+            .unwrap()
+    };
+    let enforcing = Enforcing::new();
+    let pod = run(
+        level,
+        "cat /proc/self/attr/current; cat made-by-driver; echo y >>made-by-driver; echo z >made-by-pod; ls",
+    );
+    let other = run("s0:c1,c2", "cat made-by-driver");
+    drop(enforcing);
+    let said = String::from_utf8_lossy(&pod.stdout);
+    assert!(
+        pod.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&pod.stderr)
+    );
+    assert!(
+        said.starts_with(&format!("system_u:system_r:{domain}:{level}")),
+        "{said}"
+    );
+    assert_eq!(
+        fs::read_to_string(target.join("made-by-driver")).unwrap(),
+        "xy\n"
+    );
+    let out = Command::new("getfattr")
+        .args(["--only-values", "-n", "security.selinux"])
+        .arg(target.join("made-by-pod"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end_matches('\0'),
+        label
+    );
+    let refused = String::from_utf8_lossy(&other.stderr);
+    assert!(
+        !other.status.success() && refused.contains("Permission denied"),
+        "another pod's categories read the view: {refused}"
+    );
+}
+
+/// kubelet's label for a pod's volume (the container runtime's, container-selinux's
+/// `container_file_t`, with the pod's categories), and the domain the runtime runs the
+/// pod in.
+const KUBELETS_LABEL: (&str, &str) = (
+    "system_u:object_r:container_file_t:s0:c12,c345",
+    "container_t",
+);
+/// The same pair in the reference policy's sVirt (Debian's `selinux-policy-default`
+/// has no container-selinux): a confined, MCS-separated domain and its files.
+const SVIRT_LABEL: (&str, &str) = ("system_u:object_r:svirt_image_t:s0:c12,c345", "svirt_t");
+
 /// kubelet on an SELinux node, with `seLinuxMount: true` in the CSIDriver, adds the
 /// pod's label to the mount options of stage and publish
 /// (pkg/volume/util `AddSELinuxMountOption`: `context=%q`, one flag with the commas of
 /// its categories inside quotes). The view mounts with it, so every file shows the
-/// pod's label; on a node without SELinux (kubelet never sends it there) the publish
-/// fails naming the option.
+/// pod's label, and the pod's domain uses them (the VM tier boots SELinux,
+/// docs/KERNELS.md); a label the node's policy lacks is refused by name; on a node
+/// without SELinux (kubelet never sends it there) the publish fails naming the option.
 #[tokio::test(flavor = "multi_thread")]
 async fn selinux_labels_arrive_as_kubelet_quotes_them() {
     let mut s = Setup::new(false).await;
     let (c, dirs) = (&mut s.c, &s.dirs);
-    let vol = provision(c, "pvc-label", 8 * MIB, &HashMap::new()).await;
-    let mut pv = provisioned_pv(&vol, "ReadWriteOncePod");
-    let label = "system_u:object_r:container_file_t:s0:c12,c345";
-    pv.mount_options = vec![format!("context={label:?}")];
-    let pod = Pod::new("labelled", Some(6000));
-    c.node
-        .node_stage_volume(stage(dirs, &pv, &pod, &HashMap::new()))
-        .await
-        .expect("stage with a context= flag");
-    let req = publish_pvc(dirs, &pv, &pod, "data", &HashMap::new());
-    let target = Path::new(&req.target_path).to_path_buf();
-    let published = c.node.node_publish_volume(req).await;
-    if Path::new("/sys/fs/selinux/enforce").exists() {
-        published.expect("a labelled view on an SELinux node");
-        let xattr = Command::new("getfattr")
-            .args(["--only-values", "-n", "security.selinux"])
-            .arg(&target)
-            .output()
-            .unwrap();
-        assert!(String::from_utf8_lossy(&xattr.stdout).starts_with(label));
-        c.node
-            .node_unpublish_volume(unpublish_req("pvc-label", &target))
-            .await
-            .unwrap();
-    } else {
-        let e = published.unwrap_err();
-        assert!(
-            e.message().contains("context=") && e.message().contains("SELinux"),
-            "{e:?}"
-        );
-        assert!(!target.exists(), "a failed publish leaves no target behind");
+    let selinux = Path::new("/sys/fs/selinux/enforce").exists();
+    let mut labels = vec![KUBELETS_LABEL];
+    if selinux && mountgroup::sys::mount::selinux_context_known(KUBELETS_LABEL.0) == Some(false) {
+        labels.push(SVIRT_LABEL);
     }
-    unstage(c, dirs, "pvc-label").await;
+    for (i, (label, domain)) in labels.into_iter().enumerate() {
+        let id = format!("pvc-label{i}");
+        let vol = provision(c, &id, 8 * MIB, &HashMap::new()).await;
+        let mut pv = provisioned_pv(&vol, "ReadWriteOncePod");
+        pv.mount_options = vec![format!("context={label:?}")];
+        let pod = Pod::new("labelled", Some(6000));
+        c.node
+            .node_stage_volume(stage(dirs, &pv, &pod, &HashMap::new()))
+            .await
+            .expect("stage with a context= flag");
+        let req = publish_pvc(dirs, &pv, &pod, "data", &HashMap::new());
+        let target = Path::new(&req.target_path).to_path_buf();
+        let published = c.node.node_publish_volume(req).await;
+        let known = mountgroup::sys::mount::selinux_context_known(label) != Some(false);
+        if selinux && known {
+            published.expect("a labelled view on an SELinux node");
+            let xattr = Command::new("getfattr")
+                .args(["--only-values", "-n", "security.selinux"])
+                .arg(&target)
+                .output()
+                .unwrap();
+            assert!(String::from_utf8_lossy(&xattr.stdout).starts_with(label));
+            selinux_lets_the_pods_domain_in(&target, label, domain);
+            c.node
+                .node_unpublish_volume(unpublish_req(&id, &target))
+                .await
+                .unwrap();
+        } else {
+            let e = published.unwrap_err();
+            let why = if selinux {
+                "has no such context"
+            } else {
+                "SELinux"
+            };
+            assert!(
+                e.message().contains("context=") && e.message().contains(why),
+                "{e:?}"
+            );
+            assert!(!target.exists(), "a failed publish leaves no target behind");
+        }
+        unstage(c, dirs, &id).await;
+    }
 }

@@ -143,6 +143,24 @@ pub fn selinux_enabled() -> bool {
     Path::new("/sys/fs/selinux/enforce").exists()
 }
 
+/// Whether the loaded SELinux policy knows `label` (its user, role, type and level):
+/// the kernel checks a context written to selinuxfs' `context` file as it checks a
+/// `context=` mount option, and refuses an unknown one with `EINVAL` (a mount would
+/// fail with a bare "Invalid argument"). `None` when it cannot be asked.
+pub fn selinux_context_known(label: &str) -> Option<bool> {
+    let file = rustix::fs::open(
+        "/sys/fs/selinux/context",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .ok()?;
+    match rustix::io::write(&file, label.as_bytes()) {
+        Ok(_) => Some(true),
+        Err(rustix::io::Errno::INVAL) => Some(false),
+        Err(_) => None,
+    }
+}
+
 /// Opens `/dev/fuse` and mounts it on `mountpoint` as type `fuse.<subtype>` with
 /// `nosuid,nodev` always, returning the connection. Needs `CAP_SYS_ADMIN`.
 ///

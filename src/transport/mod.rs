@@ -71,6 +71,10 @@ pub enum MountError {
         "option `context=` labels files for SELinux, which is not enabled on this machine (kubelet sends it only on SELinux nodes)"
     )]
     NoSelinux,
+    #[error(
+        "option `context={0}`: this node's SELinux policy has no such context (a type, role, user or level it does not define); the container runtime's policy (container-selinux) defines the label kubelet sends"
+    )]
+    UnknownSelinuxContext(String),
     #[error("transport=ring: {0}")]
     Ring(String),
     #[error("the FUSE session ended with an error: {0}")]
@@ -471,8 +475,13 @@ pub fn run_foreground(
             sync: options.vfs.sync,
             dirsync: options.vfs.dirsync,
         };
-        if how.selinux_context.is_some() && !crate::sys::mount::selinux_enabled() {
-            return Err(MountError::NoSelinux);
+        if let Some(label) = &how.selinux_context {
+            if !crate::sys::mount::selinux_enabled() {
+                return Err(MountError::NoSelinux);
+            }
+            if crate::sys::mount::selinux_context_known(label) == Some(false) {
+                return Err(MountError::UnknownSelinuxContext(label.clone()));
+            }
         }
         let dev = crate::sys::mount::mount_fuse(&fsname, &mountpoint, "mountgroup", how)
             .map_err(|e| mount_err(e.into()))?;
