@@ -102,11 +102,13 @@ fn a_ring_view_serves_its_requests_over_io_uring_with_the_same_results() {
     // payloads (up to max_write, 1 MiB, in one ring entry).
     let (m, metrics) = mount_counted(&f, &format!("gid={G},transport=ring,passthrough=off"));
     let mnt = &m.mountpoint;
-    assert!(
-        m.log_text().contains("serving over io_uring"),
-        "{}",
-        m.log_text()
-    );
+    // The mount answers once INIT is; the rings are registered, and the line written,
+    // just after.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !m.log_text().contains("serving over io_uring") {
+        assert!(std::time::Instant::now() < deadline, "{}", m.log_text());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 
     assert_eq!(fs::read(mnt.join("old")).unwrap(), b"on the disk before");
     assert_eq!(fs::metadata(mnt.join("old")).unwrap().gid(), G);
