@@ -218,8 +218,8 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
     settle();
 
     // a was killed (2.) and b (3.): on kernels before 6.9 each may have failed a call.
-    let done_b = running_b.finish_through_kills(1);
-    let done_a = running_a.finish_through_kills(1);
+    let done_b = with_logs_on_failure(root, || running_b.finish_through_kills(1));
+    let done_a = with_logs_on_failure(root, || running_a.finish_through_kills(1));
     let mut report = serde_json::Map::new();
     for (event, from, to) in &events {
         let (sa, sb) = (
@@ -248,6 +248,27 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
     keeper2.stop(Duration::from_secs(10));
     d.signal_first_process(Signal::TERM);
     drop(guards);
+}
+
+/// `check`, and where it fails, the logs of the driver, the keepers and the views under
+/// `root` (the fixture goes with the failure, and a rare failure in the VM tier is
+/// read from its output alone).
+fn with_logs_on_failure<T>(root: &Path, check: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(check)) {
+        Ok(v) => v,
+        Err(e) => {
+            for dir in [root.to_path_buf(), root.join("state/views")] {
+                for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    let p = entry.path();
+                    if p.extension().is_some_and(|x| x == "log") {
+                        let text = fs::read_to_string(&p).unwrap_or_default();
+                        eprintln!("===== {}\n{text}", p.display());
+                    }
+                }
+            }
+            std::panic::resume_unwind(e)
+        }
+    }
 }
 
 /// One `key value` line of a cgroup's `memory.events` (counted for it and below it).
@@ -394,7 +415,8 @@ async fn the_oom_killer_takes_one_view_or_the_keepers_container_and_never_a_neig
         std::sync::Arc::clone(&running_a.held),
         std::sync::Arc::clone(&running_b.held),
     );
-    let (done_a, done_b) = (running_a.finish_through_kills(1), running_b.finish());
+    let done_a = with_logs_on_failure(root, || running_a.finish_through_kills(1));
+    let done_b = with_logs_on_failure(root, || running_b.finish());
     for (done, held) in [(&done_a, &held_a), (&done_b, &held_b)] {
         assert_appended(held, done);
     }
