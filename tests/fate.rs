@@ -199,7 +199,7 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
         assert!(Instant::now() < deadline, "{killed:?} left behind");
         thread::sleep(Duration::from_millis(20));
     }
-    assert!(keeper2_log().contains("recovering it"), "{}", keeper2_log());
+    assert_logged(keeper2_log, "recovering it");
     settle();
 
     // 3. A view is stopped (SIGSTOP): it answers nothing, and after --hang-timeout the
@@ -363,11 +363,7 @@ async fn the_oom_killer_takes_one_view_or_the_keepers_container_and_never_a_neig
     );
     wait_replaced(&ta, pa, Duration::from_secs(20));
     assert_eq!(view_pid(&tb), pb, "the neighbour was touched");
-    assert!(
-        keeper_log("1").contains("recovering it"),
-        "{}",
-        keeper_log("1")
-    );
+    assert_logged(|| keeper_log("1"), "recovering it");
     let new_a = cgroup_dir(view_pid(&ta));
     assert_ne!(new_a, a_cg, "the recovered view has a cgroup of its own");
     assert_eq!(
@@ -497,7 +493,7 @@ fn served_alone(
 
 /// The driver's log says it recovered the view; unpublishing `v` then unmounts it.
 fn recovered_then_unpublished(rt: &tokio::runtime::Runtime, d: &Driver, target: &Path) {
-    assert!(d.log_text().contains("recovering it"), "{}", d.log_text());
+    assert_logged(|| d.log_text(), "recovering it");
     rt.block_on(async {
         let mut c = d.clients().await;
         c.node

@@ -107,8 +107,10 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
         .expect("reopening a file held open across the view's crash");
     events.push(("4. view process SIGKILLed, recovered", at, Instant::now()));
     settle();
-    let keeper1_log = fs::read_to_string(root.join("keeper1.log")).unwrap();
-    assert!(keeper1_log.contains("recovering it"), "{keeper1_log}");
+    assert_logged(
+        || fs::read_to_string(root.join("keeper1.log")).unwrap(),
+        "recovering it",
+    );
 
     // 3. A rolling update to v2 with maxSurge 1: the new pod starts while the old one
     // runs; once its keeper is ready (it took every view over), the old pod is stopped.

@@ -74,6 +74,21 @@ pub fn wait_replaced(target: &Path, old: u32, limit: Duration) -> u32 {
     }
 }
 
+/// Waits until the log `read` gives says `line` (the keeper writes "recovering it"
+/// just after it started the process that [`wait_replaced`] sees), and fails with the
+/// log after 10 s.
+pub fn assert_logged(read: impl Fn() -> String, line: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = read();
+        if log.contains(line) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no {line:?} in:\n{log}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The one process that serves the view on `target`.
 pub fn view_pid(target: &Path) -> u32 {
     let now = view_processes(target);
