@@ -65,38 +65,33 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
     let root = f.dir.path();
     let cg = TestCgroup::new();
     let bin = Path::new(BIN);
-    let (socket, mut keeper_args) = node_run(root);
     let views_cg = cg.child("views");
-    keeper_args.extend([
-        "--views-cgroup".into(),
-        views_cg.to_str().unwrap().into(),
-        "--view-memory-max".into(),
-        MEMORY_MAX.to_string(),
-        "--hang-timeout".into(),
-        "2".into(),
-    ]);
-    let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
-    let keeper_cg = |n: &str| cg.child(&format!("keeper{n}"));
-    let mut keeper1 = Container::start_in_cgroup(
-        &keeper_cg("1"),
-        false,
-        bin,
-        &keeper_args,
-        &root.join("keeper1.log"),
+    let keepers = Keepers::new(
+        &cg,
+        root,
+        &[
+            "--views-cgroup".into(),
+            views_cg.to_str().unwrap().into(),
+            "--view-memory-max".into(),
+            MEMORY_MAX.to_string(),
+            "--hang-timeout".into(),
+            "2".into(),
+        ],
     );
-    wait_ready_in(&in_cgroup(&keeper_cg("1"), false), bin, &socket);
+    let socket = keepers.socket();
+    let mut keeper1 = keepers.start("1");
     // A probe from outside the keeper's container (its cgroup) does not count it, even
     // in one PID namespace: the old pod's keeper does not make a new pod ready.
     let elsewhere = Command::new(bin)
         .args(["keeper", "--probe", "--socket"])
-        .arg(&socket)
+        .arg(socket)
         .output()
         .unwrap();
     assert!(!elsewhere.status.success());
     let said = String::from_utf8_lossy(&elsewhere.stderr);
     assert!(said.contains("another container's"), "{said}");
 
-    let mut d = Driver::start_kept(root, CONTAINER, bin, &socket, &[]);
+    let mut d = Driver::start_kept(root, CONTAINER, bin, socket, &[]);
     let mut c = d.clients().await;
     let mut targets = Vec::new();
     let mut guards = Vec::new();
@@ -119,7 +114,7 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
         let dir = cgroup_dir(view_pid(t));
         assert_eq!(dir.parent(), Some(views_cg.as_path()), "{dir:?}");
     }
-    let keeper1_log = || fs::read_to_string(root.join("keeper1.log")).unwrap();
+    let keeper1_log = || keepers.log("1");
     let controllers = fs::read_to_string(views_cg.join("cgroup.controllers")).unwrap();
     if controllers.split_whitespace().any(|c| c == "memory") {
         let max = fs::read_to_string(cgroup_dir(view_pid(&ta)).join("memory.max")).unwrap();
@@ -152,15 +147,8 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
         before,
         "a view died with the keeper"
     );
-    let mut keeper2 = Container::start_in_cgroup(
-        &keeper_cg("2"),
-        false,
-        bin,
-        &keeper_args,
-        &root.join("keeper2.log"),
-    );
+    let mut keeper2 = keepers.start("2");
     let k2 = keeper2.main_pid();
-    wait_ready_in(&in_cgroup(&keeper_cg("2"), false), bin, &socket);
     events.push((
         "keeper container killed, new keeper adopts",
         at,
@@ -171,7 +159,7 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
         assert_eq!(parent(pid), k2, "{t:?} is not the new keeper's");
         assert_eq!(cgroup_dir(pid).parent(), Some(views_cg.as_path()));
     }
-    let keeper2_log = || fs::read_to_string(root.join("keeper2.log")).unwrap();
+    let keeper2_log = || keepers.log("2");
     assert!(
         keeper2_log().contains("view taken over"),
         "{}",
@@ -301,28 +289,21 @@ async fn the_oom_killer_takes_one_view_or_the_keepers_container_and_never_a_neig
     let root = f.dir.path();
     let cg = TestCgroup::new();
     let bin = Path::new(BIN);
-    let (socket, mut keeper_args) = node_run(root);
     let views_cg = cg.child("views");
-    keeper_args.extend([
-        "--views-cgroup".into(),
-        views_cg.to_str().unwrap().into(),
-        "--view-memory-max".into(),
-        MEMORY_MAX.to_string(),
-    ]);
-    let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
-    let keeper_cg = |n: &str| cg.child(&format!("keeper{n}"));
-    let start_keeper = |n: &str| {
-        let k = Container::start_in_cgroup(
-            &keeper_cg(n),
-            false,
-            bin,
-            &keeper_args,
-            &root.join(format!("keeper{n}.log")),
-        );
-        wait_ready_in(&in_cgroup(&keeper_cg(n), false), bin, &socket);
-        k
-    };
-    let keeper_log = |n: &str| fs::read_to_string(root.join(format!("keeper{n}.log"))).unwrap();
+    let keepers = Keepers::new(
+        &cg,
+        root,
+        &[
+            "--views-cgroup".into(),
+            views_cg.to_str().unwrap().into(),
+            "--view-memory-max".into(),
+            MEMORY_MAX.to_string(),
+        ],
+    );
+    let socket = keepers.socket();
+    let start_keeper = |n: &str| keepers.start(n);
+    let keeper_log = |n: &str| keepers.log(n);
+    let keeper_cg = |n: &str| keepers.cgroup(n);
     let mut keeper1 = start_keeper("1");
     if !cg.has_memory() {
         assert!(
@@ -333,7 +314,7 @@ async fn the_oom_killer_takes_one_view_or_the_keepers_container_and_never_a_neig
         keeper1.stop(Duration::from_secs(10));
         return;
     }
-    let mut d = Driver::start_kept(root, CONTAINER, bin, &socket, &[]);
+    let mut d = Driver::start_kept(root, CONTAINER, bin, socket, &[]);
     let mut c = d.clients().await;
     let (ta, tb) = (root.join("target-a"), root.join("target-b"));
     let mut guards = Vec::new();

@@ -29,6 +29,9 @@ mod common;
 mod container;
 #[path = "common/driver.rs"]
 mod driver;
+// container.rs starts keepers with it.
+#[path = "common/keeper.rs"]
+mod keeper;
 
 use std::collections::HashMap;
 use std::fs;

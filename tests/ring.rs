@@ -289,27 +289,19 @@ async fn a_rolling_update_leaves_a_ring_view_to_its_process_and_does_not_wait_fo
     let root = f.dir.path();
     let cg = TestCgroup::new();
     let bin = Path::new(BIN);
-    let (socket, mut keeper_args) = node_run(root);
-    keeper_args.extend([
-        "--views-cgroup".into(),
-        cg.child("views").to_str().unwrap().into(),
-    ]);
-    let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
-    let keeper_cg = |n: &str| cg.child(&format!("keeper{n}"));
-    let start_keeper = |n: &str| {
-        let k = Container::start_in_cgroup(
-            &keeper_cg(n),
-            false,
-            bin,
-            &keeper_args,
-            &root.join(format!("keeper{n}.log")),
-        );
-        wait_ready_in(&in_cgroup(&keeper_cg(n), false), bin, &socket);
-        k
-    };
-    let keeper_log = |n: &str| fs::read_to_string(root.join(format!("keeper{n}.log"))).unwrap();
+    let keepers = Keepers::new(
+        &cg,
+        root,
+        &[
+            "--views-cgroup".into(),
+            cg.child("views").to_str().unwrap().into(),
+        ],
+    );
+    let socket = keepers.socket();
+    let start_keeper = |n: &str| keepers.start(n);
+    let keeper_log = |n: &str| keepers.log(n);
     let mut keeper1 = start_keeper("1");
-    let mut d = Driver::start_kept(root, CONTAINER, bin, &socket, &[]);
+    let mut d = Driver::start_kept(root, CONTAINER, bin, socket, &[]);
     let mut c = d.clients().await;
     let (kept, ring) = (root.join("target-kept"), root.join("target-ring"));
     let (staging_kept, staging_ring) = (f.subdir("staging-kept"), f.subdir("staging-ring"));
@@ -354,7 +346,7 @@ async fn a_rolling_update_leaves_a_ring_view_to_its_process_and_does_not_wait_fo
     assert_eq!(view_pid(&ring), ring_pid, "the ring view's process changed");
     d.signal_first_process(Signal::TERM);
     let metrics = ["--metrics-addr", "127.0.0.1:0", "--log-format", "json"];
-    let mut d2 = Driver::start_kept(root, CONTAINER, bin, &socket, &metrics);
+    let mut d2 = Driver::start_kept(root, CONTAINER, bin, socket, &metrics);
     c = d2.clients().await;
     c.node
         .node_publish_volume(publish_ring)

@@ -281,3 +281,52 @@ impl Drop for Container {
         self.kill();
     }
 }
+
+/// Keepers run as a node runs them: each in a container and a cgroup of its own
+/// (`keeperN` under `cg`), on the node's run directory under `root`, with `extra`
+/// arguments (`--views-cgroup` and its bounds); keeper N logs to `keeperN.log`.
+pub struct Keepers<'a> {
+    cg: &'a TestCgroup,
+    root: PathBuf,
+    socket: PathBuf,
+    args: Vec<String>,
+}
+
+impl<'a> Keepers<'a> {
+    pub fn new(cg: &'a TestCgroup, root: &Path, extra: &[String]) -> Keepers<'a> {
+        let (socket, mut args) = crate::keeper::node_run(root);
+        args.extend_from_slice(extra);
+        Keepers {
+            cg,
+            root: root.to_path_buf(),
+            socket,
+            args,
+        }
+    }
+
+    /// The keepers' socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Keeper `n`'s cgroup.
+    pub fn cgroup(&self, n: &str) -> PathBuf {
+        self.cg.child(&format!("keeper{n}"))
+    }
+
+    /// Starts keeper `n` and waits until its readiness probe, run in its container,
+    /// passes.
+    pub fn start(&self, n: &str) -> Container {
+        let bin = Path::new(crate::common::BIN);
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let log = self.root.join(format!("keeper{n}.log"));
+        let k = Container::start_in_cgroup(&self.cgroup(n), false, bin, &args, &log);
+        crate::keeper::wait_ready_in(&in_cgroup(&self.cgroup(n), false), bin, &self.socket);
+        k
+    }
+
+    /// Keeper `n`'s log.
+    pub fn log(&self, n: &str) -> String {
+        fs::read_to_string(self.root.join(format!("keeper{n}.log"))).unwrap()
+    }
+}
