@@ -79,23 +79,6 @@ fn record(d: &Driver, id: &str) -> serde_json::Value {
     serde_json::from_slice(&fs::read(d.share.join(format!("meta/{id}.json"))).unwrap()).unwrap()
 }
 
-/// The `mountgroup_view_mechanism` sample of `target`: (mechanism, fallback).
-fn mechanism(addr: &str, target: &Path) -> (String, String) {
-    let text = scrape(addr);
-    let line = text
-        .lines()
-        .find(|l| {
-            l.starts_with("mountgroup_view_mechanism{")
-                && l.contains(&format!("target=\"{}\"", target.display()))
-        })
-        .unwrap_or_else(|| panic!("no mechanism for {}:\n{text}", target.display()));
-    let label = |name: &str| {
-        let start = line.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
-        line[start..start + line[start..].find('"').unwrap()].to_string()
-    };
-    (label("mechanism"), label("fallback"))
-}
-
 fn is_idmapped(path: &Path) -> bool {
     mountgroup::sys::mount::is_idmapped(path).unwrap()
 }
@@ -421,13 +404,7 @@ async fn a_pod_in_a_user_namespace_gets_a_view_its_runtime_can_idmap() {
     let for_pod = |name: Option<&str>, target: &Path| {
         let mut r = publish("vol", &staging, target, &[], "4242");
         if let Some(name) = name {
-            r.volume_context = HashMap::from([
-                ("csi.storage.k8s.io/pod.name".to_string(), name.to_string()),
-                (
-                    "csi.storage.k8s.io/pod.namespace".to_string(),
-                    "team".to_string(),
-                ),
-            ]);
+            for_pod(&mut r, name);
         }
         r
     };

@@ -1,7 +1,7 @@
 //! The kernel contract: what mountgroup says a kernel gives it, checked on the kernel
 //! it runs on. Each test takes the branch the running kernel calls for and asserts
 //! it, so the same program passes on every kernel users run: `scripts/vm-test` boots
-//! Debian's 6.1 and 6.12 and runs it there (docs/KERNELS.md), and `.ci/run` runs it on
+//! Debian's 6.1 and 6.12 and Ubuntu's 5.15 and runs it there (docs/KERNELS.md), and `.ci/run` runs it on
 //! this machine's kernel as well.
 //!
 //! - the node's probe (`mountgroup_node_fuse_idmap`) says what a container runtime
@@ -32,7 +32,6 @@ use std::time::Duration;
 
 use common::*;
 use driver::*;
-use mountgroup::csi::pb;
 
 const G: u32 = 4242;
 const MEMBER: u32 = 1000;
@@ -99,11 +98,11 @@ fn passthrough_on_mounts_where_the_kernel_offers_it_and_is_refused_by_name_where
         );
     } else {
         let said = refusal(&f, &format!("gid={G},passthrough=on"));
-        let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let release = mountgroup::sys::kernel_release();
         assert!(
             said.contains("passthrough=on")
                 && said.contains("Linux 6.9")
-                && said.contains(release.trim()),
+                && said.contains(&release),
             "{said}"
         );
     }
@@ -125,11 +124,11 @@ fn transport_ring_is_refused_by_name_where_the_kernel_has_no_ring() {
         // Before Linux 6.14 (or without CONFIG_FUSE_IO_URING): no switch to turn on.
         Err(_) => {
             let said = refusal(&f, "transport=ring");
-            let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+            let release = mountgroup::sys::kernel_release();
             assert!(
                 said.contains("no FUSE over io_uring")
                     && said.contains("Linux 6.14")
-                    && said.contains(release.trim())
+                    && said.contains(&release)
                     && !said.contains("set /sys/module/fuse/parameters/enable_uring"),
                 "{said}"
             );
@@ -146,33 +145,6 @@ fn transport_ring_is_refused_by_name_where_the_kernel_has_no_ring() {
             assert!(m.log_text().contains("ring=true"), "{}", m.log_text());
         }
     }
-}
-
-/// The `mountgroup_view_mechanism` sample of `target`: (mechanism, fallback).
-fn mechanism(addr: &str, target: &Path) -> (String, String) {
-    let text = scrape(addr);
-    let line = text
-        .lines()
-        .find(|l| {
-            l.starts_with("mountgroup_view_mechanism{")
-                && l.contains(&format!("target=\"{}\"", target.display()))
-        })
-        .unwrap_or_else(|| panic!("no mechanism for {}:\n{text}", target.display()));
-    let label = |name: &str| {
-        let start = line.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
-        line[start..start + line[start..].find('"').unwrap()].to_string()
-    };
-    (label("mechanism"), label("fallback"))
-}
-
-fn for_pod(r: &mut pb::NodePublishVolumeRequest, name: &str) {
-    r.volume_context = HashMap::from([
-        ("csi.storage.k8s.io/pod.name".to_string(), name.to_string()),
-        (
-            "csi.storage.k8s.io/pod.namespace".to_string(),
-            "team".to_string(),
-        ),
-    ]);
 }
 
 /// On a kernel whose FUSE cannot be idmapped, a pod with `hostUsers: false` cannot
@@ -221,7 +193,7 @@ async fn a_pod_in_a_user_namespace_is_published_only_where_its_runtime_can_idmap
         userns::idmapped_volume(&pod, &userns_t, &ctr, "data")
             .expect("the pod's runtime idmaps its view");
     } else {
-        let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let release = mountgroup::sys::kernel_release();
         let said = published.expect_err("published a view no runtime can idmap");
         assert_eq!(said.code(), tonic::Code::FailedPrecondition, "{said:?}");
         let message = said.message();
@@ -229,7 +201,7 @@ async fn a_pod_in_a_user_namespace_is_published_only_where_its_runtime_can_idmap
             message.contains("team/userns-pod runs in a user namespace")
                 && message.contains("hostUsers: true")
                 && message.contains("Linux 6.12")
-                && message.contains(release.trim()),
+                && message.contains(&release),
             "{message}"
         );
         assert!(!is_mounted(&userns_t), "a refused publish left a mount");

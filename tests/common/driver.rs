@@ -469,6 +469,35 @@ impl Clients {
     }
 }
 
+/// The `mountgroup_view_mechanism` sample of `target`: (mechanism, fallback).
+pub fn mechanism(addr: &str, target: &Path) -> (String, String) {
+    let text = scrape(addr);
+    let line = text
+        .lines()
+        .find(|l| {
+            l.starts_with("mountgroup_view_mechanism{")
+                && l.contains(&format!("target=\"{}\"", target.display()))
+        })
+        .unwrap_or_else(|| panic!("no mechanism for {}:\n{text}", target.display()));
+    let label = |name: &str| {
+        let start = line.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+        line[start..start + line[start..].find('"').unwrap()].to_string()
+    };
+    (label("mechanism"), label("fallback"))
+}
+
+/// Names the pod of a publish as kubelet does with `podInfoOnMount` (pod `name` in
+/// namespace `team`).
+pub fn for_pod(r: &mut pb::NodePublishVolumeRequest, name: &str) {
+    r.volume_context = std::collections::HashMap::from([
+        ("csi.storage.k8s.io/pod.name".to_string(), name.to_string()),
+        (
+            "csi.storage.k8s.io/pod.namespace".to_string(),
+            "team".to_string(),
+        ),
+    ]);
+}
+
 /// `GET /metrics` at `addr`: the Prometheus text.
 pub fn scrape(addr: &str) -> String {
     use std::io::{Read, Write};
