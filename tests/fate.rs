@@ -280,7 +280,8 @@ fn squeeze(cgroup: &Path) {
 /// and the keeper says its views are not bounded). A view whose memory goes past its
 /// `memory.max` is killed alone and recovered while its neighbour serves; an OOM of
 /// the keeper's container, whose cgroup kubelet gives `memory.oom.group=1` (cgroup v2,
-/// since Kubernetes 1.28), kills the keeper whole and takes no view. Zero failed calls
+/// since Kubernetes 1.28: pkg/kubelet/kuberuntime/kuberuntime_container_linux.go
+/// `generateLinuxContainerResources`), kills the keeper whole and takes no view. Zero failed calls
 /// in either view (from Linux 6.9: before it, a call the killed view was answering
 /// fails, `finish_through_kills`).
 #[tokio::test(flavor = "multi_thread")]

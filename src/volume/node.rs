@@ -675,9 +675,12 @@ impl Node {
 
     /// The pod of a new publish on a node whose kernel cannot idmap a FUSE view
     /// (before Linux 6.12): a pod in a user namespace cannot use a view here (its
-    /// runtime's idmapped mount of a FUSE view fails with `EINVAL`, and a native view
-    /// is an idmapped mount, which cannot be idmapped again), so it is refused with the
-    /// reason rather than left to fail in the runtime. A pod the API server could not
+    /// runtime's idmapped mount of a FUSE view fails with `EINVAL`: fs/namespace.c
+    /// `can_idmap_mount` refuses a file system type without `FS_ALLOW_IDMAP`, which
+    /// FUSE gained in 6.12 together with `SB_I_NOIDMAP`, lifted by fs/fuse/inode.c
+    /// `process_init_reply` only for `FUSE_ALLOW_IDMAP`; and a native view is an
+    /// idmapped mount, which `can_idmap_mount` refuses to idmap again), so it is
+    /// refused with the reason rather than left to fail in the runtime. A pod the API server could not
     /// say anything of is let through (most pods share the node's user namespace).
     ///
     /// # Errors
