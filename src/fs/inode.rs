@@ -20,7 +20,7 @@ use crate::sys::handle::{self, FileHandle};
 use crate::sys::{Errno, SysResult};
 
 use super::error::{FsError, FsResult};
-use super::journal::{Entry, Journaling};
+use super::journal::{Entry, JournalSlot, Journaling};
 use super::snapshot::{InodeSnapshot, KeySnapshot, Passthrough, TableSnapshot};
 
 /// The kernel's id of the root inode.
@@ -88,6 +88,22 @@ pub struct DataFile {
     /// The same file opened with `O_DIRECT`, on the first direct read or write (or
     /// the first open with `O_DIRECT`): what the view serves direct I/O through.
     direct: OnceLock<OwnedFd>,
+    /// The view's journal, where the closing of the backing id is written.
+    journal: Option<JournalSlot>,
+}
+
+impl Drop for DataFile {
+    /// Journals the backing id's closing before [`Backing`]'s drop closes it: a view
+    /// recovered from the journal must not answer an open with an id the kernel no
+    /// longer has (it would fail the open with `EIO`).
+    fn drop(&mut self) {
+        let Some(Some(b)) = self.passthrough.get() else {
+            return;
+        };
+        if let Some(j) = self.journal.as_ref().and_then(|slot| slot.get()) {
+            j.append(&Entry::Unbacked { id: b.id() });
+        }
+    }
 }
 
 impl DataFile {
@@ -97,7 +113,14 @@ impl DataFile {
             writable,
             passthrough: OnceLock::new(),
             direct: OnceLock::new(),
+            journal: None,
         }
+    }
+
+    /// The same, journaling the closing of its backing id in the view's journal.
+    pub fn journaled(mut self, journal: &JournalSlot) -> DataFile {
+        self.journal = Some(Arc::clone(journal));
+        self
     }
 
     /// The descriptor direct I/O goes through: the shared one reopened with

@@ -58,11 +58,25 @@ pub enum Entry {
     Dir { fh: u64, ino: u64 },
     /// A handle released.
     Released { fh: u64 },
-    /// A passthrough backing id registered for an inode's shared descriptor.
-    Backing { ino: u64, id: u32 },
+    /// A passthrough backing id registered for an inode's shared descriptor: the
+    /// read-write one or the read-only one (an inode can have both). Absent
+    /// `writable`: written by an earlier version, for either.
+    Backing {
+        ino: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        writable: Option<bool>,
+        id: u32,
+    },
+    /// A backing id about to be closed, its descriptor gone (written before the
+    /// close, so that a replay never hands out an id the kernel no longer has).
+    Unbacked { id: u32 },
     /// The root's identity (with the first line).
     Root { key: KeySnapshot },
 }
+
+/// Where a view's journal is, once it has one: shared with the open files, which
+/// journal the closing of their backing ids.
+pub type JournalSlot = Arc<std::sync::OnceLock<Arc<Journaling>>>;
 
 /// The journal a view appends to.
 pub struct Journal {
@@ -229,8 +243,9 @@ pub struct Replayed {
     pub files: BTreeMap<u64, (u64, bool, bool)>,
     /// Open directory handles: fh → ino.
     pub dirs: BTreeMap<u64, u64>,
-    /// The last backing id registered per inode.
-    pub backing: BTreeMap<u64, u32>,
+    /// The backing ids registered and not closed, per inode and descriptor (read-write
+    /// or not; `None`: a line of an earlier version, for either).
+    pub backing: BTreeMap<(u64, Option<bool>), u32>,
 }
 
 impl Replayed {
@@ -281,9 +296,10 @@ impl Replayed {
                 self.files.remove(&fh);
                 self.dirs.remove(&fh);
             }
-            Entry::Backing { ino, id } => {
-                self.backing.insert(ino, id);
+            Entry::Backing { ino, writable, id } => {
+                self.backing.insert((ino, writable), id);
             }
+            Entry::Unbacked { id } => self.backing.retain(|_, v| *v != id),
         }
     }
 
@@ -324,10 +340,13 @@ impl Replayed {
             .map_or(1, |m| m + 1)
     }
 
-    /// The passthrough state of an inode's shared descriptor.
-    pub fn passthrough_of(&self, ino: u64) -> Passthrough {
+    /// The passthrough state of an inode's shared descriptor, read-write or not: the
+    /// id registered for it and still open, else none yet (the next open registers
+    /// one).
+    pub fn passthrough_of(&self, ino: u64, writable: bool) -> Passthrough {
         self.backing
-            .get(&ino)
+            .get(&(ino, Some(writable)))
+            .or_else(|| self.backing.get(&(ino, None)))
             .map_or(Passthrough::Untried, |id| Passthrough::Id(*id))
     }
 }
@@ -415,7 +434,11 @@ mod tests {
             writable: true,
             sync: false,
         });
-        j.append(&Entry::Backing { ino: 10, id: 3 });
+        j.append(&Entry::Backing {
+            ino: 10,
+            writable: Some(true),
+            id: 3,
+        });
         j.append(&Entry::Dir { fh: 6, ino: 1 });
         j.append(&Entry::Released { fh: 6 });
         // A writer killed in the middle of a line.
@@ -427,10 +450,38 @@ mod tests {
         assert_eq!(r.inodes.keys().copied().collect::<Vec<_>>(), [10]);
         assert_eq!(r.files.get(&5), Some(&(10, true, false)));
         assert!(r.dirs.is_empty());
-        assert_eq!(r.passthrough_of(10), Passthrough::Id(3));
+        assert_eq!(r.passthrough_of(10, true), Passthrough::Id(3));
         assert_eq!(r.next_fh(), 6);
         let table = r.table().unwrap();
         assert_eq!(table.inodes.len(), 1);
         assert!(table.inodes[0].lookups > 1 << 60);
+    }
+
+    /// An inode's read-only and read-write descriptors each keep their own id, and a
+    /// closed id is never handed out again: a recovered view that answered an open
+    /// with either would have the kernel fail it (EIO, fs/fuse/iomode.c
+    /// `fuse_file_io_open`).
+    #[test]
+    fn backing_ids_are_per_descriptor_and_end_when_closed() {
+        let j = Journal::create().unwrap();
+        let backing = |ino, writable, id| Entry::Backing {
+            ino,
+            writable: Some(writable),
+            id,
+        };
+        j.append(&backing(10, false, 3));
+        j.append(&backing(10, true, 4));
+        j.append(&backing(11, true, 5));
+        j.append(&Entry::Unbacked { id: 5 });
+        // A line of an earlier version: no `writable`.
+        (&j.file)
+            .write_all(b"{\"Backing\":{\"ino\":12,\"id\":6}}\n")
+            .unwrap();
+        let r = Replayed::read(&rustix::io::dup(j.fd()).unwrap()).unwrap();
+        assert_eq!(r.passthrough_of(10, false), Passthrough::Id(3));
+        assert_eq!(r.passthrough_of(10, true), Passthrough::Id(4));
+        assert_eq!(r.passthrough_of(11, true), Passthrough::Untried);
+        assert_eq!(r.passthrough_of(12, true), Passthrough::Id(6));
+        assert_eq!(r.passthrough_of(12, false), Passthrough::Id(6));
     }
 }

@@ -428,7 +428,7 @@ impl FuseView {
                     // A view recovered after a crash must answer later opens of this
                     // inode with the same id: the kernel binds one backing file to an
                     // inode while it is open.
-                    self.fs.journal_backing(ino, b.id());
+                    self.fs.journal_backing(ino, data.writable, b.id());
                     Some(b)
                 }
                 Err(e) => {

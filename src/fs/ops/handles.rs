@@ -44,7 +44,11 @@ impl ViewFs {
                     let mut v = vec![handle_entry(*e.key(), e.value())];
                     if let Handle::File(f) = e.value() {
                         if let Passthrough::Id(id) = f.data.passthrough_snapshot() {
-                            v.push(Entry::Backing { ino: f.ino, id });
+                            v.push(Entry::Backing {
+                                ino: f.ino,
+                                writable: Some(f.data.writable),
+                                id,
+                            });
                         }
                     }
                     v
@@ -78,10 +82,15 @@ impl ViewFs {
         self.inodes.recoverable()
     }
 
-    /// Journals a passthrough registration of an inode's shared descriptor.
-    pub fn journal_backing(&self, ino: u64, id: u32) {
+    /// Journals a passthrough registration of an inode's shared descriptor (the
+    /// read-write one, or the read-only one).
+    pub fn journal_backing(&self, ino: u64, writable: bool, id: u32) {
         if let Some(j) = self.journal.get() {
-            j.append(&Entry::Backing { ino, id });
+            j.append(&Entry::Backing {
+                ino,
+                writable: Some(writable),
+                id,
+            });
         }
     }
 
@@ -129,7 +138,7 @@ impl ViewFs {
                 return Ok(d);
             }
         }
-        let data = Arc::new(DataFile::new(fd, writable));
+        let data = Arc::new(DataFile::new(fd, writable).journaled(&self.journal));
         *slot = Arc::downgrade(&data);
         Ok(data)
     }
@@ -457,7 +466,10 @@ impl ViewFs {
         };
         let mut files = Vec::with_capacity(snap.files.len());
         for f in &snap.files {
-            let data = Arc::new(DataFile::adopt(take(f.fd)?, f.writable, f.passthrough, dev));
+            let data = Arc::new(
+                DataFile::adopt(take(f.fd)?, f.writable, f.passthrough, dev)
+                    .journaled(&self.journal),
+            );
             if let Some(ino) = f.ino {
                 let inode = self.inodes.get(ino)?;
                 *lock(&inode.data) = Arc::downgrade(&data);
@@ -541,7 +553,7 @@ impl ViewFs {
                         ino: Some(ino),
                         fd: fds.len() - 1,
                         writable,
-                        passthrough: journal.passthrough_of(ino),
+                        passthrough: journal.passthrough_of(ino, writable),
                     });
                     shared.insert((ino, writable), files.len() - 1);
                     files.len() - 1

@@ -200,7 +200,7 @@ pub struct ViewFs {
     qgroup: Option<std::path::PathBuf>,
     /// Where changes to the handles are journaled, when a keeper holds the view
     /// (`fs/journal.rs`).
-    journal: std::sync::OnceLock<Arc<super::journal::Journaling>>,
+    journal: super::journal::JournalSlot,
     /// What decides whether a listing carries attributes.
     listing: super::listing::ListingHints,
     /// What warms the caches for the directories a walk lists next.
@@ -271,7 +271,7 @@ impl ViewFs {
             noreplace_missing: AtomicBool::new(false),
             tmpfile_missing: AtomicBool::new(false),
             daemon_ids: crate::sys::process::effective_ids(),
-            journal: std::sync::OnceLock::new(),
+            journal: Default::default(),
             listing: super::listing::ListingHints::default(),
             ahead: super::ahead::WalkAhead::new(
                 st.mnt_id,
@@ -768,6 +768,45 @@ mod tests {
         assert_eq!(r.files.keys().copied().collect::<Vec<_>>(), open);
         assert_eq!(r.dirs.keys().copied().collect::<Vec<_>>(), [d]);
         assert!(r.next_fh() > late);
+    }
+
+    /// A view killed between journaling an open's handle and registering its
+    /// descriptor for passthrough (the kernel then resends the open to the recovered
+    /// view) must not be recovered with the id of a descriptor of the same file that
+    /// was closed before: the kernel no longer has that id, and every open of the
+    /// file would fail with EIO for as long as the handle lives.
+    #[test]
+    fn a_recovered_view_never_gets_a_closed_backing_id() {
+        use super::super::journal::{Journal, Replayed};
+        use super::super::snapshot::Passthrough;
+        let dir = populated(2);
+        let v = view(dir.path(), "gid=5");
+        let held: Mutex<Option<OwnedFd>> = Mutex::new(None);
+        v.journal_to(Default::default(), |j: &Journal| {
+            *lock(&held) = Some(rustix::io::dup(j.fd())?);
+            Ok(())
+        })
+        .unwrap();
+        let ino = v.lookup(ROOT, OsStr::new("f0")).unwrap().ino;
+        // Not a FUSE device: the ids are only journaled here, and closing one fails.
+        let dev = Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
+        // An open answered with id 7, and released: its descriptor and id go.
+        let first = v.open(ino, libc::O_RDWR, ME.into()).unwrap();
+        let registered = crate::sys::fuse::Backing::adopt(&dev, 7);
+        assert!(first.data.passthrough.set(Some(registered)).is_ok());
+        v.journal_backing(ino, first.data.writable, 7);
+        v.release(first.fh);
+        drop(first);
+        // The next open's handle is journaled; the process dies before its
+        // registration.
+        let second = v.open(ino, libc::O_RDWR, ME.into()).unwrap();
+        let r = Replayed::read(lock(&held).as_ref().unwrap()).unwrap();
+        assert_eq!(
+            r.files.get(&second.fh).map(|f| f.0),
+            Some(ino),
+            "the handle is journaled"
+        );
+        assert_eq!(r.passthrough_of(ino, true), Passthrough::Untried);
     }
 
     #[test]
