@@ -313,17 +313,21 @@ impl Keeper {
                     }
                     (c.instance.clone(), c.args.clone())
                 };
-                self.ended(pid, &instance, &args, code == Some(0));
+                self.ended(pid, &instance, &args, code);
             })?;
         Ok((pid, id))
     }
 
-    /// A view ended. A clean end (unmounted, or handed to a successor) lets go of what
-    /// was held for it. A crash of a view whose connection is held starts a process
-    /// that recovers it from its journal; a recovery that fails lets go too, and the
-    /// connection ends (the driver then serves the target again, as after any dead
-    /// mount).
-    fn ended(&'static self, pid: u32, instance: &str, args: &[OsString], clean: bool) {
+    /// A view ended, with exit `code` (`None`: killed by a signal). A clean end
+    /// (unmounted, or handed to a successor) lets go of what was held for it. A crash of
+    /// a view whose connection is held starts a process that recovers it from its
+    /// journal; a recovery that fails lets go too, and the connection ends (the driver
+    /// then serves the target again, as after any dead mount). A process killed while
+    /// it recovers is a crash like any other: until it has handed the keeper its own
+    /// connection and journal it served nothing, so what is held is still what it was
+    /// recovering from.
+    fn ended(&'static self, pid: u32, instance: &str, args: &[OsString], code: Option<i32>) {
+        let clean = code == Some(0);
         let mut holds = lock(&self.holds);
         let own = holds
             .iter()
@@ -339,11 +343,18 @@ impl Keeper {
             }
             return;
         }
-        if let Some(m) = recovered_by_it {
-            tracing::error!(mountpoint = %m.display(), pid, "recovering the view failed; its mount ends (the driver serves the target again)");
-            holds.remove(&m);
-            return;
-        }
+        let own = match (recovered_by_it, code) {
+            (Some(m), Some(_)) => {
+                tracing::error!(mountpoint = %m.display(), pid, "recovering the view failed; its mount ends (the driver serves the target again)");
+                holds.remove(&m);
+                return;
+            }
+            (Some(m), None) => {
+                tracing::warn!(mountpoint = %m.display(), pid, "the process recovering the view was killed");
+                Some(m)
+            }
+            (None, _) => own,
+        };
         let Some(m) = own else {
             tracing::warn!(pid, "a view ended badly; nothing was held for it");
             return;

@@ -61,6 +61,28 @@ pub fn kill_view(target: &Path) {
     wait_replaced(target, dead, Duration::from_secs(20));
 }
 
+/// SIGKILLs the process serving the view on `target`, then the process that recovers
+/// it as soon as it runs (most often before it has taken the connection over: an OOM
+/// kill in the middle of a recovery), and waits until a third one serves the view.
+pub fn kill_view_and_its_recovery(target: &Path) {
+    let now = view_processes(target);
+    assert_eq!(now.len(), 1, "{now:?}");
+    kill_process(Pid::from_raw(now[0].0 as i32).unwrap(), Signal::KILL).unwrap();
+    // Looked for without a pause: a recovery takes milliseconds.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let recovering = loop {
+        let procs = view_processes(target);
+        if let [(pid, _)] = procs[..] {
+            if pid != now[0].0 {
+                break pid;
+            }
+        }
+        assert!(Instant::now() < deadline, "no new view process: {procs:?}");
+    };
+    kill_process(Pid::from_raw(recovering as i32).unwrap(), Signal::KILL).unwrap();
+    wait_replaced(target, recovering, Duration::from_secs(20));
+}
+
 /// Waits until one process serves the view on `target` and it is not `old`; returns it.
 pub fn wait_replaced(target: &Path, old: u32, limit: Duration) -> u32 {
     let deadline = Instant::now() + limit;

@@ -242,6 +242,31 @@ pub fn assert_appended(held: &fs::File, done: &[(&'static str, Outcome)]) {
     );
 }
 
+/// `bytes`, the held file's, are the "held file" loop's appends in `o`, in order: each
+/// that succeeded, and each that failed (a kill before Linux 6.9,
+/// [`Running::finish_through_kills`]) there or not.
+pub fn assert_appended_in_order(bytes: &[u8], o: &Outcome) {
+    // A failure reads "<step> <round>: <error>".
+    let failed: Vec<u64> = o
+        .failures
+        .iter()
+        .filter_map(|f| f.split(':').next()?.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    let mut at = 0;
+    for i in 0..o.rounds {
+        let rec = pattern(1_000_000 + i, 512);
+        if bytes.get(at..at + 512) == Some(&rec[..]) {
+            at += 512;
+        } else {
+            assert!(
+                failed.contains(&i),
+                "append {i} is not at byte {at}, and it succeeded"
+            );
+        }
+    }
+    assert_eq!(at, bytes.len(), "bytes after the last append");
+}
+
 /// The outcome of the loop called `name`.
 pub fn outcome<'a>(done: &'a [(&'static str, Outcome)], name: &str) -> &'a Outcome {
     &done.iter().find(|(n, _)| *n == name).unwrap().1
