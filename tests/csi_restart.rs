@@ -332,3 +332,53 @@ async fn a_second_driver_on_one_state_directory_waits_for_the_first() {
     let _ = second.kill();
     let _ = second.wait();
 }
+
+/// A SIGTERM that comes as soon as the socket exists (a pod deleted while it starts)
+/// drains and exits 0, and removes the socket. The handlers were once set up only when
+/// the server first polled its shutdown: a signal between the bind and that poll
+/// killed the driver (about half of such signals, measured), leaving its socket.
+#[test]
+fn a_sigterm_right_after_the_socket_is_bound_drains() {
+    use std::os::unix::process::ExitStatusExt;
+    for i in 0..10 {
+        let f = Fixture::new();
+        let root = f.dir.path();
+        let socket = root.join("csi.sock");
+        let mut child = std::process::Command::new(BIN)
+            .arg("serve")
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .args([
+                "--node-id",
+                "n",
+                "--share-key-file",
+                "none",
+                "--kube-api",
+                "none",
+            ])
+            .arg("--state-dir")
+            .arg(root.join("state"))
+            .arg("--share-root")
+            .arg(root.join("share"))
+            .arg("--runtime-dir")
+            .arg(root.join("run"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Without a pause: the window is between the bind and the server's start.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "no socket");
+        }
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(
+            (status.code(), status.signal()),
+            (Some(0), None),
+            "start {i}: SIGTERM must drain, not kill"
+        );
+        assert!(!socket.exists(), "start {i}: the socket stays behind");
+    }
+}

@@ -190,19 +190,19 @@ fn socket_identity(path: &Path) -> Option<(u64, u64)> {
         .map(|m| (m.dev(), m.ino()))
 }
 
-async fn shutdown_signal() {
+/// SIGTERM and SIGINT, caught from this call on (not from the first poll of what it
+/// returns: a signal between the socket's bind and the server's start would otherwise
+/// kill the process, leaving its socket behind); the future ends at the first.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: draining in-flight calls"),
-        _ = int.recv() => tracing::info!("SIGINT: draining in-flight calls"),
-    }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: draining in-flight calls"),
+            _ = int.recv() => tracing::info!("SIGINT: draining in-flight calls"),
+        }
+    })
 }
 
 /// Asks the kernel what its FUSE offers views (a throwaway mount under
@@ -348,6 +348,7 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     if let Some(listener) = metrics_listener {
         serve_http(listener, Arc::clone(&metrics));
     }
+    let shutdown = shutdown_signal().map_err(|e| setup("SIGTERM and SIGINT handlers", &e))?;
     replace_stale_socket(&socket).map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e))?;
     let listener = UnixListener::bind(&socket)
         .map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e.to_string()))?;
@@ -370,7 +371,7 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
             ControllerService { controller },
         ))
         .add_service(pb::node_server::NodeServer::new(NodeService { node }))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown_signal())
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await;
     // Only the socket this process bound: another driver may have replaced it since
     // (the same mistake as node-driver-registrar's removeRegSocket, which deletes the
