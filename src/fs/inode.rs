@@ -88,39 +88,36 @@ pub struct DataFile {
     /// The same file opened with `O_DIRECT`, on the first direct read or write (or
     /// the first open with `O_DIRECT`): what the view serves direct I/O through.
     direct: OnceLock<OwnedFd>,
-    /// The view's journal, where the closing of the backing id is written.
-    journal: Option<JournalSlot>,
+    /// The view's journal, where the closing of the backing id is written (once the
+    /// view has one).
+    journal: JournalSlot,
 }
 
 impl Drop for DataFile {
     /// Journals the backing id's closing before [`Backing`]'s drop closes it: a view
     /// recovered from the journal must not answer an open with an id the kernel no
-    /// longer has (it would fail the open with `EIO`).
+    /// longer has: fs/fuse/passthrough.c `fuse_passthrough_open` finds no backing file
+    /// for it, and fs/fuse/iomode.c `fuse_file_io_open` fails the open with `EIO`.
     fn drop(&mut self) {
         let Some(Some(b)) = self.passthrough.get() else {
             return;
         };
-        if let Some(j) = self.journal.as_ref().and_then(|slot| slot.get()) {
+        if let Some(j) = self.journal.get() {
             j.append(&Entry::Unbacked { id: b.id() });
         }
     }
 }
 
 impl DataFile {
-    pub fn new(fd: OwnedFd, writable: bool) -> DataFile {
+    /// A shared descriptor of the view whose journal is `journal`.
+    pub fn new(fd: OwnedFd, writable: bool, journal: &JournalSlot) -> DataFile {
         DataFile {
             fd: Arc::new(fd),
             writable,
             passthrough: OnceLock::new(),
             direct: OnceLock::new(),
-            journal: None,
+            journal: Arc::clone(journal),
         }
-    }
-
-    /// The same, journaling the closing of its backing id in the view's journal.
-    pub fn journaled(mut self, journal: &JournalSlot) -> DataFile {
-        self.journal = Some(Arc::clone(journal));
-        self
     }
 
     /// The descriptor direct I/O goes through: the shared one reopened with
@@ -161,8 +158,9 @@ impl DataFile {
         writable: bool,
         passthrough: Passthrough,
         dev: &Arc<OwnedFd>,
+        journal: &JournalSlot,
     ) -> DataFile {
-        let data = DataFile::new(fd, writable);
+        let data = DataFile::new(fd, writable, journal);
         match passthrough {
             Passthrough::Untried => {}
             Passthrough::Refused => {
@@ -1044,6 +1042,7 @@ mod tests {
         let data = Arc::new(DataFile::new(
             std::fs::File::open(dir.path().join("f")).unwrap().into(),
             false,
+            &Default::default(),
         ));
         *lock(&f.data) = Arc::downgrade(&data);
         std::fs::remove_file(dir.path().join("f")).unwrap();

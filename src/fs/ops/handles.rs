@@ -138,7 +138,7 @@ impl ViewFs {
                 return Ok(d);
             }
         }
-        let data = Arc::new(DataFile::new(fd, writable).journaled(&self.journal));
+        let data = Arc::new(DataFile::new(fd, writable, &self.journal));
         *slot = Arc::downgrade(&data);
         Ok(data)
     }
@@ -466,10 +466,13 @@ impl ViewFs {
         };
         let mut files = Vec::with_capacity(snap.files.len());
         for f in &snap.files {
-            let data = Arc::new(
-                DataFile::adopt(take(f.fd)?, f.writable, f.passthrough, dev)
-                    .journaled(&self.journal),
-            );
+            let data = Arc::new(DataFile::adopt(
+                take(f.fd)?,
+                f.writable,
+                f.passthrough,
+                dev,
+                &self.journal,
+            ));
             if let Some(ino) = f.ino {
                 let inode = self.inodes.get(ino)?;
                 *lock(&inode.data) = Arc::downgrade(&data);

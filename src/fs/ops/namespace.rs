@@ -344,7 +344,7 @@ impl ViewFs {
         let st = file::stat(path_fd.as_fd())?;
         let inode = self.inodes.lookup(path_fd, &st);
         self.no_atime(&data_fd, Kind::Regular);
-        let data = Arc::new(DataFile::new(data_fd, true).journaled(&self.journal));
+        let data = Arc::new(DataFile::new(data_fd, true, &self.journal));
         *lock(&inode.data) = Arc::downgrade(&data);
         let attr = self.attr_of_new(&inode, &st, record);
         let direct = match self.serves_direct(flags, &data) {
