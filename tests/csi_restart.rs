@@ -339,46 +339,19 @@ async fn a_second_driver_on_one_state_directory_waits_for_the_first() {
 /// killed the driver (about half of such signals, measured), leaving its socket.
 #[test]
 fn a_sigterm_right_after_the_socket_is_bound_drains() {
-    use std::os::unix::process::ExitStatusExt;
     for i in 0..10 {
         let f = Fixture::new();
-        let root = f.dir.path();
-        let socket = root.join("csi.sock");
-        let mut child = std::process::Command::new(BIN)
-            .arg("serve")
-            .arg("--endpoint")
-            .arg(format!("unix://{}", socket.display()))
-            .args([
-                "--node-id",
-                "n",
-                "--share-key-file",
-                "none",
-                "--kube-api",
-                "none",
-            ])
-            .arg("--state-dir")
-            .arg(root.join("state"))
-            .arg("--share-root")
-            .arg(root.join("share"))
-            .arg("--runtime-dir")
-            .arg(root.join("run"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut d = Driver::launch(f.dir.path());
         // Without a pause: the window is between the bind and the server's start.
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !socket.exists() {
+        while !d.socket.exists() {
             assert!(Instant::now() < deadline, "no socket");
         }
-        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        let status = child.wait().unwrap();
         assert_eq!(
-            (status.code(), status.signal()),
-            (Some(0), None),
+            d.terminate(),
+            Some(0),
             "start {i}: SIGTERM must drain, not kill"
         );
-        assert!(!socket.exists(), "start {i}: the socket stays behind");
+        assert!(!d.socket.exists(), "start {i}: the socket stays behind");
     }
 }

@@ -47,6 +47,20 @@ impl Driver {
         Driver::start_with(root, root.join("share"), &["--share-key-file", "none"])
     }
 
+    /// [`Driver::start`] without waiting for anything: the process runs, its socket
+    /// may not exist yet.
+    pub fn launch(root: &Path) -> Driver {
+        let mut d = Driver::unstarted(
+            root,
+            root.join("share"),
+            &[],
+            Path::new(BIN),
+            &["--share-key-file", "none"],
+        );
+        d.spawn_process();
+        d
+    }
+
     /// Starts `mountgroup serve` with the share at `share` and extra arguments; with
     /// no `--share-key-file` the driver generates its key in the state directory.
     pub fn start_with(root: &Path, share: PathBuf, args: &[&str]) -> Driver {
@@ -102,7 +116,19 @@ impl Driver {
         bin: &Path,
         args: &[&str],
     ) -> Driver {
-        let mut d = Driver {
+        let mut d = Driver::unstarted(root, share, wrapper, bin, args);
+        d.spawn();
+        d
+    }
+
+    fn unstarted(
+        root: &Path,
+        share: PathBuf,
+        wrapper: &[&str],
+        bin: &Path,
+        args: &[&str],
+    ) -> Driver {
+        Driver {
             child: None,
             wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
             bin: bin.to_path_buf(),
@@ -112,12 +138,28 @@ impl Driver {
             state: root.join("state"),
             share,
             log: root.join("driver.log"),
-        };
-        d.spawn();
-        d
+        }
     }
 
+    /// Starts the process and waits until it listens on its socket.
     fn spawn(&mut self) {
+        self.spawn_process();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // A socket file may be left from before: wait until someone listens on it.
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("driver exited with {status}: {}", self.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no socket after 30 s: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn spawn_process(&mut self) {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -145,21 +187,7 @@ impl Driver {
         } else {
             cmd.env("RUST_LOG", "mountgroup=debug,info");
         }
-        let child = cmd.spawn().unwrap();
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        // A socket file may be left from before: wait until someone listens on it.
-        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("driver exited with {status}: {}", self.log_text());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no socket after 30 s: {}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.child = Some(cmd.spawn().unwrap());
     }
 
     /// The address its metrics are served at (`--metrics-addr`, with `--log-format

@@ -69,22 +69,18 @@ pub fn kill_view_and_its_recovery(target: &Path) {
     assert_eq!(now.len(), 1, "{now:?}");
     kill_process(Pid::from_raw(now[0].0 as i32).unwrap(), Signal::KILL).unwrap();
     // Looked for without a pause: a recovery takes milliseconds.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let recovering = loop {
-        let procs = view_processes(target);
-        if let [(pid, _)] = procs[..] {
-            if pid != now[0].0 {
-                break pid;
-            }
-        }
-        assert!(Instant::now() < deadline, "no new view process: {procs:?}");
-    };
+    let recovering = poll_replaced(target, now[0].0, Duration::from_secs(20), Duration::ZERO);
     kill_process(Pid::from_raw(recovering as i32).unwrap(), Signal::KILL).unwrap();
     wait_replaced(target, recovering, Duration::from_secs(20));
 }
 
 /// Waits until one process serves the view on `target` and it is not `old`; returns it.
 pub fn wait_replaced(target: &Path, old: u32, limit: Duration) -> u32 {
+    poll_replaced(target, old, limit, Duration::from_millis(5))
+}
+
+/// [`wait_replaced`], looking every `pause`.
+fn poll_replaced(target: &Path, old: u32, limit: Duration, pause: Duration) -> u32 {
     let deadline = Instant::now() + limit;
     loop {
         let now = view_processes(target);
@@ -92,7 +88,7 @@ pub fn wait_replaced(target: &Path, old: u32, limit: Duration) -> u32 {
             return now[0].0;
         }
         assert!(Instant::now() < deadline, "no new view process: {now:?}");
-        thread::sleep(Duration::from_millis(5));
+        thread::sleep(pause);
     }
 }
 
