@@ -190,9 +190,10 @@ fn socket_identity(path: &Path) -> Option<(u64, u64)> {
         .map(|m| (m.dev(), m.ino()))
 }
 
-/// SIGTERM and SIGINT, caught from this call on (not from the first poll of what it
-/// returns: a signal between the socket's bind and the server's start would otherwise
-/// kill the process, leaving its socket behind); the future ends at the first.
+/// SIGTERM and SIGINT, caught from this call on (`tokio::signal::unix::signal` installs
+/// the handler when it is called, not when its stream is first polled: a signal
+/// between the socket's bind and the server's start would otherwise kill the process,
+/// leaving its socket behind); the future ends at the first.
 fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
