@@ -59,6 +59,24 @@ fn parent(pid: u32) -> u32 {
 
 const MEMORY_MAX: u64 = 512 << 20;
 
+/// Keepers whose views each run in a cgroup of their own under `views`, bounded to
+/// [`MEMORY_MAX`], with `extra` arguments.
+fn bounded_keepers<'a>(
+    cg: &'a TestCgroup,
+    root: &Path,
+    views: &Path,
+    extra: &[&str],
+) -> Keepers<'a> {
+    let mut args = vec![
+        "--views-cgroup".to_string(),
+        views.to_str().unwrap().into(),
+        "--view-memory-max".into(),
+        MEMORY_MAX.to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    Keepers::new(cg, root, &args)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() {
     let f = Fixture::new();
@@ -66,18 +84,7 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
     let cg = TestCgroup::new();
     let bin = Path::new(BIN);
     let views_cg = cg.child("views");
-    let keepers = Keepers::new(
-        &cg,
-        root,
-        &[
-            "--views-cgroup".into(),
-            views_cg.to_str().unwrap().into(),
-            "--view-memory-max".into(),
-            MEMORY_MAX.to_string(),
-            "--hang-timeout".into(),
-            "2".into(),
-        ],
-    );
+    let keepers = bounded_keepers(&cg, root, &views_cg, &["--hang-timeout", "2"]);
     let socket = keepers.socket();
     let mut keeper1 = keepers.start("1");
     // A probe from outside the keeper's container (its cgroup) does not count it, even
@@ -291,16 +298,7 @@ async fn the_oom_killer_takes_one_view_or_the_keepers_container_and_never_a_neig
     let cg = TestCgroup::new();
     let bin = Path::new(BIN);
     let views_cg = cg.child("views");
-    let keepers = Keepers::new(
-        &cg,
-        root,
-        &[
-            "--views-cgroup".into(),
-            views_cg.to_str().unwrap().into(),
-            "--view-memory-max".into(),
-            MEMORY_MAX.to_string(),
-        ],
-    );
+    let keepers = bounded_keepers(&cg, root, &views_cg, &[]);
     let socket = keepers.socket();
     let start_keeper = |n: &str| keepers.start(n);
     let keeper_log = |n: &str| keepers.log(n);
