@@ -46,8 +46,9 @@ impl GidSwap {
 pub enum Policy {
     /// The view shows and changes the disk, POSIX-faithfully: without a group (`plain`),
     /// or with the volume's own group shown as the pod's (`mode=native`: what a native
-    /// view, an idmapped bind mount, shows).
-    Plain { gids: GidSwap },
+    /// view, an idmapped bind mount, shows). `twin`: the native twin (`mode=native`),
+    /// which never puts a set-id bit on disk, whether or not a group is swapped.
+    Plain { gids: GidSwap, twin: bool },
     /// What kubelet's recursive chown to `group` would show, then POSIX.
     FsGroup {
         group: u32,
@@ -83,12 +84,14 @@ impl Policy {
             },
             (ViewMode::FsGroup, None) => Policy::Plain {
                 gids: GidSwap::default(),
+                twin: false,
             },
             (ViewMode::Native, group) => Policy::Plain {
                 gids: match (o.disk_group, group) {
                     (Some(d), Some(g)) => GidSwap::new(d, g.get()),
                     _ => GidSwap::default(),
                 },
+                twin: true,
             },
         }
     }
@@ -122,12 +125,13 @@ impl Policy {
     /// The native twin (`mode=native`) makes files without set-id bits too, and
     /// refuses to chmod them on ([`Policy::refuses_set_id`]): it serves where a native
     /// mount may not, which includes a share whose own mount honours set-id bits.
-    /// Directories keep setgid: it is what gives a new entry the volume's group.
+    /// Directories keep setgid: it is what gives a new entry the volume's group. This
+    /// holds with or without a pod group (`gid=` absent, or the volume's own group):
+    /// what the twin puts on disk never depends on the request.
     pub fn disk_create_perm(&self, kind: Kind, requested: u32) -> u32 {
         match self {
-            Policy::Plain { gids } if gids.0.is_some() && kind != Kind::Directory => {
-                requested & 0o1777
-            }
+            Policy::Plain { twin: true, .. } if kind != Kind::Directory => requested & 0o1777,
+            Policy::Plain { twin: true, .. } => requested & 0o3777,
             Policy::Plain { .. } => requested & 0o7777,
             Policy::FsGroup { .. } | Policy::Cifs { .. } => requested & 0o1777 & !0o6000,
         }
@@ -141,13 +145,13 @@ impl Policy {
         } else {
             perm & 0o6000
         };
-        matches!(self, Policy::Plain { gids } if gids.0.is_some()) && set_id != 0
+        matches!(self, Policy::Plain { twin: true, .. }) && set_id != 0
     }
 
     /// The group the view presents, if any.
     pub fn group(&self) -> Option<u32> {
         match *self {
-            Policy::Plain { gids } => gids.0.map(|(_, shown)| shown),
+            Policy::Plain { gids, .. } => gids.0.map(|(_, shown)| shown),
             Policy::FsGroup { group, .. } => Some(group),
             Policy::Cifs { gid, .. } => Some(gid),
         }
@@ -166,7 +170,7 @@ pub struct Owner {
 /// What stat shows through the view, given the disk and the entry's record.
 pub fn present(policy: &Policy, kind: Kind, disk: Owner, record: Option<&Record>) -> Owner {
     match *policy {
-        Policy::Plain { gids } => Owner {
+        Policy::Plain { gids, .. } => Owner {
             gid: gids.shown(disk.gid),
             ..disk
         },
@@ -508,6 +512,7 @@ mod tests {
                 "plain shows the disk",
                 Policy::Plain {
                     gids: GidSwap::default(),
+                    twin: false,
                 },
                 Regular,
                 disk,
@@ -692,7 +697,8 @@ mod tests {
         assert_eq!(
             new_entry_record(
                 &Policy::Plain {
-                    gids: GidSwap::default()
+                    gids: GidSwap::default(),
+                    twin: false,
                 },
                 caller,
                 parent,
@@ -844,6 +850,7 @@ mod tests {
     fn the_native_presentation_swaps_the_volume_group_for_the_pods() {
         let twin = Policy::Plain {
             gids: GidSwap::new(2_000_000_000, G),
+            twin: true,
         };
         let disk = |gid, perm| own(1000, gid, perm);
         // The volume's group shows as the pod's; owners and modes are the disk's.
@@ -996,22 +1003,37 @@ mod tests {
         );
         assert_eq!(
             Policy::Plain {
-                gids: GidSwap::default()
+                gids: GidSwap::default(),
+                twin: false,
             }
             .disk_create_perm(Kind::Regular, 0o4755),
             0o4755
         );
         let twin = Policy::Plain {
             gids: GidSwap::new(2_000_000_000, G),
+            twin: true,
         };
         assert_eq!(twin.disk_create_perm(Kind::Regular, 0o6755), 0o755);
         assert_eq!(twin.disk_create_perm(Kind::Directory, 0o2775), 0o2775);
         assert!(twin.refuses_set_id(Kind::Regular, 0o2755));
         assert!(!twin.refuses_set_id(Kind::Directory, 0o2775));
         assert!(twin.refuses_set_id(Kind::Directory, 0o4775));
+        // The twin of a publish without fsGroup (no `gid=`, or the volume's own
+        // group): nothing is swapped, and still no set-id bit reaches the disk.
+        for gid in ["", ",gid=2000000000"] {
+            let o = ViewOptions::parse(&format!("mode=native,disk_gid=2000000000{gid}")).unwrap();
+            let unswapped = Policy::from_options(&o);
+            assert_eq!(unswapped.group(), None, "{gid}");
+            assert_eq!(unswapped.disk_create_perm(Kind::Regular, 0o6755), 0o755);
+            assert_eq!(unswapped.disk_create_perm(Kind::Directory, 0o6775), 0o2775);
+            assert!(unswapped.refuses_set_id(Kind::Regular, 0o4755), "{gid}");
+            assert!(unswapped.refuses_set_id(Kind::Regular, 0o2755), "{gid}");
+            assert!(!unswapped.refuses_set_id(Kind::Directory, 0o2775), "{gid}");
+        }
         assert!(
             !Policy::Plain {
-                gids: GidSwap::default()
+                gids: GidSwap::default(),
+                twin: false,
             }
             .refuses_set_id(Kind::Regular, 0o4755)
         );

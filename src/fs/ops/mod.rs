@@ -566,7 +566,7 @@ impl ViewFs {
             }
         }
         if !change.is_empty() {
-            if let Policy::Plain { gids } = self.policy {
+            if let Policy::Plain { gids, .. } = self.policy {
                 if change.uid.is_some() || change.gid.is_some() {
                     let gid = change.gid.map(|g| gids.disk(g));
                     file::chown(inode.fd()?.as_fd(), change.uid, gid)?;

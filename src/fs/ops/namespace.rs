@@ -75,7 +75,7 @@ impl ViewFs {
     /// other than itself.
     fn placement(&self, creator: Creator) -> Placement {
         match self.policy {
-            Policy::Plain { gids } => {
+            Policy::Plain { gids, .. } => {
                 let (euid, egid) = self.daemon_ids;
                 if creator.uid == euid && gids.disk(creator.gid) == egid {
                     Placement::Direct
@@ -264,7 +264,7 @@ impl ViewFs {
         let pst = file::stat(parent.fd()?.as_fd())?;
         // Made in its parent, the entry has the group a setgid parent gives already.
         let gids = match self.policy {
-            Policy::Plain { gids } => gids,
+            Policy::Plain { gids, .. } => gids,
             _ => view::GidSwap::default(),
         };
         let gid = (pst.perm & 0o2000 == 0).then_some(gids.disk(creator.gid));
