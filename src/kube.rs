@@ -1,7 +1,8 @@
-//! The Kubernetes API, for the one question the node plugin asks it: does a pod run in
-//! a user namespace of its own (`spec.hostUsers: false`)? Such a pod's runtime idmaps
-//! every volume, which it cannot do to an idmapped mount, so its volumes are FUSE views
-//! (docs/SEMANTICS.md, *Native views*). In-cluster configuration as client-go's
+//! The Kubernetes API, for the one question the node plugin asks it: may a pod have a
+//! native view? Not when it runs in a user namespace of its own (`spec.hostUsers:
+//! false`: its runtime idmaps every volume, which it cannot do to an idmapped mount),
+//! nor when a container of it is privileged or adds a capability that reaches past a
+//! bind mount; such pods get FUSE views (docs/SEMANTICS.md, *Native views*). In-cluster configuration as client-go's
 //! `rest.InClusterConfig`: the API service's address from `KUBERNETES_SERVICE_HOST`
 //! and `KUBERNETES_SERVICE_PORT`, the service account's token (read at every request:
 //! kubelet rotates it) and CA from their mounted files. The token is never logged.
@@ -175,12 +176,44 @@ fn is_name(s: &str) -> bool {
         && !s.starts_with(['-', '.'])
 }
 
-/// What a pod's `spec.hostUsers` says (absent: true, the node's namespace).
+/// The capabilities that let a container reach past a native view: `DAC_READ_SEARCH`
+/// opens any inode of the file system by handle (`open_by_handle_at(2)` with a
+/// handle of the file system's root, which needs no guess, on the view's own mount:
+/// fs/fhandle.c `may_decode_fh` asks `capable(CAP_DAC_READ_SEARCH)` and nothing of
+/// the mount's subtree), `SYS_ADMIN` mounts what it likes, and `ALL` holds both.
+const REACHING_CAPABILITIES: [&str; 3] = ["DAC_READ_SEARCH", "SYS_ADMIN", "ALL"];
+
+/// What a pod's spec says: `spec.hostUsers` (absent: true, the node's namespace), and
+/// whether any of its containers, init containers or ephemeral containers is
+/// privileged or adds a capability that reaches past a native view (the names as
+/// container runtimes read them: with or without `CAP_`, in any case).
 pub fn pod_of(pod: &serde_json::Value) -> Pod {
-    match pod.pointer("/spec/hostUsers") {
-        Some(serde_json::Value::Bool(false)) => Pod::UserNamespace,
-        _ => Pod::HostUsers,
+    if let Some(serde_json::Value::Bool(false)) = pod.pointer("/spec/hostUsers") {
+        return Pod::UserNamespace;
     }
+    for list in ["containers", "initContainers", "ephemeralContainers"] {
+        let containers = pod
+            .pointer(&format!("/spec/{list}"))
+            .and_then(serde_json::Value::as_array);
+        for c in containers.into_iter().flatten() {
+            let name = c.get("name").and_then(|n| n.as_str()).unwrap_or("?");
+            let sc = c.get("securityContext");
+            if sc.and_then(|s| s.get("privileged")) == Some(&serde_json::Value::Bool(true)) {
+                return Pod::Privileged(format!("its container {name} is privileged"));
+            }
+            let added = sc
+                .and_then(|s| s.pointer("/capabilities/add"))
+                .and_then(serde_json::Value::as_array);
+            for cap in added.into_iter().flatten().filter_map(|c| c.as_str()) {
+                let upper = cap.to_ascii_uppercase();
+                let bare = upper.strip_prefix("CAP_").unwrap_or(&upper);
+                if REACHING_CAPABILITIES.contains(&bare) {
+                    return Pod::Privileged(format!("its container {name} adds {cap}"));
+                }
+            }
+        }
+    }
+    Pod::HostUsers
 }
 
 impl PodLookup for ApiServer {
@@ -221,6 +254,64 @@ mod tests {
             pod_of(&pod(serde_json::json!({}))),
             Pod::HostUsers,
             "absent: the node's"
+        );
+    }
+
+    #[test]
+    fn containers_that_reach_past_a_native_view_are_found() {
+        let pod = |spec: serde_json::Value| serde_json::json!({"kind": "Pod", "spec": spec});
+        let with = |list: &str, sc: serde_json::Value| {
+            pod(serde_json::json!({
+                "containers": [{"name": "app", "securityContext": {"capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]}}}],
+                list: [{"name": "x", "securityContext": sc}],
+            }))
+        };
+        let privileged = |p: &serde_json::Value| matches!(pod_of(p), Pod::Privileged(_));
+        for list in ["containers", "initContainers", "ephemeralContainers"] {
+            assert!(
+                privileged(&with(list, serde_json::json!({"privileged": true}))),
+                "{list}"
+            );
+            for cap in [
+                "DAC_READ_SEARCH",
+                "CAP_DAC_READ_SEARCH",
+                "cap_sys_admin",
+                "ALL",
+            ] {
+                assert!(
+                    privileged(&with(
+                        list,
+                        serde_json::json!({"capabilities": {"add": [cap]}})
+                    )),
+                    "{list} {cap}"
+                );
+            }
+            for sc in [
+                serde_json::json!({"privileged": false}),
+                serde_json::json!({"capabilities": {"add": ["CHOWN", "NET_BIND_SERVICE"]}}),
+                serde_json::json!({"capabilities": {"drop": ["ALL"]}}),
+                serde_json::json!(null),
+            ] {
+                assert_eq!(
+                    pod_of(&with(list, sc.clone())),
+                    Pod::HostUsers,
+                    "{list} {sc}"
+                );
+            }
+        }
+        assert_eq!(
+            pod_of(&with(
+                "initContainers",
+                serde_json::json!({"capabilities": {"add": ["CAP_DAC_READ_SEARCH"]}})
+            )),
+            Pod::Privileged("its container x adds CAP_DAC_READ_SEARCH".into())
+        );
+        // A pod in a user namespace: its capabilities are its namespace's.
+        assert_eq!(
+            pod_of(&pod(
+                serde_json::json!({"hostUsers": false, "containers": [{"name": "a", "securityContext": {"privileged": true}}]})
+            )),
+            Pod::UserNamespace
         );
     }
 

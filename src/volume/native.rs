@@ -46,6 +46,10 @@ pub enum Pod {
     /// `hostUsers: false`: its runtime idmaps every volume, which it cannot do to an
     /// idmapped mount.
     UserNamespace,
+    /// A container of it (any kind: app, init, ephemeral) is privileged or adds
+    /// `CAP_DAC_READ_SEARCH`, `CAP_SYS_ADMIN` or `ALL`, which reach past a bind mount
+    /// to the whole file system (which container, and what).
+    Privileged(String),
     /// The lookup failed (no pod information, RBAC, the API server down): why.
     Unknown(String),
 }
@@ -80,6 +84,9 @@ pub enum Fallback {
     /// The volume has no group of its own: made before native views, with the
     /// StorageClass parameter `view: fuse`, or on a share that could not serve them.
     NotNative,
+    /// The volume asked to be native, but the share could not serve native views when
+    /// it was made (why, as recorded then).
+    ShareAtCreate(String),
     /// A secret view (its content lives on a tmpfs of the node plugin's).
     Secrets,
     /// CIFS options (`uid=`, `file_mode=`, `dir_mode=`, `noperm`, `mode=cifs`).
@@ -92,6 +99,8 @@ pub enum Fallback {
     Share(String),
     /// A pod in a user namespace.
     UserNamespacePod,
+    /// A pod with a container that could reach past a native view (why).
+    PrivilegedPod(String),
     /// The pod could not be looked up (why).
     PodUnknown(String),
 }
@@ -101,12 +110,14 @@ impl Fallback {
     pub fn code(&self) -> &'static str {
         match self {
             Fallback::NotNative => "volume-not-native",
+            Fallback::ShareAtCreate(_) => "share-at-create",
             Fallback::Secrets => "secret-view",
             Fallback::CifsOptions => "cifs-options",
             Fallback::ViewOption(_) => "view-option",
             Fallback::SelinuxContext => "selinux-context",
             Fallback::Share(_) => "share",
             Fallback::UserNamespacePod => "user-namespace-pod",
+            Fallback::PrivilegedPod(_) => "privileged-pod",
             Fallback::PodUnknown(_) => "pod-unknown",
         }
     }
@@ -119,6 +130,7 @@ impl Fallback {
             Fallback::SelinuxContext
                 | Fallback::Share(_)
                 | Fallback::UserNamespacePod
+                | Fallback::PrivilegedPod(_)
                 | Fallback::PodUnknown(_)
         )
     }
@@ -127,13 +139,27 @@ impl Fallback {
 impl std::fmt::Display for Fallback {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Fallback::NotNative => f.write_str("the volume has no group of its own (made before native views, with view: fuse, or on a share that could not serve them)"),
+            Fallback::NotNative => f.write_str(
+                "the volume has no group of its own (made before native views, or with view: fuse)",
+            ),
+            Fallback::ShareAtCreate(why) => write!(
+                f,
+                "the share could not serve native views when the volume was made, so it is a FUSE volume for good (what its views made belongs to its creators' groups, which a native view would not show as the pod's; a volume made once the share qualifies is native): {why}"
+            ),
             Fallback::Secrets => f.write_str("a secret view"),
             Fallback::CifsOptions => f.write_str("CIFS options"),
             Fallback::ViewOption(o) => write!(f, "the option {o}, which only a FUSE view has"),
-            Fallback::SelinuxContext => f.write_str("SELinux context=, which a bind mount cannot give"),
+            Fallback::SelinuxContext => {
+                f.write_str("SELinux context=, which a bind mount cannot give")
+            }
             Fallback::Share(why) => f.write_str(why),
-            Fallback::UserNamespacePod => f.write_str("a pod in a user namespace, whose runtime cannot idmap an idmapped mount again"),
+            Fallback::UserNamespacePod => f.write_str(
+                "a pod in a user namespace, whose runtime cannot idmap an idmapped mount again",
+            ),
+            Fallback::PrivilegedPod(why) => write!(
+                f,
+                "a pod that could reach past a native view to the whole file system ({why}: open_by_handle_at or mounts)"
+            ),
             Fallback::PodUnknown(why) => write!(f, "the pod could not be looked up ({why})"),
         }
     }
@@ -191,12 +217,26 @@ pub fn decide(
     match pod() {
         Pod::HostUsers => {}
         Pod::UserNamespace => return Err(Fallback::UserNamespacePod),
+        Pod::Privileged(why) => return Err(Fallback::PrivilegedPod(why)),
         Pod::Unknown(why) => return Err(Fallback::PodUnknown(why)),
     }
     Ok(Mechanism::Native {
         disk_group,
         shown: options.group.map_or(disk_group, |g| g.get()),
     })
+}
+
+/// Why `options` cannot be a native view's, as `mountgroup mount --native` refuses
+/// them: what the driver would serve with a FUSE view instead (FUSE semantics,
+/// `context=`), and `disk_gid=`, which is the twin's (a native view takes its group
+/// from the source). Tuning of a FUSE view is not a reason: it means nothing natively.
+pub fn refusal(options: &ViewOptions) -> Option<String> {
+    if options.disk_group.is_some() {
+        return Some(Fallback::ViewOption("disk_gid=").to_string());
+    }
+    decide(Some(0), false, options, || Ok(()), || Pod::HostUsers)
+        .err()
+        .map(|f| f.to_string())
 }
 
 /// The options of the twin of a native volume: its presentation (`mode=native`) with
@@ -327,6 +367,12 @@ mod tests {
                 decide(g, false, &opts("gid=1"), ok, || Pod::UserNamespace),
             ),
             (
+                "privileged",
+                decide(g, false, &opts("gid=1"), ok, || {
+                    Pod::Privileged("its container x adds DAC_READ_SEARCH".into())
+                }),
+            ),
+            (
                 "unknown",
                 decide(g, false, &opts("gid=1"), ok, || Pod::Unknown("RBAC".into())),
             ),
@@ -349,9 +395,28 @@ mod tests {
                 ("context", "selinux-context", true),
                 ("share", "share", true),
                 ("userns", "user-namespace-pod", true),
+                ("privileged", "privileged-pod", true),
                 ("unknown", "pod-unknown", true),
             ]
         );
+    }
+
+    #[test]
+    fn a_native_mount_by_hand_refuses_what_the_driver_would_not_serve_natively() {
+        for bad in [
+            "gid=1,uid=1000",
+            "gid=1,file_mode=0644",
+            "gid=1,noperm",
+            "gid=1,ownership=off",
+            "gid=1,sync",
+            "gid=1,context=\"system_u:object_r:container_file_t:s0\"",
+            "mode=native,gid=1,disk_gid=7",
+        ] {
+            assert!(refusal(&opts(bad)).is_some(), "{bad}");
+        }
+        for good in ["gid=1", "gid=1,ro,noexec,noatime", "", "gid=1,threads=2"] {
+            assert_eq!(refusal(&opts(good)), None, "{good}");
+        }
     }
 
     #[test]

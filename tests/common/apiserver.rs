@@ -25,6 +25,9 @@ pub const TOKEN: &str = "stand-in-token";
 pub enum Known {
     /// A pod; `Some(h)`: its `spec.hostUsers`.
     Pod(Option<bool>),
+    /// A pod in the node's user namespace whose init container adds a capability
+    /// (`securityContext.capabilities.add`, as written in the pod's manifest).
+    InitAdds(&'static str),
     /// Get is forbidden for the caller (RBAC).
     Forbidden,
 }
@@ -166,13 +169,20 @@ fn answer<B>(
                 "pods \"{name}\" is forbidden: User \"system:serviceaccount:mountgroup:mountgroup-node\" cannot get resource \"pods\" in API group \"\" in the namespace \"{ns}\""
             ),
         ),
-        Some(Known::Pod(host_users)) => {
+        Some(known @ (Known::Pod(_) | Known::InitAdds(_))) => {
             let mut spec = serde_json::json!({
                 "containers": [{"name": "app", "image": "busybox"}],
                 "securityContext": {"fsGroup": 4242},
             });
-            if let Some(h) = host_users {
+            if let Known::Pod(Some(h)) = known {
                 spec["hostUsers"] = serde_json::Value::Bool(*h);
+            }
+            if let Known::InitAdds(cap) = known {
+                spec["initContainers"] = serde_json::json!([{
+                    "name": "backup-agent",
+                    "image": "busybox",
+                    "securityContext": {"capabilities": {"add": [cap]}},
+                }]);
             }
             let pod = serde_json::json!({
                 "kind": "Pod",
