@@ -255,6 +255,17 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     let share = Arc::new(
         LocalShare::open(&cfg.share_root, cfg.share_init).map_err(|e| setup("--share-root", &e))?,
     );
+    match share.native_capable() {
+        Ok(()) => tracing::info!(
+            share = %cfg.share_root.display(),
+            "the share can be idmapped and every mount of its file system is nosuid,nodev: native volumes are served as native views"
+        ),
+        Err(why) => tracing::warn!(
+            share = %cfg.share_root.display(),
+            %why,
+            "new volumes are FUSE volumes, not native views, until the share qualifies"
+        ),
+    }
     let key = Arc::new(match &cfg.share_key_file {
         Some(path) => ShareKey::load_or_create(path)
             .map_err(|e| ServeError::Setup(format!("--share-key-file: {e}")))?,

@@ -100,12 +100,22 @@ pub struct VolumeRecord {
     /// StorageClass parameter `view: fuse`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<u32>,
+    /// Why a volume asked to be native (no `view: fuse`) has no group: what stood in
+    /// the way at CreateVolume. Each publish of it names this reason. It stays a FUSE
+    /// volume when the share qualifies later: what its views made is owned by its
+    /// creators' groups, which a native view would not show as the pod's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_native: Option<String>,
 }
 
 /// The first of the groups native volumes get on disk: far above the IDs of users,
 /// of systemd's dynamic users and of the user namespaces kubelet gives pods, below
 /// 2^31 for tools that read a gid as a signed number.
 pub const NATIVE_GROUP_BASE: u32 = 2_000_000_000;
+
+/// The mode of a native volume's root: setgid, so that what is made in it is born in
+/// the volume's group, and writable by that group.
+pub const NATIVE_ROOT_MODE: u32 = 0o2775;
 
 /// What a CreateVolume asks of the share.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -177,6 +187,9 @@ pub trait Share: Send + Sync {
     fn capacity(&self) -> &CapacityMode;
     /// Whether a native view of its volumes may be mounted on this node, or why not.
     fn native_capable(&self) -> Result<(), String>;
+    /// Gives a native volume's root back what every pod of it relies on (owner root,
+    /// the volume's group, `2775`) where a pod changed it; returns whether it did.
+    fn keep_native_root(&self, rec: &VolumeRecord) -> Result<bool, ShareError>;
 }
 
 /// How a share holds volumes to their capacity.
@@ -337,34 +350,20 @@ impl LocalShare {
                 let identity = "0 0 4294967295\n";
                 let ns = crate::sys::process::user_namespace(identity, identity)
                     .map_err(|e| format!("a user namespace cannot be made: {e}"))?;
-                let r = crate::sys::mount::can_idmap(&self.root, std::os::fd::AsFd::as_fd(&ns))
-                    .map_err(|e| format!("its file system cannot be idmapped ({e})"));
-                match &r {
-                    Ok(()) => tracing::info!(share = %self.root.display(), "the share can be idmapped: new volumes are native"),
-                    Err(why) => tracing::info!(share = %self.root.display(), %why, "the share cannot be idmapped: new volumes are FUSE views only"),
-                }
-                r
+                crate::sys::mount::can_idmap(&self.root, std::os::fd::AsFd::as_fd(&ns))
+                    .map_err(|e| format!("the share's file system cannot be idmapped ({e}): native views need one that can (ext4, xfs or btrfs on Linux 5.12+, tmpfs on 6.3+; not CIFS, not NFS)"))
             })
             .clone()
     }
 
     /// Whether a native view of a volume of this share may be mounted here, or why not:
-    /// the share's file system can be idmapped, and the share is mounted `nosuid` and
-    /// `nodev`, so that a set-id bit, a file capability or a device node that a pod
-    /// makes through a native view is inert on every mount of the share on this node,
-    /// as it is on the view itself (docs/ARCHITECTURE.md, *Threat model*).
+    /// the share's file system can be idmapped, and every mount of it on this node is
+    /// `nosuid` and `nodev` (see [`native_inert`]). Asked at every publish and every
+    /// recovery of a native view: a mount made since counts.
     pub fn native_capable(&self) -> Result<(), String> {
         self.idmappable()?;
-        match crate::sys::mount::nosuid_nodev(&self.root) {
-            Ok((true, true)) => Ok(()),
-            Ok(_) => Err(format!(
-                "the share {} is not mounted nosuid,nodev: set-id bits and device nodes a pod made on a native view would work through the share's own mount",
-                self.root.display()
-            )),
-            Err(e) => Err(format!("the share's mount flags cannot be read: {e}")),
-        }
+        native_inert(&self.root)
     }
-
     /// The lowest native group no volume has.
     fn free_group(&self) -> Result<u32, ShareError> {
         let taken: std::collections::BTreeSet<u32> =
@@ -388,6 +387,37 @@ impl LocalShare {
             why: e.to_string(),
         })?;
         write_atomically(&self.meta_path(&rec.id), &body).map_err(io(what))
+    }
+}
+
+/// Whether what a pod makes on a native view of `dir` is inert on every mount of
+/// `dir`'s file system that this node can see: a set-id bit, a file capability or a
+/// device node made through the view works through any mount of the same file system
+/// that is not `nosuid,nodev` (a second mount of its device, a bind of the share, the
+/// root file system a plain share directory lives on), so every one must be
+/// (docs/ARCHITECTURE.md, *Threat model*). Mounts on other hosts of a network file
+/// system are the operator's to keep so (docs/DEPLOY.md, *The share*).
+///
+/// # Errors
+/// Why not, with the mounts at fault and the fix.
+pub fn native_inert(dir: &Path) -> Result<(), String> {
+    match crate::sys::mount::mounts_honouring_set_id(dir) {
+        Ok(found) if found.is_empty() => Ok(()),
+        Ok(found) => {
+            let list: Vec<String> = found
+                .iter()
+                .map(|h| format!("{} lacks {}", h.mountpoint, h.lacks))
+                .collect();
+            Err(format!(
+                "the file system of {} is mounted where set-id bits or device nodes work ({}): what a pod made on a native view would work there; give the share a file system of its own and mount every mount of it nosuid,nodev (docs/DEPLOY.md, The share)",
+                dir.display(),
+                list.join("; ")
+            ))
+        }
+        Err(e) => Err(format!(
+            "the mounts of {}'s file system cannot be listed: {e}",
+            dir.display()
+        )),
     }
 }
 
@@ -451,16 +481,23 @@ impl Share for LocalShare {
             }
         }
         // A native volume: its root in a group of its own, setgid, so that whatever is
-        // made in it is born in that group (subdirectories inherit setgid).
-        let group = if spec.native && self.native_capable().is_ok() {
-            let g = self.free_group()?;
+        // made in it is born in that group (subdirectories inherit setgid). Where the
+        // share cannot serve native views, the volume is a FUSE one for good, and says
+        // why at every publish.
+        let native = match spec.native.then(|| self.native_capable()) {
+            Some(Ok(())) => Ok(Some(self.free_group()?)),
+            Some(Err(why)) => {
+                tracing::warn!(volume_id = %spec.id, %why, "the volume is a FUSE volume, not a native one, for good");
+                Err(why)
+            }
+            None => Ok(None),
+        };
+        if let Ok(Some(g)) = native {
             let what = || format!("volume directory {}", data.display());
             std::os::unix::fs::chown(&data, None, Some(g)).map_err(io(what()))?;
-            fs::set_permissions(&data, fs::Permissions::from_mode(0o2775)).map_err(io(what()))?;
-            Some(g)
-        } else {
-            None
-        };
+            fs::set_permissions(&data, fs::Permissions::from_mode(NATIVE_ROOT_MODE))
+                .map_err(io(what()))?;
+        }
         let rec = VolumeRecord {
             id: spec.id.clone(),
             name: spec.name.clone(),
@@ -469,7 +506,8 @@ impl Share for LocalShare {
             created_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
-            group,
+            group: native.clone().ok().flatten(),
+            not_native: native.err(),
         };
         self.write_meta(&rec)?;
         Ok(Created::New(rec))
@@ -614,6 +652,46 @@ impl Share for LocalShare {
 
     fn native_capable(&self) -> Result<(), String> {
         LocalShare::native_capable(self)
+    }
+
+    fn keep_native_root(&self, rec: &VolumeRecord) -> Result<bool, ShareError> {
+        use crate::sys::file;
+        let Some(group) = rec.group else {
+            return Ok(false);
+        };
+        self.prove()?;
+        let data = self.data_path(&rec.id);
+        let failed = |errno| ShareError::Io {
+            what: format!("root of volume {} ({})", rec.id, data.display()),
+            errno,
+        };
+        // The volume's directory as one descriptor, never followed: a pod may have
+        // replaced nothing here (the root is a mount's), but no path is trusted twice.
+        let volumes = file::open_root(&self.root.join("volumes")).map_err(failed)?;
+        let root = file::open_child(
+            std::os::fd::AsFd::as_fd(&volumes),
+            std::ffi::OsStr::new(rec.id.as_str()),
+            None,
+        )
+        .map_err(failed)?;
+        let fd = std::os::fd::AsFd::as_fd(&root);
+        let st = file::stat(fd).map_err(failed)?;
+        if st.kind != file::Kind::Directory {
+            return Err(failed(Errno(libc::ENOTDIR)));
+        }
+        if (st.uid, st.gid, st.perm) == (0, group, NATIVE_ROOT_MODE) {
+            return Ok(false);
+        }
+        // chown first: it clears the setgid bit that chmod then sets.
+        file::chown(fd, Some(0), Some(group)).map_err(failed)?;
+        file::chmod(fd, NATIVE_ROOT_MODE).map_err(failed)?;
+        tracing::warn!(
+            volume_id = %rec.id,
+            was = %format!("{}:{} {:04o}", st.uid, st.gid, st.perm),
+            now = %format!("0:{group} {NATIVE_ROOT_MODE:04o}"),
+            "a pod changed the native volume's root; restored"
+        );
+        Ok(true)
     }
 }
 

@@ -466,14 +466,84 @@ pub fn can_idmap(path: &Path, userns: std::os::fd::BorrowedFd<'_>) -> SysResult<
     idmapped_clone(path, userns, false).map(drop)
 }
 
-/// Whether the mount that `path` is on is `nosuid` and `nodev` (`statvfs(3)`'s flags).
+/// A mount of a file system that honours set-id bits, file capabilities or device
+/// nodes: its mount point, as the mount table that lists it names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Honouring {
+    /// The mount point, and in brackets the mount table's reader (`self`, `pid 1`).
+    pub mountpoint: String,
+    /// What it lacks: `nosuid`, `nodev` or both.
+    pub lacks: &'static str,
+}
+
+/// Every mount, in this process's mount namespace and in PID 1's (the host's, for a
+/// container run with `hostPID`), of the file system `path` is on that is not both
+/// `nosuid` and `nodev`: the places where a set-id file, a file capability or a device
+/// node made on that file system would work. The file system is the superblock of the
+/// mount `path` is on (`statx(STATX_MNT_ID)`, Linux 5.8+), found in mountinfo as its
+/// device, which every mount of it shares: a bind mount, a second mount of the same
+/// block device, another subvolume of the same btrfs.
 ///
 /// # Errors
-/// The error of `statvfs(2)`.
-pub fn nosuid_nodev(path: &Path) -> SysResult<(bool, bool)> {
-    use rustix::fs::StatVfsMountFlags as F;
-    let st = rustix::fs::statvfs(path).map_err(super::failed("statvfs"))?;
-    Ok((st.f_flag.contains(F::NOSUID), st.f_flag.contains(F::NODEV)))
+/// The error of `statx(2)` or of reading this process's mountinfo, or `ENOENT` when
+/// mountinfo does not list the mount (a kernel before 5.8 gives no mount id:
+/// `EOPNOTSUPP`). PID 1's mountinfo is read where it can be, and skipped (as the same
+/// namespace) where it cannot.
+pub fn mounts_honouring_set_id(path: &Path) -> SysResult<Vec<Honouring>> {
+    let sx = rustix::fs::statx(rustix::fs::CWD, path, AtFlags::empty(), StatxFlags::MNT_ID)
+        .map_err(super::failed("statx"))?;
+    if sx.stx_mask & StatxFlags::MNT_ID.bits() == 0 {
+        return Err(super::Errno(libc::EOPNOTSUPP));
+    }
+    let own =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| super::Errno::from_io(&e))?;
+    let device = device_of_mount_in(&own, sx.stx_mnt_id).ok_or(super::Errno(libc::ENOENT))?;
+    let mut found = honouring_in(&own, device, "self");
+    let same_namespace =
+        std::fs::read_link("/proc/self/ns/mnt").ok() == std::fs::read_link("/proc/1/ns/mnt").ok();
+    if !same_namespace {
+        if let Ok(host) = std::fs::read_to_string("/proc/1/mountinfo") {
+            found.extend(honouring_in(&host, device, "pid 1"));
+        }
+    }
+    Ok(found)
+}
+
+/// The device (`major`, `minor`) of the mount with id `id` in `mountinfo`.
+fn device_of_mount_in(mountinfo: &str, id: u64) -> Option<(u32, u32)> {
+    let line = mountinfo
+        .lines()
+        .find(|l| l.split(' ').next().and_then(|f| f.parse::<u64>().ok()) == Some(id))?;
+    let (a, b) = line.split(' ').nth(2)?.split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// The mounts of `device` in `mountinfo` whose per-mount options lack `nosuid` or
+/// `nodev`.
+fn honouring_in(mountinfo: &str, device: (u32, u32), reader: &str) -> Vec<Honouring> {
+    let want = format!("{}:{}", device.0, device.1);
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split(' ').collect();
+            if f.get(2) != Some(&want.as_str()) {
+                return None;
+            }
+            let opts = f.get(5)?;
+            let has = |o: &str| opts.split(',').any(|x| x == o);
+            let lacks = match (has("nosuid"), has("nodev")) {
+                (true, true) => return None,
+                (false, true) => "nosuid",
+                (true, false) => "nodev",
+                (false, false) => "nosuid,nodev",
+            };
+            let point = String::from_utf8_lossy(&unescape(f.get(4)?)).into_owned();
+            Some(Honouring {
+                mountpoint: format!("{point} ({reader})"),
+                lacks,
+            })
+        })
+        .collect()
 }
 
 /// Attaches a detached mount (from [`idmapped_clone`]) at `target`, as a runtime moves
@@ -602,5 +672,38 @@ mod tests {
         );
         assert_eq!(mount_type_in(info, Path::new("/mnt")), Some("tmpfs".into()));
         assert_eq!(mount_type_in(info, Path::new("/tmp")), None);
+    }
+
+    #[test]
+    fn every_mount_of_a_file_system_is_checked_for_nosuid_nodev() {
+        let info = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
+30 22 7:0 / /srv/share rw,nosuid,nodev - ext4 /dev/loop0 rw
+31 22 7:0 /volumes /mnt/second rw,nodev - ext4 /dev/loop0 rw
+32 22 8:1 /srv/dir /srv/dir rw,nosuid,nodev - ext4 /dev/vda rw
+33 22 7:1 / /srv/other\\040x rw - ext4 /dev/loop1 rw
+";
+        assert_eq!(device_of_mount_in(info, 30), Some((7, 0)));
+        assert_eq!(device_of_mount_in(info, 32), Some((8, 1)));
+        assert_eq!(device_of_mount_in(info, 99), None);
+        assert_eq!(
+            honouring_in(info, (7, 0), "self"),
+            [Honouring {
+                mountpoint: "/mnt/second (self)".into(),
+                lacks: "nosuid"
+            }]
+        );
+        // A directory bound onto itself nosuid,nodev: the file system's own mount is not.
+        assert_eq!(
+            honouring_in(info, (8, 1), "pid 1"),
+            [Honouring {
+                mountpoint: "/ (pid 1)".into(),
+                lacks: "nosuid,nodev"
+            }]
+        );
+        assert_eq!(
+            honouring_in(info, (7, 1), "self")[0].mountpoint,
+            "/srv/other x (self)"
+        );
     }
 }
