@@ -383,6 +383,23 @@ fn native_mount(
             return ExitCode::from(2);
         }
     };
+    if let Some(why) = mountgroup::volume::native::refusal(options) {
+        eprintln!(
+            "mountgroup: --native cannot serve {why}: drop it, or mount a FUSE view (without --native)"
+        );
+        return ExitCode::from(2);
+    }
+    if disk_group == 0 {
+        eprintln!(
+            "mountgroup: source {}'s group is root's (0): a native view would give the gid= group what group 0 may do; give it a group of its own (chgrp GROUP, chmod g+s)",
+            source.display()
+        );
+        return ExitCode::from(2);
+    }
+    if let Err(why) = mountgroup::share::native_inert(source) {
+        eprintln!("mountgroup: --native: {why}");
+        return ExitCode::from(2);
+    }
     if let Err(e) = mountgroup::transport::check_mountpoint(mountpoint) {
         eprintln!("mountgroup: {e}");
         return ExitCode::from(2);

@@ -85,6 +85,14 @@ pub struct ViewInfo {
     pub fallback: Option<String>,
 }
 
+/// A published target as recovery left it: its view's process, and the mechanism it
+/// is served with now where recovery served it.
+struct Restored {
+    target: PathBuf,
+    pid: Option<u32>,
+    mechanism: Option<(Mechanism, Option<String>)>,
+}
+
 /// Where a node keeps things: its state directory, its runtime directory (secret
 /// views' tmpfs, the views' control sockets), and the keeper's socket.
 pub struct NodeDirs<'a> {
@@ -184,36 +192,22 @@ impl Node {
                 }
             }
         }
-        let restarted: Vec<(PathBuf, Option<u32>)> = std::thread::scope(|scope| {
+        let restarted: Vec<Restored> = std::thread::scope(|scope| {
             let handles: Vec<_> = snapshot
                 .published
                 .iter()
-                .map(|(target, p)| {
-                    scope.spawn(move || {
-                        if let Mechanism::Native { disk_group, shown } = p.mechanism {
-                            if !native::mounted(target) {
-                                self.restore_native(target, p, disk_group, shown);
-                            }
-                            return (target.clone(), None);
-                        }
-                        let pid = match mount::health(target) {
-                            Health::Mounted(t) if t == VIEW_FSTYPE => return (target.clone(), p.pid),
-                            Health::Mounted(other) => {
-                                tracing::error!(target = %target.display(), fstype = %other, "another file system is mounted on a published target; leaving it");
-                                return (target.clone(), p.pid);
-                            }
-                            Health::Dead | Health::NotMounted => self.restart_view(target, p),
-                        };
-                        (target.clone(), pid)
-                    })
-                })
+                .map(|(target, p)| scope.spawn(move || self.restore(target, p)))
                 .collect();
             handles.into_iter().filter_map(|h| h.join().ok()).collect()
         });
         if let Err(e) = self.update(|st| {
-            for (target, pid) in restarted {
-                if let Some(p) = st.published.get_mut(&target) {
-                    p.pid = pid;
+            for r in restarted {
+                if let Some(p) = st.published.get_mut(&r.target) {
+                    p.pid = r.pid;
+                    if let Some((mechanism, fallback)) = r.mechanism {
+                        p.mechanism = mechanism;
+                        p.fallback = fallback;
+                    }
                 }
             }
         }) {
@@ -221,7 +215,50 @@ impl Node {
         }
     }
 
-    fn restart_view(&self, target: &Path, p: &Published) -> Option<u32> {
+    /// Serves a published target again at start, unless it still is: only from the
+    /// volume on the share (a target whose source is not that waits, unserved, for
+    /// kubelet to stage and publish it again once the share is back), and natively
+    /// only while the share qualifies.
+    fn restore(&self, target: &Path, p: &Published) -> Restored {
+        let kept = |pid| Restored {
+            target: target.to_path_buf(),
+            pid,
+            mechanism: None,
+        };
+        if let Mechanism::Native { .. } = p.mechanism {
+            if native::mounted(target) {
+                return kept(None);
+            }
+        } else {
+            match mount::health(target) {
+                Health::Mounted(t) if t == VIEW_FSTYPE => return kept(p.pid),
+                Health::Mounted(other) => {
+                    tracing::error!(target = %target.display(), fstype = %other, "another file system is mounted on a published target; leaving it");
+                    return kept(p.pid);
+                }
+                Health::Dead | Health::NotMounted => {}
+            }
+        }
+        if let Err(why) = self.source_on_share(p.kind, &p.volume_id, &p.source) {
+            tracing::error!(volume_id = %p.volume_id, target = %target.display(), %why, "not served until the share is back: kubelet's next NodeStageVolume and NodePublishVolume serve it");
+            return kept(None);
+        }
+        let (mechanism, fallback) = self.recheck(target, p.mechanism, p.fallback.clone());
+        let pid = match mechanism {
+            Mechanism::Native { disk_group, shown } => {
+                self.restore_native(target, p, disk_group, shown);
+                None
+            }
+            Mechanism::Fuse | Mechanism::Twin { .. } => self.restart_view(target, p, mechanism),
+        };
+        Restored {
+            target: target.to_path_buf(),
+            pid,
+            mechanism: Some((mechanism, fallback)),
+        }
+    }
+
+    fn restart_view(&self, target: &Path, p: &Published, mechanism: Mechanism) -> Option<u32> {
         if mount::health(target) == Health::Dead {
             let _ = mount::unmount_lazy(target);
         }
@@ -240,7 +277,7 @@ impl Node {
                 return None;
             }
         };
-        let options = match p.mechanism {
+        let options = match mechanism {
             Mechanism::Twin { disk_group } => native::twin_options(&options, disk_group),
             _ => options,
         };
@@ -345,6 +382,7 @@ impl Node {
         if self.share.get(id)?.is_none() {
             return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
         }
+        self.keep_native_root(id);
         let existing = self.state().staged.get(id).cloned();
         if let Some(s) = &existing {
             if s.staging_path != staging_path {
@@ -514,8 +552,19 @@ impl Node {
         // Make the source exist (the only side effects before the view starts).
         let made_source = match &req.lifecycle {
             Lifecycle::Persistent => {
-                if self.share.get(id)?.is_none() {
-                    return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
+                let staged_here = self.state().staged.contains_key(id);
+                match self.share.get(id)? {
+                    Some(_) => {}
+                    // Staged here, so it was on the share: the share is not there.
+                    None if staged_here => {
+                        return Err(VolumeError::FailedPrecondition(format!(
+                            "volume {id} cannot be served: it is staged here but not on the share {} (is the share mounted?)",
+                            self.share.data_path(id).display()
+                        )));
+                    }
+                    None => {
+                        return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
+                    }
                 }
                 match self.state().staged.get(id) {
                     Some(s) if s.staging_path == source => {}
@@ -550,6 +599,12 @@ impl Node {
                 this.remove_source(kind, id, &source);
             }
         };
+        if let Err(why) = self.source_on_share(kind, id, &source) {
+            undo_source(self);
+            return Err(VolumeError::FailedPrecondition(format!(
+                "volume {id} cannot be served: {why}; NodeStageVolume binds it again once the share is back"
+            )));
+        }
         let mut created_target = false;
         if let Some(p) = &existing {
             if Self::serving(target, p.mechanism) {
@@ -595,9 +650,12 @@ impl Node {
         }
         // A repeat keeps the mechanism it had; a new publish is native where it can be.
         let (mechanism, fallback) = match &existing {
-            Some(p) => (p.mechanism, p.fallback.clone()),
+            Some(p) => self.recheck(target, p.mechanism, p.fallback.clone()),
             None => self.mechanism(req, kind, &options, asked),
         };
+        if matches!(mechanism, Mechanism::Native { .. } | Mechanism::Twin { .. }) {
+            self.keep_native_root(id);
+        }
         let served = match mechanism {
             Mechanism::Native { disk_group, shown } => {
                 native::mount(&source, target, disk_group, shown, &options).map(|()| None)
@@ -709,15 +767,13 @@ impl Node {
         options: &ViewOptions,
         asked: Option<Pod>,
     ) -> (Mechanism, Option<String>) {
-        let volume_group = match kind {
+        let record = match kind {
             ViewKind::InlineSecrets => None,
-            ViewKind::Persistent | ViewKind::InlineShare => self
-                .share
-                .get(&req.volume_id)
-                .ok()
-                .flatten()
-                .and_then(|r| r.group),
+            ViewKind::Persistent | ViewKind::InlineShare => {
+                self.share.get(&req.volume_id).ok().flatten()
+            }
         };
+        let volume_group = record.as_ref().and_then(|r| r.group);
         let decided = native::decide(
             volume_group,
             kind == ViewKind::InlineSecrets,
@@ -728,17 +784,89 @@ impl Node {
         match decided {
             Ok(m) => (m, None),
             Err(f) => {
-                let why = f.to_string();
-                let code = f.code().to_string();
+                let f = match (f, record.and_then(|r| r.not_native)) {
+                    (Fallback::NotNative, Some(why)) => Fallback::ShareAtCreate(why),
+                    (f, _) => f,
+                };
                 let mechanism = match (volume_group, f.twin()) {
                     (Some(disk_group), true) => Mechanism::Twin { disk_group },
                     _ => Mechanism::Fuse,
                 };
-                if !matches!(f, Fallback::NotNative | Fallback::Secrets) {
-                    tracing::info!(volume_id = %req.volume_id, target = %req.target_path.display(), fallback = code.as_str(), why = %why, "not a native view");
+                if matches!(f, Fallback::NotNative | Fallback::Secrets) {
+                    return (mechanism, None);
                 }
-                (mechanism, volume_group.map(|_| code))
+                tracing::warn!(volume_id = %req.volume_id, target = %req.target_path.display(), fallback = f.code(), why = %f, "not a native view");
+                (mechanism, Some(f.code().to_string()))
             }
+        }
+    }
+
+    /// The mechanism a native view recorded for a target is served with again (a
+    /// repeated publish of a view that is gone, a recovery): native only while the share
+    /// still qualifies, which a mount made since may have changed; else its twin, with
+    /// the reason.
+    fn recheck(
+        &self,
+        target: &Path,
+        mechanism: Mechanism,
+        fallback: Option<String>,
+    ) -> (Mechanism, Option<String>) {
+        let Mechanism::Native { disk_group, .. } = mechanism else {
+            return (mechanism, fallback);
+        };
+        match self.share.native_capable() {
+            Ok(()) => (mechanism, fallback),
+            Err(why) => {
+                let f = Fallback::Share(why);
+                tracing::warn!(target = %target.display(), fallback = f.code(), why = %f, "a native view is served again as its FUSE twin");
+                (Mechanism::Twin { disk_group }, Some(f.code().to_string()))
+            }
+        }
+    }
+
+    /// Whether `source` is what a view of volume `id` may show: the volume's directory
+    /// on the share (for a persistent volume, its staging bind of that directory). A
+    /// staging path whose bind could not be restored (a reboot without the share) is
+    /// an empty directory of the node's disk, and a view of it would give pods the
+    /// node's disk.
+    ///
+    /// # Errors
+    /// What is wrong, and that the share must be back.
+    fn source_on_share(&self, kind: ViewKind, id: &VolumeId, source: &Path) -> Result<(), String> {
+        use std::os::unix::fs::MetadataExt;
+        if kind == ViewKind::InlineSecrets {
+            return Ok(());
+        }
+        match self.share.get(id) {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Err(format!(
+                    "volume {id} is not on the share (is the share mounted?)"
+                ));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+        let data = self.share.data_path(id);
+        let identity = |p: &Path| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
+        match (identity(source), identity(&data)) {
+            (Some(a), Some(b)) if a == b => Ok(()),
+            _ => Err(format!(
+                "{} is not volume {id}'s directory on the share {} (its bind is gone: the share was not there when it was made again)",
+                source.display(),
+                data.display()
+            )),
+        }
+    }
+
+    /// Gives a native volume's root back its owner, group and mode where a pod changed
+    /// them (as kubelet's `OnRootMismatch` would for a volume it owns).
+    fn keep_native_root(&self, id: &VolumeId) {
+        let rec = match self.share.get(id) {
+            Ok(Some(rec)) if rec.group.is_some() => rec,
+            _ => return,
+        };
+        if let Err(e) = self.share.keep_native_root(&rec) {
+            tracing::error!(volume_id = %id, error = %e, "cannot restore the native volume's root");
         }
     }
 
