@@ -75,6 +75,42 @@ fn bad_input_is_named_and_mounts_nothing() {
     );
 }
 
+/// `mount --native` refuses what the driver would not serve natively: options only a
+/// FUSE view has, a source in root's group, and a source whose file system is mounted
+/// somewhere without `nosuid,nodev` (here the root file system the fixture lives on).
+#[test]
+fn a_native_mount_refuses_what_the_driver_would_not_serve_natively() {
+    let f = Fixture::new();
+    let src = f.src.to_str().unwrap();
+    let mnt = f.mnt.to_str().unwrap();
+    let native = |opts: &str| run(&[src, mnt, "--native", "-o", opts]);
+    // What a wrongly accepted native mount left is unmounted, whatever fails.
+    let _mounted = Unmount(f.mnt.clone());
+    common::chown(&f.src, 0, 0);
+    let (code, stderr) = native("gid=4242");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("group is root's (0)"), "{stderr}");
+    common::chown(&f.src, 0, 2_000_000_000);
+    for (opts, message) in [
+        ("gid=4242,uid=1000", "CIFS options"),
+        ("gid=4242,file_mode=0640", "CIFS options"),
+        ("gid=4242,noperm", "CIFS options"),
+        ("gid=4242,ownership=off", "ownership=off"),
+        ("gid=4242,sync", "the option sync"),
+        (
+            "gid=4242,context=\"system_u:object_r:container_file_t:s0\"",
+            "SELinux context=",
+        ),
+        ("gid=4242,mode=native,disk_gid=7", "disk_gid="),
+        ("gid=4242", "mounted where set-id bits or device nodes work"),
+    ] {
+        let (code, stderr) = native(opts);
+        assert_eq!(code, 2, "{opts}: {stderr}");
+        assert!(stderr.contains(message), "{opts}: {stderr}");
+        assert!(!is_mounted(&f.mnt), "{opts} left a mount");
+    }
+}
+
 #[test]
 fn a_busy_mountpoint_is_refused() {
     let f = Fixture::new();

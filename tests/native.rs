@@ -312,8 +312,240 @@ async fn fallbacks_say_why() {
         .node_publish_volume(publish("old", &staging2, &t2, &[], "4242"))
         .await
         .unwrap();
-    assert_eq!(mechanism(&addr2, &t2), ("fuse".into(), String::new()));
+    assert_eq!(
+        mechanism(&addr2, &t2),
+        ("fuse".into(), "share-at-create".into())
+    );
     assert_eq!(owner(&t2).1, 4242);
+}
+
+/// Mounts `dir` again at `at` as a bind with `options` (`suid,dev`: a mount of the same
+/// file system that honours set-id bits). Unmounted on drop.
+fn bind(dir: &Path, at: &Path, options: &str) -> Unmount {
+    fs::create_dir_all(at).unwrap();
+    let ok = Command::new("mount")
+        .arg("--bind")
+        .arg(dir)
+        .arg(at)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "bind {} on {}", dir.display(), at.display());
+    let guard = Unmount(at.to_path_buf());
+    let ok = Command::new("mount")
+        .args(["-o", &format!("remount,bind,{options}")])
+        .arg(at)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "remount {options} {}", at.display());
+    guard
+}
+
+/// What a pod makes on a native view must be inert on every mount of the share's file
+/// system, not only on the share's own: a bind of the share elsewhere that honours
+/// set-id bits (the same superblock) turns new publishes into the twin, a native view
+/// that is gone comes back as the twin, and a volume made then is a FUSE volume that
+/// says why at every publish. A share that is a directory bound onto itself
+/// `nosuid,nodev` does not qualify: the root file system under it honours set-id bits.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_mount_of_the_shares_file_system_must_be_nosuid_nodev() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let share = native_share(root);
+    let d = Driver::start_with_metrics(root);
+    let addr = d.metrics_addr();
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    c.create_and_stage("vol", &staging).await;
+    let first = root.join("first");
+    c.node
+        .node_publish_volume(publish("vol", &staging, &first, &[], "4242"))
+        .await
+        .unwrap();
+    assert!(is_idmapped(&first));
+    let elsewhere = bind(&share.0, &root.join("elsewhere"), "suid,dev");
+    let second = root.join("second");
+    c.node
+        .node_publish_volume(publish("vol", &staging, &second, &[], "4242"))
+        .await
+        .unwrap();
+    assert_eq!(
+        mechanism(&addr, &second),
+        ("fuse-native".into(), "share".into())
+    );
+    // The native view is gone (a pod's mount namespace kept nothing); kubelet publishes
+    // it again: it is checked again.
+    mountgroup::sys::mount::unmount_lazy(&first).unwrap();
+    c.node
+        .node_publish_volume(publish("vol", &staging, &first, &[], "4242"))
+        .await
+        .unwrap();
+    assert!(!is_idmapped(&first));
+    assert_eq!(
+        mechanism(&addr, &first),
+        ("fuse-native".into(), "share".into())
+    );
+    // A volume made now is a FUSE volume, and says why.
+    let staging2 = f.subdir("staging2");
+    c.create_and_stage("late", &staging2).await;
+    let rec = record(&d, "late");
+    assert!(rec.get("group").is_none(), "{rec}");
+    let why = rec["not_native"].as_str().unwrap();
+    assert!(
+        why.contains("elsewhere") && why.contains("lacks nosuid,nodev"),
+        "{why}"
+    );
+    let late = root.join("late");
+    c.node
+        .node_publish_volume(publish("late", &staging2, &late, &[], "4242"))
+        .await
+        .unwrap();
+    assert_eq!(
+        mechanism(&addr, &late),
+        ("fuse".into(), "share-at-create".into())
+    );
+    drop(elsewhere);
+
+    // A directory bound onto itself nosuid,nodev, on the root file system.
+    let g = Fixture::new();
+    let dir = g.dir.path().join("share");
+    let _self_bound = bind(&dir, &dir, "nosuid,nodev");
+    let d2 = Driver::start(g.dir.path());
+    let mut c2 = d2.clients().await;
+    c2.create_and_stage("vol", &g.subdir("staging")).await;
+    let rec = record(&d2, "vol");
+    assert!(rec.get("group").is_none(), "{rec}");
+    assert!(
+        rec["not_native"]
+            .as_str()
+            .unwrap()
+            .contains("/ (self) lacks"),
+        "{rec}"
+    );
+}
+
+/// A node's reboot without its share: the restarted driver must serve nothing from
+/// the empty directories the share's mounts leave (the node's own disk), say why, and
+/// serve again once the share is back and kubelet stages and publishes again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reboot_without_the_share_serves_nothing_until_it_is_back() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let share = native_share(root);
+    // Holds the share's content while its mount is gone.
+    let held = bind(&share.0, &root.join("held"), "nosuid,nodev");
+    let mut d = Driver::start(root);
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    c.create_and_stage("vol", &staging).await;
+    let native = root.join("native");
+    let fuse = root.join("fuse");
+    c.node
+        .node_publish_volume(publish("vol", &staging, &native, &[], "4242"))
+        .await
+        .unwrap();
+    c.node
+        .node_publish_volume(publish("vol", &staging, &fuse, &["ownership=off"], "4242"))
+        .await
+        .unwrap();
+    fs::write(native.join("kept"), "x").unwrap();
+    // The reboot: every process and every mount is gone, the share's mount too.
+    d.kill9();
+    for (pid, _) in view_processes(&fuse) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    for m in [&native, &fuse, &staging, &share.0] {
+        mountgroup::sys::mount::unmount_lazy(m).unwrap();
+    }
+    d.restart();
+    for t in [&native, &fuse] {
+        assert!(
+            !is_mounted(t) && !is_idmapped(t),
+            "{} is served from the node's disk",
+            t.display()
+        );
+    }
+    assert!(d.log_text().contains("not served until the share is back"));
+    // kubelet publishes again before the share is back: refused, nothing served.
+    let mut c = d.clients().await;
+    let err = c
+        .node
+        .node_publish_volume(publish("vol", &staging, &native, &[], "4242"))
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("cannot be served"), "{err:?}");
+    assert!(!is_idmapped(&native));
+    // The share is back: kubelet stages and publishes again.
+    let _back = bind(&held.0, &share.0, "nosuid,nodev");
+    c.node
+        .node_stage_volume(stage_req("vol", &staging))
+        .await
+        .unwrap();
+    for (t, flags) in [(&native, &[][..]), (&fuse, &["ownership=off"][..])] {
+        c.node
+            .node_publish_volume(publish("vol", &staging, t, flags, "4242"))
+            .await
+            .unwrap();
+        assert_eq!(owner(&t.join("kept")).1, 4242, "{}", t.display());
+    }
+    for t in [&native, &fuse] {
+        c.node
+            .node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+                volume_id: "vol".into(),
+                target_path: t.to_string_lossy().into(),
+            })
+            .await
+            .unwrap();
+    }
+}
+
+/// A pod's root may chown and chmod the volume's root through a native view; the next
+/// stage and publish give it back what every pod of the volume relies on (root, the
+/// volume's group, 2775), as kubelet's OnRootMismatch would.
+#[tokio::test(flavor = "multi_thread")]
+async fn stage_and_publish_restore_a_native_volumes_root() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let (_share, d, mut c, staging) = native_volume(&f).await;
+    let group = record(&d, "vol")["group"].as_u64().unwrap() as u32;
+    let on_disk = d.share.join("volumes/vol");
+    let t = root.join("pod");
+    c.node
+        .node_publish_volume(publish("vol", &staging, &t, &[], "4242"))
+        .await
+        .unwrap();
+    let r = run_as(
+        0,
+        0,
+        &[],
+        &format!("chgrp 0 {0} && chmod 00700 {0}", t.display()),
+    );
+    assert!(r.ok, "{r:?}");
+    assert_eq!(owner(&on_disk), (0, 0, 0o700));
+    c.node
+        .node_stage_volume(stage_req("vol", &staging))
+        .await
+        .unwrap();
+    assert_eq!(owner(&on_disk), (0, group, 0o2775));
+    let r = run_as(
+        0,
+        0,
+        &[],
+        &format!("chown 1000:0 {0} && chmod 00755 {0}", t.display()),
+    );
+    assert!(r.ok, "{r:?}");
+    c.node
+        .node_publish_volume(publish("vol", &staging, &root.join("pod2"), &[], "4243"))
+        .await
+        .unwrap();
+    assert_eq!(owner(&on_disk), (0, group, 0o2775));
+    assert!(
+        d.log_text()
+            .contains("a pod changed the native volume's root; restored")
+    );
 }
 
 /// What a native view must refuse, so that no pod gets more than a FUSE view gives it
@@ -370,6 +602,42 @@ async fn a_native_view_gives_a_pod_nothing_a_view_does_not() {
     );
     // What the twin shows is what the native view shows.
     assert_eq!(snapshot(&twin), snapshot(&t));
+    // The twin of a publish without fsGroup (kubelet sends no volume_mount_group),
+    // and of one whose group is the volume's own: root's chmod and O_CREAT put no
+    // set-id bit on disk either.
+    let disk_group = record(&d, "vol")["group"].as_u64().unwrap().to_string();
+    for (name, group) in [("bare", ""), ("own", disk_group.as_str())] {
+        let tw = root.join(format!("twin-{name}"));
+        c.node
+            .node_publish_volume(publish("vol", &staging, &tw, &[], group))
+            .await
+            .unwrap();
+        let r = run_as(
+            0,
+            0,
+            &[],
+            &format!(
+                "cp /usr/bin/id {0}/{name}-id && chmod 4755 {0}/{name}-id",
+                tw.display()
+            ),
+        );
+        assert!(!r.ok && r.stderr.contains("not permitted"), "{name}: {r:?}");
+        let r = run_as(
+            0,
+            0,
+            &[],
+            &format!(
+                "umask 0; python3 -c \"import os; os.close(os.open('{}/{name}-made', os.O_CREAT | os.O_WRONLY, 0o6755))\"",
+                tw.display()
+            ),
+        );
+        assert!(r.ok, "{name}: {r:?}");
+        for file in ["id", "made"] {
+            let on_disk = d.share.join(format!("volumes/vol/{name}-{file}"));
+            assert_eq!(owner(&on_disk).2 & 0o6000, 0, "{name}-{file} on disk");
+        }
+    }
+    remount(&share, "remount,nosuid,nodev");
 }
 
 /// A pod with `hostUsers: false` must never fail to start because of a native view: its
@@ -476,6 +744,114 @@ async fn a_pod_in_a_user_namespace_gets_a_view_its_runtime_can_idmap() {
         mechanism(&addr2, &t),
         ("fuse-native".into(), "pod-unknown".into())
     );
+}
+
+/// What a process with `CAP_DAC_READ_SEARCH` reaches through the view at `view`:
+/// `open_by_handle_at(2)` on the view's own mount with the handle of `fs_root` (the
+/// file system's root, which a pod needs no guess for), then `rel` below it. The
+/// file's content, or why not.
+fn open_by_handle(fs_root: &Path, view: &Path, rel: &str) -> Result<String, String> {
+    let probe = r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class Handle(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint), ("type", ctypes.c_int), ("f", ctypes.c_ubyte * 128)]
+root, view, rel = sys.argv[1:4]
+h = Handle(); h.bytes = 128; mnt = ctypes.c_int()
+if libc.name_to_handle_at(-100, root.encode(), ctypes.byref(h), ctypes.byref(mnt), 0) != 0:
+    sys.exit("name_to_handle_at: " + os.strerror(ctypes.get_errno()))
+vfd = os.open(view, os.O_RDONLY | os.O_DIRECTORY)
+fd = libc.open_by_handle_at(vfd, ctypes.byref(h), os.O_RDONLY | os.O_DIRECTORY)
+if fd < 0:
+    sys.exit("open_by_handle_at: " + os.strerror(ctypes.get_errno()))
+print(open(os.open(rel, os.O_RDONLY, dir_fd=fd)).read(), end="")
+"#;
+    // Root with the capability the container added, and nothing of root's uid: the
+    // probe keeps only CAP_DAC_READ_SEARCH.
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all,+dac_read_search",
+            "--ambient-caps=+dac_read_search",
+            "python3",
+            "-c",
+            probe,
+        ])
+        .arg(fs_root)
+        .arg(view)
+        .arg(rel)
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// A pod one of whose containers (an init container here) adds `CAP_DAC_READ_SEARCH`
+/// must not get a native view: with it, `open_by_handle_at` on the view's mount opens
+/// any inode of the share (another volume's files), where a FUSE view answers
+/// `ESTALE`. The API server (the stand-in) says what the pod's containers add; such a
+/// pod gets the twin, and the metric says why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_that_can_open_by_handle_gets_no_native_view() {
+    use apiserver::Known;
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let share = native_share(root);
+    let api = apiserver::ApiServer::start(
+        &f.subdir("api"),
+        HashMap::from([
+            ("team/plain".to_string(), Known::Pod(None)),
+            (
+                "team/agent".to_string(),
+                Known::InitAdds("CAP_DAC_READ_SEARCH"),
+            ),
+            ("team/admin".to_string(), Known::InitAdds("SYS_ADMIN")),
+        ]),
+    )
+    .await;
+    let api_args = api.args();
+    let api_args: Vec<&str> = api_args.iter().map(String::as_str).collect();
+    let d = Driver::start_with_metrics_and(root, &api_args);
+    let addr = d.metrics_addr();
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    c.create_and_stage("vol", &staging).await;
+    c.create_and_stage("other", &f.subdir("staging-other"))
+        .await;
+    fs::write(
+        d.share.join("volumes/other/secret"),
+        "another volume's data",
+    )
+    .unwrap();
+    for pod in ["plain", "agent", "admin"] {
+        let mut r = publish("vol", &staging, &root.join(pod), &[], "4242");
+        for_pod(&mut r, pod);
+        c.node.node_publish_volume(r).await.unwrap();
+    }
+    assert_eq!(
+        mechanism(&addr, &root.join("plain")),
+        ("native".into(), String::new())
+    );
+    for pod in ["agent", "admin"] {
+        assert_eq!(
+            mechanism(&addr, &root.join(pod)),
+            ("fuse-native".into(), "privileged-pod".into()),
+            "{pod}"
+        );
+    }
+    // What the capability does on a native view, and what it does on the twin.
+    assert_eq!(
+        open_by_handle(&share.0, &root.join("plain"), "volumes/other/secret").as_deref(),
+        Ok("another volume's data"),
+        "the probe reaches past a native view (else this test proves nothing)"
+    );
+    let r = open_by_handle(&share.0, &root.join("agent"), "volumes/other/secret");
+    assert!(r.is_err(), "{r:?}");
 }
 
 /// Debian's PostgreSQL programs (`initdb`, `pg_ctl`), whichever version is installed.
