@@ -133,3 +133,83 @@ fn a_busy_mountpoint_without_a_control_socket_is_named_busy() {
     };
     assert!(err.contains("busy"), "{err}");
 }
+
+/// A keeper takes over only the views its predecessors started (a keeper at the same
+/// socket: the old pod of a rolling update). A view mounted by hand and a view of
+/// another driver's keeper that share its control directory stay with their
+/// processes, and nothing is logged as an error about them.
+#[test]
+fn a_keeper_adopts_only_views_its_predecessors_started() {
+    let fx = Fixture::new();
+    let ctl = fx.dir.path().join("ctl");
+    let ctl = ctl.to_str().unwrap();
+    let socket = fx.dir.path().join("keeper.sock");
+    let started_by = |keeper: &std::path::Path, instance: &str| {
+        vec![
+            "env".to_string(),
+            format!("MOUNTGROUP_KEEPER_SOCKET={}", keeper.display()),
+            format!("MOUNTGROUP_VIEW_INSTANCE={instance}"),
+        ]
+    };
+    let mnt = |name: &str| fx.subdir(name);
+    let by_hand = Mounted::start(&fx.src, &mnt("hand"), &view_args(ctl, "gid=2000")).unwrap();
+    let other = started_by(&fx.dir.path().join("other-driver.sock"), "other-1");
+    let other: Vec<&str> = other.iter().map(String::as_str).collect();
+    let of_another =
+        Mounted::start_with(&other, &fx.src, &mnt("other"), &view_args(ctl, "gid=2001")).unwrap();
+    let pred = started_by(&socket, "old-1");
+    let pred: Vec<&str> = pred.iter().map(String::as_str).collect();
+    let predecessors =
+        Mounted::start_with(&pred, &fx.src, &mnt("pred"), &view_args(ctl, "gid=2002")).unwrap();
+    let log = fx.dir.path().join("keeper.log");
+    let mut keeper = std::process::Command::new(common::BIN)
+        .args(["keeper", "--socket"])
+        .arg(&socket)
+        .args(["--control-dir", ctl])
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let ready = (0..3000).any(|_| {
+        let ok = std::process::Command::new(common::BIN)
+            .args(["keeper", "--probe", "--socket"])
+            .arg(&socket)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        if !ok {
+            assert!(keeper.try_wait().unwrap().is_none(), "the keeper exited");
+            thread::sleep(Duration::from_millis(20));
+        }
+        ok
+    });
+    let _keeper = Stop(keeper);
+    assert!(ready, "the keeper never became ready");
+    wait_gone(predecessors.pid());
+    assert!(
+        is_alive(by_hand.pid()),
+        "a view mounted by hand was taken over"
+    );
+    assert!(
+        is_alive(of_another.pid()),
+        "another keeper's view was taken over"
+    );
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("cannot take a view over"), "{text}");
+    assert_eq!(
+        fs::metadata(fx.dir.path().join("pred")).unwrap().gid(),
+        2002
+    );
+    // The view the keeper took over goes when its target is unmounted.
+    let _ = rustix::mount::unmount(
+        &fx.dir.path().join("pred"),
+        rustix::mount::UnmountFlags::DETACH,
+    );
+}

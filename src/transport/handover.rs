@@ -90,6 +90,11 @@ enum Request {
 /// (`volume/keeper.rs`): a keeper takes over the views other keepers started.
 pub const INSTANCE_ENV: &str = "MOUNTGROUP_VIEW_INSTANCE";
 
+/// The environment variable that names the socket of the keeper that started a view:
+/// a keeper takes over only views started by a keeper at its own socket (its
+/// predecessors), never a view mounted by hand or another driver's.
+pub const KEEPER_SOCKET_ENV: &str = "MOUNTGROUP_KEEPER_SOCKET";
+
 /// Who serves a view, and how to start a process that takes it over.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Description {
@@ -102,6 +107,10 @@ pub struct Description {
     /// Its arguments after the program name (`mount SOURCE MOUNTPOINT ...`): the same
     /// arguments make a successor.
     pub args: Vec<std::ffi::OsString>,
+    /// [`KEEPER_SOCKET_ENV`] of the serving process: the keeper that started it
+    /// (`None`: started by hand, or by a version that did not say).
+    #[serde(default)]
+    pub keeper: Option<PathBuf>,
 }
 
 impl Description {
@@ -111,6 +120,7 @@ impl Description {
             instance: std::env::var(INSTANCE_ENV).unwrap_or_default(),
             binary: std::env::current_exe().unwrap_or_default(),
             args: std::env::args_os().skip(1).collect(),
+            keeper: std::env::var_os(KEEPER_SOCKET_ENV).map(PathBuf::from),
         }
     }
 }

@@ -47,7 +47,7 @@ const RECOVERY_WINDOW: Duration = Duration::from_secs(60);
 
 /// The environment a keeper gives the views it runs: its socket, and whether the view
 /// recovers one whose process died.
-pub const SOCKET_ENV: &str = "MOUNTGROUP_KEEPER_SOCKET";
+pub const SOCKET_ENV: &str = handover::KEEPER_SOCKET_ENV;
 pub const RECOVER_ENV: &str = "MOUNTGROUP_RECOVER";
 
 /// What the keeper is asked.
@@ -223,6 +223,25 @@ impl Keeper {
         instance
             .strip_prefix(self.instance.as_str())
             .is_some_and(|rest| rest.starts_with('-'))
+    }
+
+    /// Whether a view in the control directory is one to take over: started by another
+    /// keeper at this keeper's socket (a predecessor: the old pod of a rolling update,
+    /// an older binary). A view mounted by hand (no keeper instance) stays with its
+    /// process, and so does a view of another driver's keeper that shares the control
+    /// directory. A view of a version that did not say its keeper's socket, but was
+    /// started by a keeper, is taken over as before.
+    fn adopts(&self, d: &handover::Description) -> bool {
+        if d.instance.is_empty() || self.owns(&d.instance) {
+            return false;
+        }
+        match &d.keeper {
+            Some(socket) if *socket != self.cfg.socket => {
+                tracing::debug!(view = d.pid, keeper = %socket.display(), "a view of another keeper; left to it");
+                false
+            }
+            _ => true,
+        }
     }
 
     /// Starts `binary ARGS...` as a view of this keeper, in its own process group, and
@@ -403,7 +422,7 @@ impl Keeper {
             let Ok(d) = handover::describe(&path) else {
                 continue;
             };
-            if self.owns(&d.instance) {
+            if !self.adopts(&d) {
                 continue;
             }
             match self.take_over(&path, &d) {
