@@ -2,9 +2,10 @@
 //! DaemonSet it is a container of its own, so that the server's container can crash,
 //! be OOM-killed or restarted without touching a view (their PID namespaces differ:
 //! a container's death kills only its own processes). A keeper that starts takes over
-//! every view another keeper started (the old pod of a rolling update, an older
-//! binary), live, through each view's control socket (`transport/handover.rs`): after an
-//! update, the new binary serves every view and nothing was unmounted. A keeper told
+//! every view another keeper at its own socket started (the old pod of a rolling
+//! update, an older binary; never a view mounted by hand or another driver's), live,
+//! through each view's control socket (`transport/handover.rs`): after an update, the
+//! new binary serves every view and nothing was unmounted. A keeper told
 //! to stop while a newer keeper has its socket's name asks that one to take over what
 //! it still runs.
 //!
