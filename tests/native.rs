@@ -407,21 +407,30 @@ async fn every_mount_of_the_shares_file_system_must_be_nosuid_nodev() {
     );
     drop(elsewhere);
 
-    // A directory bound onto itself nosuid,nodev, on the root file system.
+    // A directory bound onto itself nosuid,nodev, on a file system (the node's disk,
+    // here a tmpfs) whose own mount honours set-id bits.
     let g = Fixture::new();
-    let dir = g.dir.path().join("share");
+    let disk = g.subdir("disk");
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "mode=0755", "tmpfs"])
+        .arg(&disk)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "tmpfs on {}", disk.display());
+    let _disk = Unmount(disk.clone());
+    let dir = disk.join("share");
     let _self_bound = bind(&dir, &dir, "nosuid,nodev");
-    let d2 = Driver::start(g.dir.path());
+    let d2 = Driver::start_with(g.dir.path(), dir.clone(), &["--share-key-file", "none"]);
     let mut c2 = d2.clients().await;
     c2.create_and_stage("vol", &g.subdir("staging")).await;
-    let rec = record(&d2, "vol");
+    let rec: serde_json::Value =
+        serde_json::from_slice(&fs::read(dir.join("meta/vol.json")).unwrap()).unwrap();
     assert!(rec.get("group").is_none(), "{rec}");
+    let why = rec["not_native"].as_str().unwrap();
     assert!(
-        rec["not_native"]
-            .as_str()
-            .unwrap()
-            .contains("/ (self) lacks"),
-        "{rec}"
+        why.contains(&format!("{} (self) lacks nosuid,nodev", disk.display())),
+        "{why}"
     );
 }
 
