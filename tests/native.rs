@@ -79,6 +79,13 @@ fn record(d: &Driver, id: &str) -> serde_json::Value {
     serde_json::from_slice(&fs::read(d.share.join(format!("meta/{id}.json"))).unwrap()).unwrap()
 }
 
+/// A driver with metrics that asks the stand-in API server `api` about pods.
+fn driver_asking(root: &Path, api: &apiserver::ApiServer) -> Driver {
+    let args = api.args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Driver::start_with_metrics_and(root, &args)
+}
+
 fn is_idmapped(path: &Path) -> bool {
     mountgroup::sys::mount::is_idmapped(path).unwrap()
 }
@@ -502,10 +509,7 @@ async fn a_reboot_without_the_share_serves_nothing_until_it_is_back() {
     }
     for t in [&native, &fuse] {
         c.node
-            .node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
-                volume_id: "vol".into(),
-                target_path: t.to_string_lossy().into(),
-            })
+            .node_unpublish_volume(unpublish_req("vol", t))
             .await
             .unwrap();
     }
@@ -671,9 +675,7 @@ async fn a_pod_in_a_user_namespace_gets_a_view_its_runtime_can_idmap() {
         ]),
     )
     .await;
-    let api_args = api.args();
-    let api_args: Vec<&str> = api_args.iter().map(String::as_str).collect();
-    let d = Driver::start_with_metrics_and(root, &api_args);
+    let d = driver_asking(root, &api);
     let addr = d.metrics_addr();
     let mut c = d.clients().await;
     let staging = f.subdir("staging");
@@ -823,9 +825,7 @@ async fn a_pod_that_can_open_by_handle_gets_no_native_view() {
         ]),
     )
     .await;
-    let api_args = api.args();
-    let api_args: Vec<&str> = api_args.iter().map(String::as_str).collect();
-    let d = Driver::start_with_metrics_and(root, &api_args);
+    let d = driver_asking(root, &api);
     let addr = d.metrics_addr();
     let mut c = d.clients().await;
     let staging = f.subdir("staging");
