@@ -209,7 +209,7 @@ fn a_keeper_adopts_only_views_its_predecessors_started() {
     );
     // The view the keeper took over goes when its target is unmounted.
     let _ = rustix::mount::unmount(
-        &fx.dir.path().join("pred"),
+        fx.dir.path().join("pred"),
         rustix::mount::UnmountFlags::DETACH,
     );
 }

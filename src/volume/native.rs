@@ -226,6 +226,23 @@ pub fn decide(
     })
 }
 
+/// How a target recorded as served by `recorded` is served again (a repeated publish of
+/// a view that is gone, a recovery): as it was, except that a native view is native
+/// only while the share still qualifies (`share`, asked for a native view only: a mount
+/// made since counts), and else its twin, for the reason returned.
+pub fn again(
+    recorded: Mechanism,
+    share: impl FnOnce() -> Result<(), String>,
+) -> (Mechanism, Option<Fallback>) {
+    let Mechanism::Native { disk_group, .. } = recorded else {
+        return (recorded, None);
+    };
+    match share() {
+        Ok(()) => (recorded, None),
+        Err(why) => (Mechanism::Twin { disk_group }, Some(Fallback::Share(why))),
+    }
+}
+
 /// Why `options` cannot be a native view's, as `mountgroup mount --native` refuses
 /// them: what the driver would serve with a FUSE view instead (FUSE semantics,
 /// `context=`), and `disk_gid=`, which is the twin's (a native view takes its group
@@ -399,6 +416,25 @@ mod tests {
                 ("unknown", "pod-unknown", true),
             ]
         );
+    }
+
+    #[test]
+    fn a_view_served_again_is_native_only_while_the_share_qualifies() {
+        let native = Mechanism::Native {
+            disk_group: 2_000_000_000,
+            shown: 4242,
+        };
+        let twin = Mechanism::Twin {
+            disk_group: 2_000_000_000,
+        };
+        let never = || -> Result<(), String> { panic!("the share asked for without need") };
+        assert_eq!(again(native, || Ok(())), (native, None));
+        assert_eq!(
+            again(native, || Err("a suid mount".into())),
+            (twin, Some(Fallback::Share("a suid mount".into())))
+        );
+        assert_eq!(again(twin, never), (twin, None));
+        assert_eq!(again(Mechanism::Fuse, never), (Mechanism::Fuse, None));
     }
 
     #[test]

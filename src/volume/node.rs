@@ -801,25 +801,19 @@ impl Node {
         }
     }
 
-    /// The mechanism a native view recorded for a target is served with again (a
-    /// repeated publish of a view that is gone, a recovery): native only while the share
-    /// still qualifies, which a mount made since may have changed; else its twin, with
-    /// the reason.
+    /// How a target recorded as `mechanism` is served again ([`native::again`]), with
+    /// the fallback logged where a native view becomes its twin.
     fn recheck(
         &self,
         target: &Path,
         mechanism: Mechanism,
         fallback: Option<String>,
     ) -> (Mechanism, Option<String>) {
-        let Mechanism::Native { disk_group, .. } = mechanism else {
-            return (mechanism, fallback);
-        };
-        match self.share.native_capable() {
-            Ok(()) => (mechanism, fallback),
-            Err(why) => {
-                let f = Fallback::Share(why);
+        match native::again(mechanism, || self.share.native_capable()) {
+            (m, None) => (m, fallback),
+            (m, Some(f)) => {
                 tracing::warn!(target = %target.display(), fallback = f.code(), why = %f, "a native view is served again as its FUSE twin");
-                (Mechanism::Twin { disk_group }, Some(f.code().to_string()))
+                (m, Some(f.code().to_string()))
             }
         }
     }
