@@ -347,7 +347,7 @@ impl LocalShare {
     pub fn idmappable(&self) -> Result<(), String> {
         self.idmap
             .get_or_init(|| {
-                let identity = "0 0 4294967295\n";
+                let identity = crate::sys::process::IDENTITY_MAP;
                 let ns = crate::sys::process::user_namespace(identity, identity)
                     .map_err(|e| format!("a user namespace cannot be made: {e}"))?;
                 crate::sys::mount::can_idmap(&self.root, std::os::fd::AsFd::as_fd(&ns))

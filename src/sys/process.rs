@@ -343,6 +343,9 @@ pub fn user_namespace(uid_map: &str, gid_map: &str) -> super::SysResult<std::os:
     result
 }
 
+/// The uid or gid map that shows every ID as itself (`/proc/PID/uid_map` format).
+pub const IDENTITY_MAP: &str = "0 0 4294967295\n";
+
 /// A gid map that shows the on-disk group `disk` as `shown` (and `shown` as `disk`, a
 /// map being one to one) and every other ID as itself; with `disk == shown`, the
 /// identity. At most five ranges, far below the kernel's limit of 340.

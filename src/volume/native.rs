@@ -287,9 +287,8 @@ pub fn mount(
             target.display()
         ))
     };
-    let identity = "0 0 4294967295\n";
     let ns = crate::sys::process::user_namespace(
-        identity,
+        crate::sys::process::IDENTITY_MAP,
         &crate::sys::process::swap_map(disk_group, shown),
     )
     .map_err(|e| failed("user namespace", &e))?;
