@@ -110,6 +110,30 @@ fn only_transport_sees_fuser_only_csi_sees_tonic_and_only_sys_sees_io_uring() {
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
+/// System calls are made in sys/ only: no other module's code (its tests aside, which
+/// stand at the end of a file after `#[cfg(test)]`) names rustix or libc's functions.
+#[test]
+fn only_sys_makes_system_calls() {
+    let mut files = Vec::new();
+    sources(&src(), &mut files);
+    let mut wrong = Vec::new();
+    for p in files {
+        let rel = p.strip_prefix(src()).unwrap().display().to_string();
+        if rel.starts_with("sys/") {
+            continue;
+        }
+        let code = code(&p);
+        let code = code.split("#[cfg(test)]").next().unwrap();
+        if code.contains("rustix::") {
+            wrong.push(format!("{rel} uses rustix"));
+        }
+        if code.contains("libc::") && code.contains("unsafe") {
+            wrong.push(format!("{rel} calls libc"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
 #[test]
 fn the_filesystems_modules_depend_on_each_other_one_way() {
     // Module (fs's top-level file or folder) → the fs modules it names.

@@ -89,10 +89,9 @@ impl Journal {
     /// # Errors
     /// The error of `memfd_create`.
     pub fn create() -> io::Result<Journal> {
-        let fd = rustix::fs::memfd_create("mountgroup-journal", rustix::fs::MemfdFlags::CLOEXEC)?;
-        let file = std::fs::File::from(fd);
-        // O_APPEND: each write lands whole at the end, whoever else writes.
-        rustix::fs::fcntl_setfl(&file, rustix::fs::OFlags::APPEND)?;
+        // Appending: each write lands whole at the end, whoever else writes.
+        let file = crate::sys::file::memfd_append(c"mountgroup-journal")
+            .map_err(|e| io::Error::from_raw_os_error(e.0))?;
         Ok(Journal { file })
     }
 

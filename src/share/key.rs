@@ -66,10 +66,13 @@ impl ShareKey {
                 Ok(ShareKey(Some(key.as_bytes().to_vec())))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let mut raw = [0u8; 32];
-                rustix::rand::getrandom(&mut raw, rustix::rand::GetRandomFlags::empty())
-                    .map_err(|e| format!("random key: {e}"))?;
-                let key: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+                // 256 random bits from the kernel.
+                let key: String = [(); 2]
+                    .map(|()| crate::sys::process::random_u128())
+                    .iter()
+                    .flat_map(|r| r.to_ne_bytes())
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
                 if let Some(dir) = path.parent() {
                     std::fs::create_dir_all(dir)
                         .map_err(|e| format!("share key file {name}: {e}"))?;

@@ -732,6 +732,20 @@ pub fn set_umask(mask: u32) -> u32 {
     rustix::process::umask(Mode::from_raw_mode(mask)).bits()
 }
 
+/// A new file in memory (`memfd_create(2)`, close-on-exec) opened for appending
+/// (`O_APPEND`: each write lands whole at its end, whoever else writes), named `name`
+/// in `/proc/PID/fd` listings.
+///
+/// # Errors
+/// The error of `memfd_create` or `fcntl`.
+pub fn memfd_append(name: &std::ffi::CStr) -> SysResult<std::fs::File> {
+    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)
+        .map_err(failed("memfd_create"))?;
+    let file = std::fs::File::from(fd);
+    rustix::fs::fcntl_setfl(&file, OFlags::APPEND).map_err(failed("fcntl"))?;
+    Ok(file)
+}
+
 /// `statvfs(2)` of the file system at a path (a mount point of a view).
 ///
 /// # Errors

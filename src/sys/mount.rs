@@ -499,8 +499,8 @@ pub fn mounts_honouring_set_id(path: &Path) -> SysResult<Vec<Honouring>> {
         std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| super::Errno::from_io(&e))?;
     let device = device_of_mount_in(&own, sx.stx_mnt_id).ok_or(super::Errno(libc::ENOENT))?;
     let mut found = honouring_in(&own, device, "self");
-    let same_namespace =
-        std::fs::read_link("/proc/self/ns/mnt").ok() == std::fs::read_link("/proc/1/ns/mnt").ok();
+    use super::process::mount_namespace;
+    let same_namespace = mount_namespace("self") == mount_namespace("1");
     if !same_namespace {
         if let Ok(host) = std::fs::read_to_string("/proc/1/mountinfo") {
             found.extend(honouring_in(&host, device, "pid 1"));

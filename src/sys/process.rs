@@ -79,6 +79,26 @@ pub fn use_one_heap() {
     }
 }
 
+/// Sends `SIGKILL` to `pid` (as this PID namespace numbers it); a pid that is no
+/// process, or gone, is no error worth more than the caller's log.
+///
+/// # Errors
+/// The error of `kill(2)`; `ESRCH` for no such process.
+pub fn kill(pid: u32) -> super::SysResult<()> {
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or(super::Errno(libc::ESRCH))?;
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).map_err(super::failed("kill"))
+}
+
+/// The mount namespace of process `pid` (`"self"`, or a number), as its
+/// `/proc/PID/ns/mnt` link names it (`mnt:[INODE]`): two processes whose answers are
+/// equal share their mounts. `None` where it cannot be read.
+pub fn mount_namespace(pid: &str) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok()
+}
+
 /// 128 random bits from the kernel (`getrandom(2)`), for names nobody can guess.
 pub fn random_u128() -> u128 {
     let mut buf = [0u8; 16];

@@ -598,9 +598,7 @@ impl Keeper {
             match checks.get(&mountpoint) {
                 Some(since) if since.elapsed() > timeout => {
                     tracing::error!(mountpoint = %mountpoint.display(), pid, waited = ?since.elapsed(), "the view answers nothing: killing it to recover it");
-                    if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
-                        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-                    }
+                    let _ = crate::sys::process::kill(pid);
                     // Not again until its successor has answered this check.
                     checks.insert(mountpoint, Instant::now() + Duration::from_secs(3600));
                 }
@@ -742,8 +740,8 @@ pub fn probe(socket: &Path) -> Result<(), String> {
         crate::sys::cgroup::cgroup_of(std::process::id()),
         crate::sys::cgroup::cgroup_of(peer.pid as u32),
     );
-    let mnt = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
-    if mnt("self") != mnt(&peer.pid.to_string()) {
+    use crate::sys::process::mount_namespace;
+    if mount_namespace("self") != mount_namespace(&peer.pid.to_string()) {
         return Err(
             "the keeper at the socket is another container's (another mount namespace)".into(),
         );
