@@ -213,3 +213,37 @@ fn a_keeper_adopts_only_views_its_predecessors_started() {
         rustix::mount::UnmountFlags::DETACH,
     );
 }
+
+/// A process on the node that is not root reaches no view's control socket: the
+/// control directory is root's, mode 0700 (docs/ARCHITECTURE.md, *Threat model*).
+#[test]
+fn a_user_other_than_root_reaches_no_control_socket() {
+    let fx = Fixture::new();
+    let ctl = fx.dir.path().join("ctl");
+    let _view = Mounted::start(
+        &fx.src,
+        &fx.mnt,
+        &view_args(ctl.to_str().unwrap(), "gid=2000"),
+    )
+    .unwrap();
+    // The view binds its control socket once it serves.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let sockets = loop {
+        let found: Vec<_> = fs::read_dir(&ctl)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        if !found.is_empty() || Instant::now() > deadline {
+            break found;
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(sockets.len(), 1, "{sockets:?}");
+    let probe = format!(
+        "python3 -c \"import socket; socket.socket(socket.AF_UNIX).connect('{}')\"",
+        sockets[0].display()
+    );
+    let r = common::run_as(1000, 1000, &[], &probe);
+    assert!(!r.ok && r.stderr.contains("Permission denied"), "{r:?}");
+    // Root does reach it (the probe would prove nothing otherwise).
+    assert!(common::run_as(0, 0, &[], &probe).ok);
+}
