@@ -240,6 +240,11 @@ impl Node {
             }
         }
         if let Err(why) = self.source_on_share(p.kind, &p.volume_id, &p.source) {
+            // kubelet's reconciler mounts what a pod needs and is not mounted (after a
+            // reboot, every volume), retrying a failed NodeStage or NodePublish with
+            // exponential backoff from 0.5 s to at most 2 min 2 s between tries
+            // (kubernetes pkg/util/goroutinemap/exponentialbackoff,
+            // `maxDurationBeforeRetry`): the first try after the share is back serves.
             tracing::error!(volume_id = %p.volume_id, target = %target.display(), %why, "not served until the share is back: kubelet's next NodeStageVolume and NodePublishVolume serve it");
             return kept(None);
         }
