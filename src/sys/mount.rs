@@ -1,4 +1,7 @@
-//! Mount-table questions and lazy unmount.
+//! Mounts: bind mounts and tmpfs, FUSE mounts, the idmapped clones of native views,
+//! unmounting (lazily, or only a mount of a given device), and questions of the mount
+//! table (what is mounted at a path, whether it is idmapped, which mounts of a file
+//! system honour set-id bits).
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;

@@ -1,4 +1,6 @@
-//! Facts about the running process.
+//! Processes: the running one's ids, limits, heap and standard error; other processes'
+//! credentials, mount namespaces and `SIGKILL`; user namespaces and their id maps (for
+//! idmapped mounts); random bits from the kernel.
 
 /// Whether the process runs with effective uid 0.
 pub fn is_root() -> bool {

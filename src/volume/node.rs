@@ -1,6 +1,8 @@
 //! Node operations: staging a volume (a bind mount of its share directory at the
-//! staging path) and publishing group views of it (one view process per target, each
-//! with the group of its own request).
+//! staging path) and publishing views of it, each with the group of its own request:
+//! a native view (an idmapped bind mount, no process) or a FUSE view (a process of
+//! its own per target, run by the keeper), as `native::decide` chooses, and only ever
+//! of the volume's directory on the share.
 //!
 //! Every change is written to the state file before the call returns, so that a
 //! restarted driver serves every published target again at once (see [`Node::start`])
