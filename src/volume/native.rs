@@ -27,6 +27,11 @@ pub enum Mechanism {
 }
 
 impl Mechanism {
+    /// Whether a FUSE view's process serves it (a native view has none).
+    pub fn has_process(self) -> bool {
+        !matches!(self, Mechanism::Native { .. })
+    }
+
     /// Its name in metrics and logs.
     pub fn name(self) -> &'static str {
         match self {

@@ -333,7 +333,9 @@ impl Node {
             .map(|(target, p)| ViewInfo {
                 volume_id: p.volume_id.to_string(),
                 serving: Self::serving(&target, p.mechanism),
-                stats: (p.mechanism.name() != "native")
+                stats: p
+                    .mechanism
+                    .has_process()
                     .then(|| std::fs::read(self.views.metrics_path(&target)).ok())
                     .flatten()
                     .and_then(|b| serde_json::from_slice(&b).ok()),
@@ -619,7 +621,7 @@ impl Node {
             }
             // The view died (or, native, is gone): serve it again, as it was.
             created_target = p.created_target;
-            if p.mechanism.name() != "native" {
+            if p.mechanism.has_process() {
                 self.views.stop(target, p.pid)?;
             }
         } else {
