@@ -241,7 +241,8 @@ impl Node {
                 Health::Dead | Health::NotMounted => {}
             }
         }
-        if let Err(why) = self.source_on_share(p.kind, &p.volume_id, &p.source) {
+        let record = self.record_of(p.kind, &p.volume_id);
+        if let Err(why) = self.source_on_share(p.kind, &p.volume_id, record.as_ref(), &p.source) {
             // kubelet's reconciler mounts what a pod needs and is not mounted (after a
             // reboot, every volume), retrying a failed NodeStage or NodePublish with
             // exponential backoff from 0.5 s to at most 2 min 2 s between tries
@@ -388,10 +389,10 @@ impl Node {
     ) -> Result<(), VolumeError> {
         authorize(&self.key, secret, SecretUse::NodeStage)?;
         let _guard = self.guards.acquire(id.as_str(), "NodeStageVolume")?;
-        if self.share.get(id)?.is_none() {
+        let Some(rec) = self.share.get(id)? else {
             return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
-        }
-        self.keep_native_root(id);
+        };
+        self.keep_native_root(Some(&rec));
         let existing = self.state().staged.get(id).cloned();
         if let Some(s) = &existing {
             if s.staging_path != staging_path {
@@ -608,7 +609,9 @@ impl Node {
                 this.remove_source(kind, id, &source);
             }
         };
-        if let Err(why) = self.source_on_share(kind, id, &source) {
+        // The volume's record, read once for the rest of the publish.
+        let record = self.record_of(kind, id);
+        if let Err(why) = self.source_on_share(kind, id, record.as_ref(), &source) {
             undo_source(self);
             return Err(VolumeError::FailedPrecondition(format!(
                 "volume {id} cannot be served: {why}; NodeStageVolume binds it again once the share is back"
@@ -660,10 +663,10 @@ impl Node {
         // A repeat keeps the mechanism it had; a new publish is native where it can be.
         let (mechanism, fallback) = match &existing {
             Some(p) => self.recheck(target, p.mechanism, p.fallback.clone()),
-            None => self.mechanism(req, kind, &options, asked),
+            None => self.mechanism(req, kind, record.as_ref(), &options, asked),
         };
         if matches!(mechanism, Mechanism::Native { .. } | Mechanism::Twin { .. }) {
-            self.keep_native_root(id);
+            self.keep_native_root(record.as_ref());
         }
         let served = match mechanism {
             Mechanism::Native { disk_group, shown } => {
@@ -773,16 +776,11 @@ impl Node {
         &self,
         req: &PublishRequest,
         kind: ViewKind,
+        record: Option<&VolumeRecord>,
         options: &ViewOptions,
         asked: Option<Pod>,
     ) -> (Mechanism, Option<String>) {
-        let record = match kind {
-            ViewKind::InlineSecrets => None,
-            ViewKind::Persistent | ViewKind::InlineShare => {
-                self.share.get(&req.volume_id).ok().flatten()
-            }
-        };
-        let volume_group = record.as_ref().and_then(|r| r.group);
+        let volume_group = record.and_then(|r| r.group);
         let decided = native::decide(
             volume_group,
             kind == ViewKind::InlineSecrets,
@@ -793,7 +791,7 @@ impl Node {
         match decided {
             Ok(m) => (m, None),
             Err(f) => {
-                let f = match (f, record.and_then(|r| r.not_native)) {
+                let f = match (f, record.and_then(|r| r.not_native.clone())) {
                     (Fallback::NotNative, Some(why)) => Fallback::ShareAtCreate(why),
                     (f, _) => f,
                 };
@@ -827,7 +825,8 @@ impl Node {
         }
     }
 
-    /// Whether `source` is what a view of volume `id` may show: the volume's directory
+    /// Whether `source` is what a view of volume `id` (its `record` on the share, if the
+    /// share has one) may show: the volume's directory
     /// on the share (for a persistent volume, its staging bind of that directory). A
     /// staging path whose bind could not be restored (a reboot without the share) is
     /// an empty directory of the node's disk, and a view of it would give pods the
@@ -835,19 +834,21 @@ impl Node {
     ///
     /// # Errors
     /// What is wrong, and that the share must be back.
-    fn source_on_share(&self, kind: ViewKind, id: &VolumeId, source: &Path) -> Result<(), String> {
+    fn source_on_share(
+        &self,
+        kind: ViewKind,
+        id: &VolumeId,
+        record: Option<&VolumeRecord>,
+        source: &Path,
+    ) -> Result<(), String> {
         use std::os::unix::fs::MetadataExt;
         if kind == ViewKind::InlineSecrets {
             return Ok(());
         }
-        match self.share.get(id) {
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                return Err(format!(
-                    "volume {id} is not on the share (is the share mounted?)"
-                ));
-            }
-            Err(e) => return Err(e.to_string()),
+        if record.is_none() {
+            return Err(format!(
+                "volume {id} is not on the share (is the share mounted?)"
+            ));
         }
         let data = self.share.data_path(id);
         let identity = |p: &Path| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
@@ -861,15 +862,23 @@ impl Node {
         }
     }
 
+    /// The record on the share of what a view of `kind` shows, if the share has it (a
+    /// secret view's content is not on the share).
+    fn record_of(&self, kind: ViewKind, id: &VolumeId) -> Option<VolumeRecord> {
+        match kind {
+            ViewKind::InlineSecrets => None,
+            ViewKind::Persistent | ViewKind::InlineShare => self.share.get(id).ok().flatten(),
+        }
+    }
+
     /// Gives a native volume's root back its owner, group and mode where a pod changed
     /// them (as kubelet's `OnRootMismatch` would for a volume it owns).
-    fn keep_native_root(&self, id: &VolumeId) {
-        let rec = match self.share.get(id) {
-            Ok(Some(rec)) if rec.group.is_some() => rec,
-            _ => return,
+    fn keep_native_root(&self, record: Option<&VolumeRecord>) {
+        let Some(rec) = record.filter(|r| r.group.is_some()) else {
+            return;
         };
-        if let Err(e) = self.share.keep_native_root(&rec) {
-            tracing::error!(volume_id = %id, error = %e, "cannot restore the native volume's root");
+        if let Err(e) = self.share.keep_native_root(rec) {
+            tracing::error!(volume_id = %rec.id, error = %e, "cannot restore the native volume's root");
         }
     }
 
