@@ -90,8 +90,7 @@ impl Journal {
     /// The error of `memfd_create`.
     pub fn create() -> io::Result<Journal> {
         // Appending: each write lands whole at the end, whoever else writes.
-        let file = crate::sys::file::memfd_append(c"mountgroup-journal")
-            .map_err(|e| io::Error::from_raw_os_error(e.0))?;
+        let file = crate::sys::file::memfd_append(c"mountgroup-journal")?;
         Ok(Journal { file })
     }
 

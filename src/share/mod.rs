@@ -364,6 +364,7 @@ impl LocalShare {
         self.idmappable()?;
         native_inert(&self.root)
     }
+
     /// The lowest native group no volume has.
     fn free_group(&self) -> Result<u32, ShareError> {
         let taken: std::collections::BTreeSet<u32> =
@@ -665,8 +666,8 @@ impl Share for LocalShare {
             what: format!("root of volume {} ({})", rec.id, data.display()),
             errno,
         };
-        // The volume's directory as one descriptor, never followed: a pod may have
-        // replaced nothing here (the root is a mount's), but no path is trusted twice.
+        // The volume's directory as one descriptor, opened without following a link
+        // and changed through that descriptor: no path is resolved twice.
         let volumes = file::open_root(&self.root.join("volumes")).map_err(failed)?;
         let root = file::open_child(
             std::os::fd::AsFd::as_fd(&volumes),

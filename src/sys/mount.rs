@@ -64,10 +64,12 @@ pub fn mount_device(path: &Path) -> SysResult<Option<(u32, u32)>> {
 }
 
 fn mount_device_in(mountinfo: &str, path: &Path) -> Option<(u32, u32)> {
-    let (a, b) = topmost_at(mountinfo, path)?
-        .split(' ')
-        .nth(2)?
-        .split_once(':')?;
+    device_of_line(topmost_at(mountinfo, path)?)
+}
+
+/// The device (`major`, `minor`) a mountinfo line names (its third field).
+fn device_of_line(line: &str) -> Option<(u32, u32)> {
+    let (a, b) = line.split(' ').nth(2)?.split_once(':')?;
     Some((a.parse().ok()?, b.parse().ok()?))
 }
 
@@ -485,7 +487,11 @@ pub struct Honouring {
 /// node made on that file system would work. The file system is the superblock of the
 /// mount `path` is on (`statx(STATX_MNT_ID)`, Linux 5.8+), found in mountinfo as its
 /// device, which every mount of it shares: a bind mount, a second mount of the same
-/// block device, another subvolume of the same btrfs.
+/// block device, another subvolume of the same btrfs. What the two flags stop is the
+/// kernel's: on a `nosuid` mount exec takes no set-id bit (fs/exec.c `bprm_fill_uid`
+/// asks `mnt_may_suid`) and no file capability (security/commoncap.c
+/// `get_file_caps`), and on a `nodev` one no device node opens (fs/namei.c
+/// `may_open_dev`).
 ///
 /// # Errors
 /// The error of `statx(2)` or of reading this process's mountinfo, or `ENOENT` when
@@ -493,6 +499,7 @@ pub struct Honouring {
 /// `EOPNOTSUPP`). PID 1's mountinfo is read where it can be, and skipped (as the same
 /// namespace) where it cannot.
 pub fn mounts_honouring_set_id(path: &Path) -> SysResult<Vec<Honouring>> {
+    use super::process::mount_namespace;
     let sx = rustix::fs::statx(rustix::fs::CWD, path, AtFlags::empty(), StatxFlags::MNT_ID)
         .map_err(super::failed("statx"))?;
     if sx.stx_mask & StatxFlags::MNT_ID.bits() == 0 {
@@ -502,9 +509,7 @@ pub fn mounts_honouring_set_id(path: &Path) -> SysResult<Vec<Honouring>> {
         std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| super::Errno::from_io(&e))?;
     let device = device_of_mount_in(&own, sx.stx_mnt_id).ok_or(super::Errno(libc::ENOENT))?;
     let mut found = honouring_in(&own, device, "self");
-    use super::process::mount_namespace;
-    let same_namespace = mount_namespace("self") == mount_namespace("1");
-    if !same_namespace {
+    if mount_namespace("self") != mount_namespace("1") {
         if let Ok(host) = std::fs::read_to_string("/proc/1/mountinfo") {
             found.extend(honouring_in(&host, device, "pid 1"));
         }
@@ -514,11 +519,11 @@ pub fn mounts_honouring_set_id(path: &Path) -> SysResult<Vec<Honouring>> {
 
 /// The device (`major`, `minor`) of the mount with id `id` in `mountinfo`.
 fn device_of_mount_in(mountinfo: &str, id: u64) -> Option<(u32, u32)> {
-    let line = mountinfo
-        .lines()
-        .find(|l| l.split(' ').next().and_then(|f| f.parse::<u64>().ok()) == Some(id))?;
-    let (a, b) = line.split(' ').nth(2)?.split_once(':')?;
-    Some((a.parse().ok()?, b.parse().ok()?))
+    device_of_line(
+        mountinfo
+            .lines()
+            .find(|l| l.split(' ').next().and_then(|f| f.parse::<u64>().ok()) == Some(id))?,
+    )
 }
 
 /// The mounts of `device` in `mountinfo` whose per-mount options lack `nosuid` or
