@@ -17,7 +17,7 @@ use hyper::body::Bytes;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
-use crate::volume::native::{Pod, PodLookup, PodRef};
+use crate::volume::serve::{Pod, PodLookup, PodRef};
 
 /// Where client-go finds the service account's token and CA.
 pub const TOKEN_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";

@@ -67,15 +67,15 @@ pub enum KubeApi {
 /// A lookup that always fails, for an API server that cannot be used (its reason).
 struct Unusable(String);
 
-impl crate::volume::native::PodLookup for Unusable {
-    fn pod(&self, _: Option<&crate::volume::native::PodRef>) -> crate::volume::native::Pod {
-        crate::volume::native::Pod::Unknown(self.0.clone())
+impl crate::volume::serve::PodLookup for Unusable {
+    fn pod(&self, _: Option<&crate::volume::serve::PodRef>) -> crate::volume::serve::Pod {
+        crate::volume::serve::Pod::Unknown(self.0.clone())
     }
 }
 
 /// The pod lookup `kube` names. One that cannot be set up answers every lookup with
 /// its reason, so native volumes are served by FUSE views, which every pod can use.
-fn pod_lookup(kube: &KubeApi) -> Arc<dyn crate::volume::native::PodLookup> {
+fn pod_lookup(kube: &KubeApi) -> Arc<dyn crate::volume::serve::PodLookup> {
     use crate::kube::ApiServer;
     let handle = tokio::runtime::Handle::current();
     let made = match kube {
@@ -93,7 +93,7 @@ fn pod_lookup(kube: &KubeApi) -> Arc<dyn crate::volume::native::PodLookup> {
             tracing::info!(
                 "no Kubernetes API server: no pod runs in a user namespace here, so native volumes are native views"
             );
-            Arc::new(crate::volume::native::NoApiServer)
+            Arc::new(crate::volume::serve::NoApiServer)
         }
         Some(Ok(api)) => {
             tracing::info!(

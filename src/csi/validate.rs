@@ -212,9 +212,9 @@ const OURS: [&str; 4] = ["size", "source", "items", "defaultMode"];
 /// `csi.storage.k8s.io/pod.namespace` and `pod.name`, csi_mounter.go `podAttributes`).
 pub fn pod(
     ctx: &std::collections::HashMap<String, String>,
-) -> Option<crate::volume::native::PodRef> {
+) -> Option<crate::volume::serve::PodRef> {
     let get = |k: &str| ctx.get(k).filter(|v| !v.is_empty()).cloned();
-    Some(crate::volume::native::PodRef {
+    Some(crate::volume::serve::PodRef {
         namespace: get("csi.storage.k8s.io/pod.namespace")?,
         name: get("csi.storage.k8s.io/pod.name")?,
     })

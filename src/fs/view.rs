@@ -462,6 +462,42 @@ mod tests {
     use super::*;
 
     const G: u32 = 4242;
+
+    /// The id an idmapping (`/proc/PID/gid_map` lines, `inside outside count`) maps
+    /// `id` to, each way: an idmapped mount shows the disk's `outside` id as `inside`,
+    /// and writes a caller's `inside` id as `outside` (`from_kgid`/`make_kgid` in the
+    /// mount's user namespace). Every id must be in exactly one extent.
+    fn through(map: &str, id: u32, to_disk: bool) -> u32 {
+        let hits: Vec<u64> = map
+            .lines()
+            .filter_map(|l| {
+                let v: Vec<u64> = l.split(' ').map(|n| n.parse().unwrap()).collect();
+                let (from, to) = if to_disk { (v[0], v[1]) } else { (v[1], v[0]) };
+                let id = u64::from(id);
+                (from..from + v[2]).contains(&id).then(|| to + id - from)
+            })
+            .collect();
+        assert_eq!(hits.len(), 1, "{id} in {map:?}");
+        u32::try_from(hits[0]).unwrap()
+    }
+
+    proptest::proptest! {
+        /// The FUSE twin's group swap is the idmapping a native view installs: both
+        /// show a volume the same way, whatever the groups.
+        #[test]
+        fn the_twins_swap_is_the_native_views_idmapping(
+            disk in proptest::prop_oneof![0u32..8, 4_000_000_000u32..u32::MAX, 0..u32::MAX],
+            shown in proptest::prop_oneof![0u32..8, 4_000_000_000u32..u32::MAX, 0..u32::MAX],
+            other in 0..u32::MAX,
+        ) {
+            let map = crate::sys::process::swap_map(disk, shown);
+            let swap = GidSwap::new(disk, shown);
+            for gid in [disk, shown, other, 0, u32::MAX - 1, disk.saturating_add(1).min(u32::MAX - 1), shown.saturating_sub(1)] {
+                proptest::prop_assert_eq!(swap.shown(gid), through(&map, gid, false), "shown {}", gid);
+                proptest::prop_assert_eq!(swap.disk(gid), through(&map, gid, true), "disk {}", gid);
+            }
+        }
+    }
     fn fsgroup(readonly: bool) -> Policy {
         Policy::FsGroup {
             group: G,

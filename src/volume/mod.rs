@@ -11,6 +11,7 @@ pub mod names;
 pub mod native;
 pub mod node;
 pub mod secrets;
+pub mod serve;
 pub mod state;
 pub mod view;
 

@@ -1,8 +1,9 @@
 //! Node operations: staging a volume (a bind mount of its share directory at the
 //! staging path) and publishing views of it, each with the group of its own request:
 //! a native view (an idmapped bind mount, no process) or a FUSE view (a process of
-//! its own per target, run by the keeper), as `native::decide` chooses, and only ever
-//! of the volume's directory on the share.
+//! its own per target, run by the keeper), as `serve::decide` chooses, and only ever
+//! of the volume's directory on the share. What each mechanism does to serve, check
+//! and stop a target is its own (`serve::Mechanism`); this file orchestrates.
 //!
 //! Every change is written to the state file before the call returns, so that a
 //! restarted driver serves every published target again at once (see [`Node::start`])
@@ -19,8 +20,8 @@ use crate::share::{Share, VolumeId, VolumeRecord, VolumeSpec};
 use crate::sys::mount::{self, Health};
 
 use super::guard::OpGuards;
-use super::native::{self, Fallback, Mechanism, Pod, PodLookup, PodRef};
 use super::secrets::{self, Payload};
+use super::serve::{self, Check, Mechanism, PodLookup, PodRef, Publish};
 use super::state::{NodeState, Published, Staged, ViewKind};
 use super::view::{VIEW_FSTYPE, Views};
 use super::{
@@ -227,19 +228,16 @@ impl Node {
             pid,
             mechanism: None,
         };
-        if let Mechanism::Native { .. } = p.mechanism {
-            if native::mounted(target) {
-                return kept(None);
+        match p.mechanism.check(target) {
+            Check::Serving => return kept(p.pid),
+            Check::Foreign(fstype) => {
+                tracing::error!(target = %target.display(), %fstype, "another file system is mounted on a published target; leaving it");
+                return kept(p.pid);
             }
-        } else {
-            match mount::health(target) {
-                Health::Mounted(t) if t == VIEW_FSTYPE => return kept(p.pid),
-                Health::Mounted(other) => {
-                    tracing::error!(target = %target.display(), fstype = %other, "another file system is mounted on a published target; leaving it");
-                    return kept(p.pid);
-                }
-                Health::Dead | Health::NotMounted => {}
+            Check::Dead => {
+                let _ = mount::unmount_lazy(target);
             }
+            Check::Gone => {}
         }
         let record = self.record_of(p.kind, &p.volume_id);
         if let Err(why) = self.source_on_share(p.kind, &p.volume_id, record.as_ref(), &p.source) {
@@ -251,14 +249,26 @@ impl Node {
             tracing::error!(volume_id = %p.volume_id, target = %target.display(), %why, "not served until the share is back: kubelet's next NodeStageVolume and NodePublishVolume serve it");
             return kept(None);
         }
-        let (mechanism, fallback) = self.recheck(target, p.mechanism, p.fallback.clone());
-        let pid = match mechanism {
-            Mechanism::Native { disk_group, shown } => {
-                self.restore_native(target, p, disk_group, shown);
-                None
+        let options = match ViewOptions::parse(&p.options) {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::error!(target = %target.display(), error = %e, "recorded view options no longer parse");
+                return kept(None);
             }
-            Mechanism::Fuse | Mechanism::Twin { .. } => self.restart_view(target, p, mechanism),
         };
+        let recorded = Some((p.mechanism, p.fallback.clone()));
+        let Ok((mechanism, fallback)) = self.decide(
+            &p.volume_id,
+            target,
+            p.kind,
+            record.as_ref(),
+            &options,
+            recorded,
+            None,
+        ) else {
+            return kept(None);
+        };
+        let pid = self.serve_again(target, p, mechanism, &options);
         Restored {
             target: target.to_path_buf(),
             pid,
@@ -266,10 +276,15 @@ impl Node {
         }
     }
 
-    fn restart_view(&self, target: &Path, p: &Published, mechanism: Mechanism) -> Option<u32> {
-        if mount::health(target) == Health::Dead {
-            let _ = mount::unmount_lazy(target);
-        }
+    /// Serves a published target again at start, as `mechanism`; the pid of its
+    /// view's process, if it has one.
+    fn serve_again(
+        &self,
+        target: &Path,
+        p: &Published,
+        mechanism: Mechanism,
+        options: &ViewOptions,
+    ) -> Option<u32> {
         if p.kind == ViewKind::InlineSecrets
             && mount::health(&p.source) != Health::Mounted("tmpfs".into())
         {
@@ -278,45 +293,14 @@ impl Node {
             tracing::warn!(volume_id = %p.volume_id, target = %target.display(), "secret view waits for kubelet to publish it again");
             return None;
         }
-        let options = match crate::config::ViewOptions::parse(&p.options) {
-            Ok(o) => o,
-            Err(e) => {
-                tracing::error!(target = %target.display(), error = %e, "recorded view options no longer parse");
-                return None;
-            }
-        };
-        let options = match mechanism {
-            Mechanism::Twin { disk_group } => native::twin_options(&options, disk_group),
-            _ => options,
-        };
-        match self.views.start(&p.source, target, &options) {
+        match mechanism.start(&self.views, &p.source, target, options) {
             Ok(pid) => {
-                tracing::info!(volume_id = %p.volume_id, target = %target.display(), "view restored");
-                Some(pid)
+                tracing::info!(volume_id = %p.volume_id, target = %target.display(), mechanism = mechanism.name(), "view restored");
+                pid
             }
             Err(e) => {
-                tracing::error!(volume_id = %p.volume_id, target = %target.display(), error = %e, "cannot restore view");
+                tracing::error!(volume_id = %p.volume_id, target = %target.display(), mechanism = mechanism.name(), error = %e, "cannot restore view");
                 None
-            }
-        }
-    }
-
-    /// Mounts a native view again where it is gone (after a reboot: its staging was
-    /// bound again first). No process ever served it, so nothing else is to restore.
-    fn restore_native(&self, target: &Path, p: &Published, disk_group: u32, shown: u32) {
-        let options = match crate::config::ViewOptions::parse(&p.options) {
-            Ok(o) => o,
-            Err(e) => {
-                tracing::error!(target = %target.display(), error = %e, "recorded view options no longer parse");
-                return;
-            }
-        };
-        match native::mount(&p.source, target, disk_group, shown, &options) {
-            Ok(()) => {
-                tracing::info!(volume_id = %p.volume_id, target = %target.display(), "native view restored")
-            }
-            Err(e) => {
-                tracing::error!(volume_id = %p.volume_id, target = %target.display(), error = %e, "cannot restore native view")
             }
         }
     }
@@ -333,7 +317,7 @@ impl Node {
             .into_iter()
             .map(|(target, p)| ViewInfo {
                 volume_id: p.volume_id.to_string(),
-                serving: Self::serving(&target, p.mechanism),
+                serving: p.mechanism.check(&target) == Check::Serving,
                 stats: p
                     .mechanism
                     .has_process()
@@ -553,57 +537,8 @@ impl Node {
                 )));
             }
         }
-        // Where no view can be idmapped, a pod in a user namespace is refused before
-        // anything is made (what is learnt of the pod serves the choice of mechanism).
-        let asked = match (&existing, self.fuse_idmap) {
-            (None, Some(false)) => Some(self.pod_without_idmap(req)?),
-            _ => None,
-        };
         // Make the source exist (the only side effects before the view starts).
-        let made_source = match &req.lifecycle {
-            Lifecycle::Persistent => {
-                let staged_here = self.state().staged.contains_key(id);
-                match self.share.get(id)? {
-                    Some(_) => {}
-                    // Staged here, so it was on the share: the share is not there.
-                    None if staged_here => {
-                        return Err(VolumeError::FailedPrecondition(format!(
-                            "volume {id} cannot be served: it is staged here but not on the share {} (is the share mounted?)",
-                            self.share.data_path(id).display()
-                        )));
-                    }
-                    None => {
-                        return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
-                    }
-                }
-                match self.state().staged.get(id) {
-                    Some(s) if s.staging_path == source => {}
-                    _ => {
-                        return Err(VolumeError::FailedPrecondition(format!(
-                            "volume {id} is not staged at {}",
-                            source.display()
-                        )));
-                    }
-                }
-                false
-            }
-            Lifecycle::Ephemeral(Inline::Share { size }) => self.ensure_inline_volume(id, *size)?,
-            Lifecycle::Ephemeral(Inline::Secrets(spec)) => {
-                let payload = secrets::payload(&req.secrets, spec)?;
-                let mode = spec
-                    .default_mode
-                    .unwrap_or(if req.capability.mount_group.is_some() {
-                        SECRET_DEFAULT_MODE
-                    } else {
-                        0o444
-                    });
-                let fresh = self.ensure_secrets_tmpfs(&source)?;
-                if secrets::write(&source, &payload, mode)? && existing.is_some() {
-                    tracing::info!(volume_id = %id, target = %target.display(), "secrets rotated");
-                }
-                fresh
-            }
-        };
+        let made_source = self.make_source(req, &source, existing.is_some())?;
         let undo_source = |this: &Self| {
             if made_source {
                 this.remove_source(kind, id, &source);
@@ -617,11 +552,36 @@ impl Node {
                 "volume {id} cannot be served: {why}; NodeStageVolume binds it again once the share is back"
             )));
         }
-        let mut created_target = false;
         if let Some(p) = &existing {
-            if Self::serving(target, p.mechanism) {
+            if p.mechanism.check(target) == Check::Serving {
                 return Ok(());
             }
+        }
+        // A repeat keeps the mechanism it had; a new publish is native where it can be.
+        let recorded = existing.as_ref().map(|p| (p.mechanism, p.fallback.clone()));
+        let (mechanism, fallback) = match self.decide(
+            id,
+            target,
+            kind,
+            record.as_ref(),
+            &options,
+            recorded,
+            req.pod.as_ref(),
+        ) {
+            Ok(d) => d,
+            Err(refusal) => {
+                undo_source(self);
+                let who = req
+                    .pod
+                    .as_ref()
+                    .map_or_else(String::new, |p| format!(" {}/{}", p.namespace, p.name));
+                return Err(VolumeError::FailedPrecondition(format!(
+                    "pod{who} {refusal}"
+                )));
+            }
+        };
+        let mut created_target = false;
+        if let Some(p) = &existing {
             // The view died (or, native, is gone): serve it again, as it was.
             created_target = p.created_target;
             if p.mechanism.has_process() {
@@ -660,25 +620,10 @@ impl Node {
                 }
             }
         }
-        // A repeat keeps the mechanism it had; a new publish is native where it can be.
-        let (mechanism, fallback) = match &existing {
-            Some(p) => self.recheck(target, p.mechanism, p.fallback.clone()),
-            None => self.mechanism(req, kind, record.as_ref(), &options, asked),
-        };
         if matches!(mechanism, Mechanism::Native { .. } | Mechanism::Twin { .. }) {
             self.keep_native_root(record.as_ref());
         }
-        let served = match mechanism {
-            Mechanism::Native { disk_group, shown } => {
-                native::mount(&source, target, disk_group, shown, &options).map(|()| None)
-            }
-            Mechanism::Twin { disk_group } => self
-                .views
-                .start(&source, target, &native::twin_options(&options, disk_group))
-                .map(Some),
-            Mechanism::Fuse => self.views.start(&source, target, &options).map(Some),
-        };
-        let pid = match served {
+        let pid = match mechanism.start(&self.views, &source, target, &options) {
             Ok(pid) => pid,
             Err(e) => {
                 if created_target && existing.is_none() {
@@ -703,7 +648,7 @@ impl Node {
         if let Err(e) = self.update(|st| {
             st.published.insert(target.clone(), published);
         }) {
-            self.stop_serving(target, mechanism, pid);
+            let _ = mechanism.stop(&self.views, target, pid);
             return Err(e);
         }
         match &fallback {
@@ -717,112 +662,108 @@ impl Node {
         Ok(())
     }
 
-    /// Whether the target is served as `mechanism` says: a FUSE view's mount is live, a
-    /// native view's idmapped mount is there.
-    fn serving(target: &Path, mechanism: Mechanism) -> bool {
-        match mechanism {
-            Mechanism::Native { .. } => native::mounted(target),
-            Mechanism::Fuse | Mechanism::Twin { .. } => {
-                mount::health(target) == Health::Mounted(VIEW_FSTYPE.into())
-            }
-        }
-    }
-
-    /// Stops serving a target: unmounts a native view (lazily, as views are), stops a
-    /// FUSE view's process.
-    fn stop_serving(&self, target: &Path, mechanism: Mechanism, pid: Option<u32>) {
-        match mechanism {
-            Mechanism::Native { .. } => {
-                if native::mounted(target) {
-                    let _ = mount::unmount_lazy(target);
-                }
-            }
-            Mechanism::Fuse | Mechanism::Twin { .. } => {
-                let _ = self.views.stop(target, pid);
-            }
-        }
-    }
-
-    /// The pod of a new publish on a node whose kernel cannot idmap a FUSE view
-    /// (before Linux 6.12): a pod in a user namespace cannot use a view here (its
-    /// runtime's idmapped mount of a FUSE view fails with `EINVAL`: fs/namespace.c
-    /// `can_idmap_mount` refuses a file system type without `FS_ALLOW_IDMAP`, which
-    /// FUSE gained in 6.12 together with `SB_I_NOIDMAP`, lifted by fs/fuse/inode.c
-    /// `process_init_reply` only for `FUSE_ALLOW_IDMAP`; and a native view is an
-    /// idmapped mount, which `can_idmap_mount` refuses to idmap again), so it is
-    /// refused with the reason rather than left to fail in the runtime. A pod the API server could not
-    /// say anything of is let through (most pods share the node's user namespace).
-    ///
-    /// # Errors
-    /// `FailedPrecondition` naming the pod, the kernel and the ways out.
-    fn pod_without_idmap(&self, req: &PublishRequest) -> Result<Pod, VolumeError> {
-        let pod = self.pods.pod(req.pod.as_ref());
-        if pod != Pod::UserNamespace {
-            return Ok(pod);
-        }
-        let who = req
-            .pod
-            .as_ref()
-            .map_or_else(String::new, |p| format!(" {}/{}", p.namespace, p.name));
-        Err(VolumeError::FailedPrecondition(format!(
-            "pod{who} runs in a user namespace (hostUsers: false), whose runtime idmaps every volume, and this node's kernel ({}) cannot idmap a mountgroup view (FUSE_ALLOW_IDMAP needs Linux 6.12 or later): run the pod on a node with a newer kernel, or with hostUsers: true",
-            crate::sys::kernel_release()
-        )))
-    }
-
-    /// How a new publish is served, and why not natively where the volume is native
-    /// (docs/SEMANTICS.md, *Native views*): logged, and a label of the view's metric.
-    fn mechanism(
+    /// How a target is served ([`serve::decide`] with this node's share, pods and
+    /// kernel): a new publish as it can be, a `recorded` one (its mechanism and
+    /// fallback) as it was while it can be. A fallback that is news is logged, and its
+    /// code is the view's metric label.
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
         &self,
-        req: &PublishRequest,
+        id: &VolumeId,
+        target: &Path,
         kind: ViewKind,
         record: Option<&VolumeRecord>,
         options: &ViewOptions,
-        asked: Option<Pod>,
-    ) -> (Mechanism, Option<String>) {
-        let volume_group = record.and_then(|r| r.group);
-        let decided = native::decide(
-            volume_group,
-            kind == ViewKind::InlineSecrets,
-            options,
+        recorded: Option<(Mechanism, Option<String>)>,
+        pod: Option<&PodRef>,
+    ) -> Result<(Mechanism, Option<String>), serve::Refusal> {
+        let (recorded, recorded_fallback) = recorded.unzip();
+        let served = serve::decide(
+            &Publish {
+                volume_group: record.and_then(|r| r.group),
+                not_native: record.and_then(|r| r.not_native.as_deref()),
+                secrets: kind == ViewKind::InlineSecrets,
+                options,
+                recorded,
+                fuse_idmap: self.fuse_idmap,
+            },
             || self.share.native_capable(),
-            || asked.unwrap_or_else(|| self.pods.pod(req.pod.as_ref())),
-        );
-        match decided {
-            Ok(m) => (m, None),
-            Err(f) => {
-                let f = match (f, record.and_then(|r| r.not_native.clone())) {
-                    (Fallback::NotNative, Some(why)) => Fallback::ShareAtCreate(why),
-                    (f, _) => f,
+            || self.pods.pod(pod),
+        )?;
+        Ok(match served.fallback {
+            None => (served.mechanism, recorded_fallback.flatten()),
+            Some(f) => {
+                let what = if recorded.is_some() {
+                    "a native view is served again as its FUSE twin"
+                } else {
+                    "not a native view"
                 };
-                let mechanism = match (volume_group, f.twin()) {
-                    (Some(disk_group), true) => Mechanism::Twin { disk_group },
-                    _ => Mechanism::Fuse,
-                };
-                if matches!(f, Fallback::NotNative | Fallback::Secrets) {
-                    return (mechanism, None);
-                }
-                tracing::warn!(volume_id = %req.volume_id, target = %req.target_path.display(), fallback = f.code(), why = %f, "not a native view");
-                (mechanism, Some(f.code().to_string()))
+                tracing::warn!(volume_id = %id, target = %target.display(), fallback = f.code(), why = %f, "{what}");
+                (served.mechanism, Some(f.code().to_string()))
             }
-        }
+        })
     }
 
-    /// How a target recorded as `mechanism` is served again ([`native::again`]), with
-    /// the fallback logged where a native view becomes its twin.
-    fn recheck(
+    /// Makes the source of a publish exist: checks a persistent volume is on the share
+    /// and staged at `source`, creates an inline volume, writes a secret view's
+    /// secrets to its tmpfs (rotating them on a `repeat`). Whether it made the source
+    /// now (an undone publish removes it).
+    ///
+    /// # Errors
+    /// `NotFound`, `FailedPrecondition` (not staged there, the share is not there),
+    /// `InvalidArgument` for secrets that do not fit the items, `Internal`.
+    fn make_source(
         &self,
-        target: &Path,
-        mechanism: Mechanism,
-        fallback: Option<String>,
-    ) -> (Mechanism, Option<String>) {
-        match native::again(mechanism, || self.share.native_capable()) {
-            (m, None) => (m, fallback),
-            (m, Some(f)) => {
-                tracing::warn!(target = %target.display(), fallback = f.code(), why = %f, "a native view is served again as its FUSE twin");
-                (m, Some(f.code().to_string()))
+        req: &PublishRequest,
+        source: &Path,
+        repeat: bool,
+    ) -> Result<bool, VolumeError> {
+        let id = &req.volume_id;
+        let target = &req.target_path;
+        Ok(match &req.lifecycle {
+            Lifecycle::Persistent => {
+                let staged_here = self.state().staged.contains_key(id);
+                match self.share.get(id)? {
+                    Some(_) => {}
+                    // Staged here, so it was on the share: the share is not there.
+                    None if staged_here => {
+                        return Err(VolumeError::FailedPrecondition(format!(
+                            "volume {id} cannot be served: it is staged here but not on the share {} (is the share mounted?)",
+                            self.share.data_path(id).display()
+                        )));
+                    }
+                    None => {
+                        return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
+                    }
+                }
+                match self.state().staged.get(id) {
+                    Some(s) if s.staging_path == source => {}
+                    _ => {
+                        return Err(VolumeError::FailedPrecondition(format!(
+                            "volume {id} is not staged at {}",
+                            source.display()
+                        )));
+                    }
+                }
+                false
             }
-        }
+            Lifecycle::Ephemeral(Inline::Share { size }) => self.ensure_inline_volume(id, *size)?,
+            Lifecycle::Ephemeral(Inline::Secrets(spec)) => {
+                let payload = secrets::payload(&req.secrets, spec)?;
+                let mode = spec
+                    .default_mode
+                    .unwrap_or(if req.capability.mount_group.is_some() {
+                        SECRET_DEFAULT_MODE
+                    } else {
+                        0o444
+                    });
+                let fresh = self.ensure_secrets_tmpfs(source)?;
+                if secrets::write(source, &payload, mode)? && repeat {
+                    tracing::info!(volume_id = %id, target = %target.display(), "secrets rotated");
+                }
+                fresh
+            }
+        })
     }
 
     /// Whether `source` is what a view of volume `id` (its `record` on the share, if the
@@ -957,19 +898,7 @@ impl Node {
                 p.volume_id
             ))),
             Some(p) => {
-                match p.mechanism {
-                    Mechanism::Native { .. } => {
-                        if native::mounted(target) {
-                            mount::unmount_lazy(target).map_err(|e| {
-                                VolumeError::Internal(format!(
-                                    "cannot unmount the native view at {}: {e}",
-                                    target.display()
-                                ))
-                            })?;
-                        }
-                    }
-                    Mechanism::Fuse | Mechanism::Twin { .. } => self.views.stop(target, p.pid)?,
-                }
+                p.mechanism.stop(&self.views, target, p.pid)?;
                 if p.created_target {
                     let _ = std::fs::remove_dir(target);
                 }

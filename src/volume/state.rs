@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::share::{VolumeId, write_atomically};
 
 use super::VolumeError;
-use super::native::Mechanism;
+use super::serve::Mechanism;
 
 const VERSION: u32 = 1;
 

@@ -1,0 +1,693 @@
+//! How a publish is served: the one decision ([`decide`]) between a native view, its
+//! FUSE twin, a FUSE view with the request's options, or a refusal, from the volume,
+//! the request, the node's share, the pod and the kernel; and each [`Mechanism`]
+//! starting, checking and stopping what it serves. volume/node.rs orchestrates and
+//! decides nothing of this (docs/SEMANTICS.md, *Native views*).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Ownership, ViewMode, ViewOptions};
+use crate::sys::mount::{self, Health};
+
+use super::VolumeError;
+use super::native;
+use super::view::{VIEW_FSTYPE, Views};
+
+/// How a published target is served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mechanism {
+    /// A FUSE view with the options the request asked for.
+    #[default]
+    Fuse,
+    /// A native view: the source idmapped so that `disk_group` shows as `shown`.
+    Native { disk_group: u32, shown: u32 },
+    /// A FUSE view with the native presentation (`mode=native`) of a native volume,
+    /// where a native mount cannot serve.
+    Twin { disk_group: u32 },
+}
+
+impl Mechanism {
+    /// Whether a FUSE view's process serves it (a native view has none).
+    pub fn has_process(self) -> bool {
+        !matches!(self, Mechanism::Native { .. })
+    }
+
+    /// Its name in metrics and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Fuse => "fuse",
+            Mechanism::Native { .. } => "native",
+            Mechanism::Twin { .. } => "fuse-native",
+        }
+    }
+
+    /// Serves `source` at `target` with the request's `options`: a native view is
+    /// mounted (no process), a FUSE view started by `views` (its pid). The twin is a
+    /// FUSE view with the native presentation of the volume.
+    ///
+    /// # Errors
+    /// What the mount or the view said.
+    pub fn start(
+        self,
+        views: &Views,
+        source: &Path,
+        target: &Path,
+        options: &ViewOptions,
+    ) -> Result<Option<u32>, VolumeError> {
+        match self {
+            Mechanism::Native { disk_group, shown } => {
+                native::mount(source, target, disk_group, shown, options).map(|()| None)
+            }
+            Mechanism::Twin { disk_group } => views
+                .start(source, target, &native::twin_options(options, disk_group))
+                .map(Some),
+            Mechanism::Fuse => views.start(source, target, options).map(Some),
+        }
+    }
+
+    /// What is at `target` of a view served this way.
+    pub fn check(self, target: &Path) -> Check {
+        match self {
+            Mechanism::Native { .. } if native::mounted(target) => Check::Serving,
+            Mechanism::Native { .. } => Check::Gone,
+            Mechanism::Fuse | Mechanism::Twin { .. } => match mount::health(target) {
+                Health::Mounted(t) if t == VIEW_FSTYPE => Check::Serving,
+                Health::Mounted(other) => Check::Foreign(other),
+                Health::Dead => Check::Dead,
+                Health::NotMounted => Check::Gone,
+            },
+        }
+    }
+
+    /// Stops serving `target`: unmounts a native view (lazily, as views are), stops a
+    /// FUSE view and its process `pid`.
+    ///
+    /// # Errors
+    /// `Internal` where the view cannot be unmounted.
+    pub fn stop(self, views: &Views, target: &Path, pid: Option<u32>) -> Result<(), VolumeError> {
+        match self {
+            Mechanism::Native { .. } if native::mounted(target) => mount::unmount_lazy(target)
+                .map_err(|e| {
+                    VolumeError::Internal(format!(
+                        "cannot unmount the native view at {}: {e}",
+                        target.display()
+                    ))
+                }),
+            Mechanism::Native { .. } => Ok(()),
+            Mechanism::Fuse | Mechanism::Twin { .. } => views.stop(target, pid),
+        }
+    }
+}
+
+/// What is at a published target, for the mechanism that serves it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// The view serves.
+    Serving,
+    /// A FUSE view whose process is gone (its mount answers `ENOTCONN`).
+    Dead,
+    /// Nothing of the view is there.
+    Gone,
+    /// Another file system (its type) is mounted there.
+    Foreign(String),
+}
+
+/// What is known of the pod a publish is for, from the API server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pod {
+    /// It shares the node's user namespace (`hostUsers` true or unset), or there is no
+    /// API server (a local driver: no such pods).
+    HostUsers,
+    /// `hostUsers: false`: its runtime idmaps every volume, which it cannot do to an
+    /// idmapped mount.
+    UserNamespace,
+    /// A container of it (any kind: app, init, ephemeral) is privileged or adds
+    /// `CAP_DAC_READ_SEARCH`, `CAP_SYS_ADMIN` or `ALL`, which reach past a bind mount
+    /// to the whole file system (which container, and what).
+    Privileged(String),
+    /// The lookup failed (no pod information, RBAC, the API server down): why.
+    Unknown(String),
+}
+
+/// The pod a publish is for, as kubelet names it when the CSIDriver has
+/// `podInfoOnMount` (`csi.storage.k8s.io/pod.namespace`, `pod.name`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Where the driver learns whether a pod is in a user namespace.
+pub trait PodLookup: Send + Sync {
+    /// What is known of `pod` (`None`: the publish named no pod).
+    fn pod(&self, pod: Option<&PodRef>) -> Pod;
+}
+
+/// No API server (a driver run by hand, `scripts/run`, the tests): no pod runs in a
+/// user namespace of its own here.
+pub struct NoApiServer;
+
+impl PodLookup for NoApiServer {
+    fn pod(&self, _: Option<&PodRef>) -> Pod {
+        Pod::HostUsers
+    }
+}
+
+/// Why a publish is a FUSE view rather than a native one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// The volume has no group of its own: made before native views, with the
+    /// StorageClass parameter `view: fuse`, or on a share that could not serve them.
+    NotNative,
+    /// The volume asked to be native, but the share could not serve native views when
+    /// it was made (why, as recorded then).
+    ShareAtCreate(String),
+    /// A secret view (its content lives on a tmpfs of the node plugin's).
+    Secrets,
+    /// CIFS options (`uid=`, `file_mode=`, `dir_mode=`, `noperm`, `mode=cifs`).
+    CifsOptions,
+    /// An option only a FUSE view has (named).
+    ViewOption(&'static str),
+    /// SELinux `context=`, which a bind mount cannot give.
+    SelinuxContext,
+    /// The share, on this node: cannot be idmapped, or is not `nosuid,nodev` (why).
+    Share(String),
+    /// A pod in a user namespace.
+    UserNamespacePod,
+    /// A pod with a container that could reach past a native view (why).
+    PrivilegedPod(String),
+    /// The pod could not be looked up (why).
+    PodUnknown(String),
+}
+
+impl Fallback {
+    /// A stable name for metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Fallback::NotNative => "volume-not-native",
+            Fallback::ShareAtCreate(_) => "share-at-create",
+            Fallback::Secrets => "secret-view",
+            Fallback::CifsOptions => "cifs-options",
+            Fallback::ViewOption(_) => "view-option",
+            Fallback::SelinuxContext => "selinux-context",
+            Fallback::Share(_) => "share",
+            Fallback::UserNamespacePod => "user-namespace-pod",
+            Fallback::PrivilegedPod(_) => "privileged-pod",
+            Fallback::PodUnknown(_) => "pod-unknown",
+        }
+    }
+
+    /// Whether the FUSE view presents the volume natively (the twin): where only the
+    /// mechanism is what cannot serve, not the presentation the request asked for.
+    pub fn twin(&self) -> bool {
+        matches!(
+            self,
+            Fallback::SelinuxContext
+                | Fallback::Share(_)
+                | Fallback::UserNamespacePod
+                | Fallback::PrivilegedPod(_)
+                | Fallback::PodUnknown(_)
+        )
+    }
+}
+
+impl std::fmt::Display for Fallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fallback::NotNative => f.write_str(
+                "the volume has no group of its own (made before native views, or with view: fuse)",
+            ),
+            Fallback::ShareAtCreate(why) => write!(
+                f,
+                "the share could not serve native views when the volume was made, so it is a FUSE volume for good (what its views made belongs to its creators' groups, which a native view would not show as the pod's; a volume made once the share qualifies is native): {why}"
+            ),
+            Fallback::Secrets => f.write_str("a secret view"),
+            Fallback::CifsOptions => f.write_str("CIFS options"),
+            Fallback::ViewOption(o) => write!(f, "the option {o}, which only a FUSE view has"),
+            Fallback::SelinuxContext => {
+                f.write_str("SELinux context=, which a bind mount cannot give")
+            }
+            Fallback::Share(why) => f.write_str(why),
+            Fallback::UserNamespacePod => f.write_str(
+                "a pod in a user namespace, whose runtime cannot idmap an idmapped mount again",
+            ),
+            Fallback::PrivilegedPod(why) => write!(
+                f,
+                "a pod that could reach past a native view to the whole file system ({why}: open_by_handle_at or mounts)"
+            ),
+            Fallback::PodUnknown(why) => write!(f, "the pod could not be looked up ({why})"),
+        }
+    }
+}
+
+/// The option of `options` that asks for FUSE semantics (a name for the log), if any.
+/// Tuning that means nothing natively (threads, timeouts, passthrough, direct I/O,
+/// transport, fsname) is not one: a native view has no daemon to tune.
+fn fuse_only_option(o: &ViewOptions) -> Option<Fallback> {
+    match o.mode {
+        ViewMode::Cifs => return Some(Fallback::CifsOptions),
+        ViewMode::Native => return Some(Fallback::ViewOption("mode=native")),
+        ViewMode::FsGroup => {}
+    }
+    if o.ownership == Ownership::Off {
+        return Some(Fallback::ViewOption("ownership=off"));
+    }
+    for (on, name) in [
+        (o.vfs.sync, "sync"),
+        (o.vfs.dirsync, "dirsync"),
+        (o.vfs.lazytime, "lazytime"),
+    ] {
+        if on {
+            return Some(Fallback::ViewOption(name));
+        }
+    }
+    None
+}
+
+/// Whether a new publish can be native, in the order the reasons are checked (the pod
+/// is asked only when nothing else stands in the way: `pod` is called at most once).
+///
+/// # Errors
+/// The [`Fallback`] that stands in the way.
+pub(super) fn native_or_why(
+    volume_group: Option<u32>,
+    secrets: bool,
+    options: &ViewOptions,
+    share: impl FnOnce() -> Result<(), String>,
+    pod: impl FnOnce() -> Pod,
+) -> Result<Mechanism, Fallback> {
+    if secrets {
+        return Err(Fallback::Secrets);
+    }
+    let Some(disk_group) = volume_group else {
+        return Err(Fallback::NotNative);
+    };
+    if let Some(f) = fuse_only_option(options) {
+        return Err(f);
+    }
+    if options.selinux_context.is_some() {
+        return Err(Fallback::SelinuxContext);
+    }
+    share().map_err(Fallback::Share)?;
+    match pod() {
+        Pod::HostUsers => {}
+        Pod::UserNamespace => return Err(Fallback::UserNamespacePod),
+        Pod::Privileged(why) => return Err(Fallback::PrivilegedPod(why)),
+        Pod::Unknown(why) => return Err(Fallback::PodUnknown(why)),
+    }
+    Ok(Mechanism::Native {
+        disk_group,
+        shown: options.group.map_or(disk_group, |g| g.get()),
+    })
+}
+
+/// What a publish is, for [`decide`].
+#[derive(Clone, Copy, Debug)]
+pub struct Publish<'a> {
+    /// The volume's own group on disk (a native volume's), from its record.
+    pub volume_group: Option<u32>,
+    /// Why the share could not serve native views when the volume was made, if so.
+    pub not_native: Option<&'a str>,
+    /// A secret view (its content is on a tmpfs of the node plugin's, not the share).
+    pub secrets: bool,
+    /// The view options of the request (its `mount_flags`, group and read-only).
+    pub options: &'a ViewOptions,
+    /// How the target is served already (a repeated publish of a view that is gone, a
+    /// recovery): `None` for a new publish.
+    pub recorded: Option<Mechanism>,
+    /// Whether this kernel's FUSE lets a pod's runtime idmap a view
+    /// (`FUSE_ALLOW_IDMAP`, Linux 6.12); `None` where not known.
+    pub fuse_idmap: Option<bool>,
+}
+
+/// How a publish is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Served {
+    pub mechanism: Mechanism,
+    /// Why a native volume is not served natively, where that is worth a warning (a
+    /// volume that is not native, or a secret view, is no surprise): `None` for a
+    /// repeat that keeps its mechanism keeps what was recorded.
+    pub fallback: Option<Fallback>,
+}
+
+/// Why a publish is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// A pod in a user namespace on a kernel whose FUSE cannot be idmapped: its
+    /// runtime's idmapped mount of a FUSE view fails with `EINVAL` (fs/namespace.c
+    /// `can_idmap_mount` refuses a file system without `FS_ALLOW_IDMAP`, which FUSE
+    /// gained with `FUSE_ALLOW_IDMAP` in Linux 6.12), and a native view is an idmapped
+    /// mount, which `can_idmap_mount` refuses to idmap again.
+    UserNamespaceWithoutIdmap,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::UserNamespaceWithoutIdmap => write!(
+                f,
+                "runs in a user namespace (hostUsers: false), whose runtime idmaps every volume, and this node's kernel ({}) cannot idmap a mountgroup view (FUSE_ALLOW_IDMAP needs Linux 6.12 or later): run the pod on a node with a newer kernel, or with hostUsers: true",
+                crate::sys::kernel_release()
+            ),
+        }
+    }
+}
+
+/// How a publish is served, or why it is refused; the one place that decides it.
+///
+/// - A repeat (`recorded`) is served as it was, except that a native view is native
+///   only while the share still qualifies (`share`: a mount made since counts), else
+///   its twin.
+/// - A new publish for a pod in a user namespace is refused where this kernel cannot
+///   idmap a FUSE view ([`Refusal`]).
+/// - A new publish is native unless something stands in the way ([`Fallback`], in the
+///   order checked); then the twin where only the mechanism cannot serve (the volume's
+///   presentation is still what the request asked for), else a FUSE view with the
+///   request's options.
+///
+/// `share` and `pod` are asked only where the answer matters, each at most once.
+///
+/// # Errors
+/// The [`Refusal`].
+pub fn decide(
+    publish: &Publish<'_>,
+    share: impl FnOnce() -> Result<(), String>,
+    pod: impl FnOnce() -> Pod,
+) -> Result<Served, Refusal> {
+    if let Some(recorded) = publish.recorded {
+        let Mechanism::Native { disk_group, .. } = recorded else {
+            return Ok(Served {
+                mechanism: recorded,
+                fallback: None,
+            });
+        };
+        return Ok(match share() {
+            Ok(()) => Served {
+                mechanism: recorded,
+                fallback: None,
+            },
+            Err(why) => Served {
+                mechanism: Mechanism::Twin { disk_group },
+                fallback: Some(Fallback::Share(why)),
+            },
+        });
+    }
+    let mut pod = Some(pod);
+    let mut known: Option<Pod> = None;
+    let mut pod = move || {
+        known
+            .get_or_insert_with(|| (pod.take().expect("asked once"))())
+            .clone()
+    };
+    if publish.fuse_idmap == Some(false) && pod() == Pod::UserNamespace {
+        return Err(Refusal::UserNamespaceWithoutIdmap);
+    }
+    let fallback = match native_or_why(
+        publish.volume_group,
+        publish.secrets,
+        publish.options,
+        share,
+        pod,
+    ) {
+        Ok(mechanism) => {
+            return Ok(Served {
+                mechanism,
+                fallback: None,
+            });
+        }
+        Err(Fallback::NotNative) => match publish.not_native {
+            Some(why) => Fallback::ShareAtCreate(why.to_string()),
+            None => Fallback::NotNative,
+        },
+        Err(f) => f,
+    };
+    let mechanism = match (publish.volume_group, fallback.twin()) {
+        (Some(disk_group), true) => Mechanism::Twin { disk_group },
+        _ => Mechanism::Fuse,
+    };
+    let expected = matches!(fallback, Fallback::NotNative | Fallback::Secrets);
+    Ok(Served {
+        mechanism,
+        fallback: (!expected).then_some(fallback),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(s: &str) -> ViewOptions {
+        ViewOptions::parse(s).unwrap()
+    }
+
+    const G: u32 = 2_000_000_000;
+
+    /// A publish of a native volume (`G`), new, on a kernel that can idmap views.
+    fn new<'a>(options: &'a ViewOptions) -> Publish<'a> {
+        Publish {
+            volume_group: Some(G),
+            not_native: None,
+            secrets: false,
+            options,
+            recorded: None,
+            fuse_idmap: Some(true),
+        }
+    }
+
+    /// The decision as (mechanism name, fallback code or "", twin's disk group), or the
+    /// refusal's name.
+    fn outcome(r: Result<Served, Refusal>) -> String {
+        match r {
+            Ok(s) => format!(
+                "{} {}",
+                s.mechanism.name(),
+                s.fallback.as_ref().map_or("-", Fallback::code)
+            ),
+            Err(Refusal::UserNamespaceWithoutIdmap) => "refused".into(),
+        }
+    }
+
+    #[test]
+    fn one_decision_for_every_publish() {
+        let ok = || Ok(());
+        let bad = || Err::<(), _>("a suid mount of the share".to_string());
+        let host = || Pod::HostUsers;
+        let userns = || Pod::UserNamespace;
+        let never_share = || -> Result<(), String> { panic!("the share asked without need") };
+        let never_pod = || -> Pod { panic!("the pod asked without need") };
+        let plain = opts("gid=4242");
+        let fuse_volume = Publish {
+            volume_group: None,
+            ..new(&plain)
+        };
+        let cases: Vec<(&str, String, &str)> = vec![
+            (
+                "native",
+                outcome(decide(&new(&plain), ok, host)),
+                "native -",
+            ),
+            (
+                "tuning is no reason",
+                outcome(decide(
+                    &new(&opts("gid=1,threads=2,attr_timeout=5")),
+                    ok,
+                    host,
+                )),
+                "native -",
+            ),
+            (
+                "no group",
+                outcome(decide(&fuse_volume, never_share, never_pod)),
+                "fuse -",
+            ),
+            (
+                "share at create",
+                outcome(decide(
+                    &Publish {
+                        not_native: Some("a suid mount"),
+                        ..fuse_volume
+                    },
+                    never_share,
+                    never_pod,
+                )),
+                "fuse share-at-create",
+            ),
+            (
+                "secrets",
+                outcome(decide(
+                    &Publish {
+                        secrets: true,
+                        ..new(&plain)
+                    },
+                    never_share,
+                    never_pod,
+                )),
+                "fuse -",
+            ),
+            (
+                "cifs",
+                outcome(decide(
+                    &new(&opts("gid=1,file_mode=0644")),
+                    never_share,
+                    never_pod,
+                )),
+                "fuse cifs-options",
+            ),
+            (
+                "ownership=off",
+                outcome(decide(
+                    &new(&opts("gid=1,ownership=off")),
+                    never_share,
+                    never_pod,
+                )),
+                "fuse view-option",
+            ),
+            (
+                "sync",
+                outcome(decide(&new(&opts("gid=1,sync")), never_share, never_pod)),
+                "fuse view-option",
+            ),
+            (
+                "context",
+                outcome(decide(
+                    &new(&opts(
+                        "gid=1,context=\"system_u:object_r:container_file_t:s0\"",
+                    )),
+                    never_share,
+                    never_pod,
+                )),
+                "fuse-native selinux-context",
+            ),
+            (
+                "share",
+                outcome(decide(&new(&plain), bad, never_pod)),
+                "fuse-native share",
+            ),
+            (
+                "user namespace",
+                outcome(decide(&new(&plain), ok, userns)),
+                "fuse-native user-namespace-pod",
+            ),
+            (
+                "privileged",
+                outcome(decide(&new(&plain), ok, || {
+                    Pod::Privileged("its container x adds DAC_READ_SEARCH".into())
+                })),
+                "fuse-native privileged-pod",
+            ),
+            (
+                "pod unknown",
+                outcome(decide(&new(&plain), ok, || Pod::Unknown("RBAC".into()))),
+                "fuse-native pod-unknown",
+            ),
+            // A kernel without FUSE_ALLOW_IDMAP: a pod in a user namespace can use no
+            // view, native or FUSE, whatever the volume.
+            (
+                "user namespace, no idmap",
+                outcome(decide(
+                    &Publish {
+                        fuse_idmap: Some(false),
+                        ..new(&plain)
+                    },
+                    never_share,
+                    userns,
+                )),
+                "refused",
+            ),
+            (
+                "user namespace, no idmap, FUSE volume",
+                outcome(decide(
+                    &Publish {
+                        fuse_idmap: Some(false),
+                        ..fuse_volume
+                    },
+                    never_share,
+                    userns,
+                )),
+                "refused",
+            ),
+            (
+                "no idmap, host users",
+                outcome(decide(
+                    &Publish {
+                        fuse_idmap: Some(false),
+                        ..new(&plain)
+                    },
+                    ok,
+                    host,
+                )),
+                "native -",
+            ),
+            (
+                "idmap unknown",
+                outcome(decide(
+                    &Publish {
+                        fuse_idmap: None,
+                        ..new(&plain)
+                    },
+                    ok,
+                    userns,
+                )),
+                "fuse-native user-namespace-pod",
+            ),
+        ];
+        let got: Vec<(&str, &str)> = cases.iter().map(|(w, o, _)| (*w, o.as_str())).collect();
+        let want: Vec<(&str, &str)> = cases.iter().map(|(w, _, e)| (*w, *e)).collect();
+        assert_eq!(got, want);
+        // The twin keeps the volume's group; the native view shows the request's.
+        assert_eq!(
+            decide(&new(&plain), bad, never_pod).unwrap().mechanism,
+            Mechanism::Twin { disk_group: G }
+        );
+        assert_eq!(
+            decide(&new(&opts("")), ok, host).unwrap().mechanism,
+            Mechanism::Native {
+                disk_group: G,
+                shown: G
+            }
+        );
+    }
+
+    #[test]
+    fn a_view_served_again_is_native_only_while_the_share_qualifies() {
+        let native = Mechanism::Native {
+            disk_group: G,
+            shown: 4242,
+        };
+        let twin = Mechanism::Twin { disk_group: G };
+        let never_share = || -> Result<(), String> { panic!("the share asked without need") };
+        let never_pod = || -> Pod { panic!("a repeat asks no pod") };
+        let o = opts("gid=4242");
+        let again = |recorded| Publish {
+            recorded: Some(recorded),
+            fuse_idmap: Some(false),
+            ..new(&o)
+        };
+        assert_eq!(
+            decide(&again(native), || Ok(()), never_pod),
+            Ok(Served {
+                mechanism: native,
+                fallback: None
+            })
+        );
+        assert_eq!(
+            decide(&again(native), || Err("a suid mount".into()), never_pod),
+            Ok(Served {
+                mechanism: twin,
+                fallback: Some(Fallback::Share("a suid mount".into()))
+            })
+        );
+        for kept in [twin, Mechanism::Fuse] {
+            assert_eq!(
+                decide(&again(kept), never_share, never_pod),
+                Ok(Served {
+                    mechanism: kept,
+                    fallback: None
+                })
+            );
+        }
+    }
+}
