@@ -580,47 +580,14 @@ impl Node {
                 )));
             }
         };
-        let mut created_target = false;
-        if let Some(p) = &existing {
-            // The view died (or, native, is gone): serve it again, as it was.
-            created_target = p.created_target;
-            if p.mechanism.has_process() {
-                self.views.stop(target, p.pid)?;
+        let created_target = match self.prepare_target(target, existing.as_ref()) {
+            Ok(made) => made,
+            Err(e) => {
+                undo_source(self);
+                return Err(e);
             }
-        } else {
-            match mount::health(target) {
-                Health::NotMounted => {}
-                Health::Dead => self.views.stop(target, None)?,
-                Health::Mounted(t) => {
-                    undo_source(self);
-                    return Err(VolumeError::AlreadyExists(format!(
-                        "target_path {} already holds a {t} mount",
-                        target.display()
-                    )));
-                }
-            }
-            match std::fs::symlink_metadata(target) {
-                Ok(m) if m.is_dir() => {}
-                Ok(_) => {
-                    undo_source(self);
-                    return Err(VolumeError::InvalidArgument(format!(
-                        "target_path {} exists and is not a directory",
-                        target.display()
-                    )));
-                }
-                Err(_) => {
-                    if let Err(e) = std::fs::create_dir_all(target) {
-                        undo_source(self);
-                        return Err(VolumeError::Internal(format!(
-                            "target_path {}: {e}",
-                            target.display()
-                        )));
-                    }
-                    created_target = true;
-                }
-            }
-        }
-        if matches!(mechanism, Mechanism::Native { .. } | Mechanism::Twin { .. }) {
+        };
+        if mechanism.native_presentation() {
             self.keep_native_root(record.as_ref());
         }
         let pid = match mechanism.start(&self.views, &source, target, &options) {
@@ -660,6 +627,49 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// Makes `target` ready for a view: a repeat's view that died is stopped; a new
+    /// target must hold no mount and be a directory, made where missing. Whether the
+    /// publish made the directory (its unpublish removes it).
+    ///
+    /// # Errors
+    /// `AlreadyExists` for a mount there, `InvalidArgument` for a file, `Internal`.
+    fn prepare_target(
+        &self,
+        target: &Path,
+        existing: Option<&Published>,
+    ) -> Result<bool, VolumeError> {
+        if let Some(p) = existing {
+            // The view died (or, native, is gone): serve it again, as it was.
+            if p.mechanism.has_process() {
+                self.views.stop(target, p.pid)?;
+            }
+            return Ok(p.created_target);
+        }
+        match mount::health(target) {
+            Health::NotMounted => {}
+            Health::Dead => self.views.stop(target, None)?,
+            Health::Mounted(t) => {
+                return Err(VolumeError::AlreadyExists(format!(
+                    "target_path {} already holds a {t} mount",
+                    target.display()
+                )));
+            }
+        }
+        match std::fs::symlink_metadata(target) {
+            Ok(m) if m.is_dir() => Ok(false),
+            Ok(_) => Err(VolumeError::InvalidArgument(format!(
+                "target_path {} exists and is not a directory",
+                target.display()
+            ))),
+            Err(_) => {
+                std::fs::create_dir_all(target).map_err(|e| {
+                    VolumeError::Internal(format!("target_path {}: {e}", target.display()))
+                })?;
+                Ok(true)
+            }
+        }
     }
 
     /// How a target is served ([`serve::decide`] with this node's share, pods and

@@ -35,6 +35,12 @@ impl Mechanism {
         !matches!(self, Mechanism::Native { .. })
     }
 
+    /// Whether it shows a native volume as a native view does (the native view and its
+    /// twin): the volume's root must then be the volume's group's.
+    pub fn native_presentation(self) -> bool {
+        !matches!(self, Mechanism::Fuse)
+    }
+
     /// Its name in metrics and logs.
     pub fn name(self) -> &'static str {
         match self {
