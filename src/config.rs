@@ -350,6 +350,418 @@ const IGNORED: &[&str] = &[
 /// view's type is always `fuse.mountgroup`) and fstab's `comment=`.
 const IGNORED_WITH_VALUE: &[&str] = &["subtype", "comment"];
 
+/// How a native view (an idmapped bind mount, no process) treats an option.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NativeUse {
+    /// Tuning of a FUSE view's process: means nothing natively.
+    Tuning,
+    /// The native view's mount has it too (its group, `ro`, `noexec`, access times).
+    Applied,
+    /// Only a FUSE view gives it: any value but its default asks for one.
+    FuseOnly,
+    /// A presentation a bind mount cannot give (`context=`): a FUSE view with the
+    /// native presentation serves it.
+    NotByBindMount,
+}
+
+/// A view option, declared once: the keys that set it, how it is parsed and printed
+/// (the canonical string, and a VFS flag's mount(8) name), and what a native view
+/// makes of it. [`OPTIONS`] lists them in the order of the canonical string.
+pub struct ViewOption {
+    /// The keys that set it (`ro` and `rw` set one option).
+    pub keys: &'static [&'static str],
+    /// Applies `key` (one of `keys`) with its value, if any.
+    set: fn(&mut Parsing, &str, Option<&str>) -> Result<(), OptionError>,
+    /// Its items in the canonical string (none where it is its default and the
+    /// string has always left it out).
+    print: fn(&ViewOptions, &mut Vec<String>),
+    /// A VFS mount flag: its printed items (but `rw`) are mount(8) flag names.
+    pub vfs: bool,
+    pub native: NativeUse,
+}
+
+/// The state of a parse: the options so far, and what decides the mode at the end.
+struct Parsing {
+    o: ViewOptions,
+    explicit_mode: Option<ViewMode>,
+    /// The first CIFS-only option given.
+    cifs_only: Option<String>,
+}
+
+/// `key`'s value, which it needs (`gid=` names no value, as `gid` does not).
+fn need<'v>(key: &str, v: Option<&'v str>) -> Result<&'v str, OptionError> {
+    v.filter(|v| !v.is_empty())
+        .ok_or_else(|| OptionError::MissingValue(key.to_string()))
+}
+
+/// `key` takes no value.
+fn flag(key: &str, v: Option<&str>) -> Result<(), OptionError> {
+    match v {
+        None => Ok(()),
+        Some(_) => Err(OptionError::UnexpectedValue(key.to_string())),
+    }
+}
+
+/// `key`'s value parsed by `parse` (whose error says why it is bad).
+fn value<T>(
+    key: &str,
+    v: Option<&str>,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<T, OptionError> {
+    let v = need(key, v)?;
+    parse(v).map_err(|reason| OptionError::Invalid {
+        key: key.to_string(),
+        value: v.to_string(),
+        reason,
+    })
+}
+
+/// The name of `t` among `choices` (each value has one).
+fn name_of<T: PartialEq>(t: &T, choices: &[(&'static str, T)]) -> &'static str {
+    choices
+        .iter()
+        .find(|(_, c)| c == t)
+        .map(|(n, _)| *n)
+        .expect("every value has a name")
+}
+
+const MODES: &[(&str, ViewMode)] = &[
+    ("fsgroup", ViewMode::FsGroup),
+    ("cifs", ViewMode::Cifs),
+    ("native", ViewMode::Native),
+];
+const OWNERSHIPS: &[(&str, Ownership)] =
+    &[("emulate", Ownership::Emulate), ("off", Ownership::Off)];
+const PASSTHROUGHS: &[(&str, Passthrough)] = &[
+    ("auto", Passthrough::Auto),
+    ("on", Passthrough::On),
+    ("off", Passthrough::Off),
+];
+const DIRECT_IOS: &[(&str, DirectIo)] = &[("view", DirectIo::View), ("kernel", DirectIo::Kernel)];
+const TRANSPORTS: &[(&str, Transport)] = &[("dev", Transport::Dev), ("ring", Transport::Ring)];
+
+fn parse_threads(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(n) if (1..=64).contains(&n) => Ok(n),
+        _ => Err("is not a thread count from 1 to 64".into()),
+    }
+}
+
+fn parse_fsname(v: &str) -> Result<String, String> {
+    if v.contains(['\\', ' ', '\t', '\n']) || v.len() > 255 {
+        return Err(
+            "is not a plain name (no spaces, backslashes or control characters, at most 255 bytes)"
+                .into(),
+        );
+    }
+    Ok(v.to_string())
+}
+
+/// A boolean VFS flag set by `on` and cleared by `off` (or only set, where `off` is
+/// `""`), printed as `on` when set.
+macro_rules! vfs_bool {
+    ($on:literal, $off:literal, $field:ident, $native:expr) => {
+        ViewOption {
+            keys: if $off.is_empty() {
+                &[$on]
+            } else {
+                &[$on, $off]
+            },
+            set: |p, k, v| {
+                flag(k, v)?;
+                p.o.vfs.$field = k == $on;
+                Ok(())
+            },
+            print: |o, out| {
+                if o.vfs.$field {
+                    out.push($on.into());
+                }
+            },
+            vfs: true,
+            native: $native,
+        }
+    };
+}
+
+/// Every view option, in the order of the canonical string (which must stay as it is:
+/// a takeover compares the strings recorded by older versions).
+pub const OPTIONS: &[ViewOption] = &[
+    ViewOption {
+        keys: &["gid"],
+        set: |p, k, v| {
+            p.o.group = Some(value(k, v, MountGroup::parse)?);
+            Ok(())
+        },
+        print: |o, out| out.extend(o.group.map(|g| format!("gid={g}"))),
+        vfs: false,
+        native: NativeUse::Applied,
+    },
+    ViewOption {
+        keys: &["mode"],
+        set: |p, k, v| {
+            p.explicit_mode = Some(value(k, v, |v| one_of(v, MODES))?);
+            Ok(())
+        },
+        print: |o, out| out.push(format!("mode={}", name_of(&o.mode, MODES))),
+        vfs: false,
+        native: NativeUse::FuseOnly,
+    },
+    ViewOption {
+        keys: &["disk_gid"],
+        set: |p, k, v| {
+            p.o.disk_group = Some(value(k, v, parse_id)?);
+            Ok(())
+        },
+        print: |o, out| {
+            if o.mode == ViewMode::Native {
+                out.extend(o.disk_group.map(|d| format!("disk_gid={d}")));
+            }
+        },
+        vfs: false,
+        native: NativeUse::FuseOnly,
+    },
+    ViewOption {
+        keys: &["uid"],
+        set: |p, k, v| {
+            p.o.cifs.uid = value(k, v, parse_id)?;
+            p.cifs_only.get_or_insert_with(|| k.to_string());
+            Ok(())
+        },
+        print: |o, out| {
+            if o.mode == ViewMode::Cifs {
+                out.push(format!("uid={}", o.cifs.uid));
+            }
+        },
+        vfs: false,
+        native: NativeUse::FuseOnly,
+    },
+    ViewOption {
+        keys: &["file_mode"],
+        set: |p, k, v| {
+            p.o.cifs.file_mode = value(k, v, parse_perm)?;
+            p.cifs_only.get_or_insert_with(|| k.to_string());
+            Ok(())
+        },
+        print: |o, out| {
+            if o.mode == ViewMode::Cifs {
+                out.push(format!("file_mode={:04o}", o.cifs.file_mode));
+            }
+        },
+        vfs: false,
+        native: NativeUse::FuseOnly,
+    },
+    ViewOption {
+        keys: &["dir_mode"],
+        set: |p, k, v| {
+            p.o.cifs.dir_mode = value(k, v, parse_perm)?;
+            p.cifs_only.get_or_insert_with(|| k.to_string());
+            Ok(())
+        },
+        print: |o, out| {
+            if o.mode == ViewMode::Cifs {
+                out.push(format!("dir_mode={:04o}", o.cifs.dir_mode));
+            }
+        },
+        vfs: false,
+        native: NativeUse::FuseOnly,
+    },
+    ViewOption {
+        keys: &["noperm"],
+        set: |p, k, v| {
+            flag(k, v)?;
+            p.o.cifs.noperm = true;
+            p.cifs_only.get_or_insert_with(|| k.to_string());
+            Ok(())
+        },
+        print: |o, out| {
+            if o.mode == ViewMode::Cifs && o.cifs.noperm {
+                out.push("noperm".into());
+            }
+        },
+        vfs: false,
+        native: NativeUse::FuseOnly,
+    },
+    ViewOption {
+        keys: &["ownership"],
+        set: |p, k, v| {
+            p.o.ownership = value(k, v, |v| one_of(v, OWNERSHIPS))?;
+            Ok(())
+        },
+        print: |o, out| out.push(format!("ownership={}", name_of(&o.ownership, OWNERSHIPS))),
+        vfs: false,
+        native: NativeUse::FuseOnly,
+    },
+    ViewOption {
+        keys: &["ro", "rw"],
+        set: |p, k, v| {
+            flag(k, v)?;
+            p.o.readonly = k == "ro";
+            Ok(())
+        },
+        print: |o, out| out.push(if o.readonly { "ro" } else { "rw" }.into()),
+        vfs: true,
+        native: NativeUse::Applied,
+    },
+    ViewOption {
+        keys: &["noexec", "exec"],
+        set: |p, k, v| {
+            flag(k, v)?;
+            p.o.noexec = k == "noexec";
+            Ok(())
+        },
+        print: |o, out| {
+            if o.noexec {
+                out.push("noexec".into());
+            }
+        },
+        vfs: true,
+        native: NativeUse::Applied,
+    },
+    ViewOption {
+        keys: &["passthrough"],
+        set: |p, k, v| {
+            p.o.passthrough = value(k, v, |v| one_of(v, PASSTHROUGHS))?;
+            Ok(())
+        },
+        print: |o, out| {
+            out.push(format!(
+                "passthrough={}",
+                name_of(&o.passthrough, PASSTHROUGHS)
+            ));
+        },
+        vfs: false,
+        native: NativeUse::Tuning,
+    },
+    ViewOption {
+        keys: &["threads"],
+        set: |p, k, v| {
+            p.o.threads = value(k, v, parse_threads)?;
+            Ok(())
+        },
+        print: |o, out| out.push(format!("threads={}", o.threads)),
+        vfs: false,
+        native: NativeUse::Tuning,
+    },
+    ViewOption {
+        keys: &["attr_timeout"],
+        set: |p, k, v| {
+            p.o.attr_timeout = value(k, v, parse_seconds)?;
+            Ok(())
+        },
+        print: |o, out| out.push(format!("attr_timeout={}", o.attr_timeout.as_secs_f64())),
+        vfs: false,
+        native: NativeUse::Tuning,
+    },
+    ViewOption {
+        keys: &["entry_timeout"],
+        set: |p, k, v| {
+            p.o.entry_timeout = value(k, v, parse_seconds)?;
+            Ok(())
+        },
+        print: |o, out| out.push(format!("entry_timeout={}", o.entry_timeout.as_secs_f64())),
+        vfs: false,
+        native: NativeUse::Tuning,
+    },
+    ViewOption {
+        keys: &["context"],
+        set: |p, k, v| {
+            p.o.selinux_context = Some(value(k, v, parse_selinux_context)?);
+            Ok(())
+        },
+        print: |o, out| {
+            out.extend(
+                o.selinux_context
+                    .as_ref()
+                    .map(|c| format!("context=\"{c}\"")),
+            );
+        },
+        vfs: false,
+        native: NativeUse::NotByBindMount,
+    },
+    // Only what differs from the defaults from here on, so that the canonical string
+    // of older options stays what it was.
+    ViewOption {
+        keys: &["direct_io"],
+        set: |p, k, v| {
+            p.o.direct_io = value(k, v, |v| one_of(v, DIRECT_IOS))?;
+            Ok(())
+        },
+        print: |o, out| {
+            if o.direct_io != DirectIo::default() {
+                out.push(format!("direct_io={}", name_of(&o.direct_io, DIRECT_IOS)));
+            }
+        },
+        vfs: false,
+        native: NativeUse::Tuning,
+    },
+    ViewOption {
+        keys: &["transport"],
+        set: |p, k, v| {
+            p.o.transport = value(k, v, |v| one_of(v, TRANSPORTS))?;
+            Ok(())
+        },
+        print: |o, out| {
+            if o.transport != Transport::default() {
+                out.push(format!("transport={}", name_of(&o.transport, TRANSPORTS)));
+            }
+        },
+        vfs: false,
+        native: NativeUse::Tuning,
+    },
+    ViewOption {
+        keys: &[
+            "noatime",
+            "relatime",
+            "strictatime",
+            "atime",
+            "norelatime",
+            "nostrictatime",
+        ],
+        set: |p, k, v| {
+            flag(k, v)?;
+            p.o.vfs.atime = match k {
+                "noatime" => Atime::Never,
+                "strictatime" => Atime::Always,
+                // `relatime`, `atime`, `norelatime`, `nostrictatime`: the default.
+                _ => Atime::Relative,
+            };
+            Ok(())
+        },
+        print: |o, out| match o.vfs.atime {
+            Atime::Relative => {}
+            Atime::Never => out.push("noatime".into()),
+            Atime::Always => out.push("strictatime".into()),
+        },
+        vfs: true,
+        native: NativeUse::Applied,
+    },
+    vfs_bool!("nodiratime", "diratime", nodiratime, NativeUse::Applied),
+    vfs_bool!("lazytime", "nolazytime", lazytime, NativeUse::FuseOnly),
+    vfs_bool!("sync", "", sync, NativeUse::FuseOnly),
+    vfs_bool!("dirsync", "", dirsync, NativeUse::FuseOnly),
+    ViewOption {
+        keys: &["fsname"],
+        set: |p, k, v| {
+            p.o.fsname = Some(value(k, v, parse_fsname)?);
+            Ok(())
+        },
+        print: |o, out| out.extend(o.fsname.as_ref().map(|n| format!("fsname={n}"))),
+        vfs: false,
+        native: NativeUse::Tuning,
+    },
+    // Every view is `nodev,nosuid`: saying so is fine, asking otherwise is refused.
+    ViewOption {
+        keys: &["nodev", "nosuid", "dev", "suid"],
+        set: |_, k, v| match k {
+            "dev" | "suid" => Err(OptionError::Forbidden(k.to_string())),
+            _ => flag(k, v),
+        },
+        print: |_, _| {},
+        vfs: false,
+        native: NativeUse::Applied,
+    },
+];
+
 impl ViewOptions {
     /// Parses one comma-separated option string (`gid=2000,ro`). Empty items are
     /// ignored, so `""` gives the defaults.
@@ -361,7 +773,7 @@ impl ViewOptions {
     }
 
     /// Parses several option strings as if joined by commas, in order (so a later one
-    /// overrides an earlier one).
+    /// overrides an earlier one), each by its entry in [`OPTIONS`].
     ///
     /// # Errors
     /// The first bad option, named.
@@ -369,9 +781,11 @@ impl ViewOptions {
     where
         I: IntoIterator<Item = &'a str>,
     {
-        let mut o = ViewOptions::default();
-        let mut explicit_mode = None;
-        let mut cifs_only: Option<String> = None;
+        let mut p = Parsing {
+            o: ViewOptions::default(),
+            explicit_mode: None,
+            cifs_only: None,
+        };
         for item in strings.into_iter().flat_map(split_options) {
             let item = item.trim();
             if item.is_empty() || IGNORED.contains(&item) || item.starts_with("x-") {
@@ -387,166 +801,17 @@ impl ViewOptions {
                 Some((k, v)) => (k, Some(v)),
                 None => (item, None),
             };
-            // `gid=` names no value, as `gid` does not.
-            let need = |v: Option<&'a str>| {
-                v.filter(|v| !v.is_empty())
-                    .ok_or_else(|| OptionError::MissingValue(key.to_string()))
-            };
-            let bad = |v: &str, reason: String| OptionError::Invalid {
-                key: key.to_string(),
-                value: v.to_string(),
-                reason,
-            };
-            let flag = |v: Option<&str>| match v {
-                None => Ok(()),
-                Some(_) => Err(OptionError::UnexpectedValue(key.to_string())),
-            };
-            match key {
-                "gid" => {
-                    let v = need(value)?;
-                    o.group = Some(MountGroup::parse(v).map_err(|r| bad(v, r))?);
-                }
-                "mode" => {
-                    let v = need(value)?;
-                    let m = one_of(
-                        v,
-                        &[
-                            ("fsgroup", ViewMode::FsGroup),
-                            ("cifs", ViewMode::Cifs),
-                            ("native", ViewMode::Native),
-                        ],
-                    )
-                    .map_err(|r| bad(v, r))?;
-                    explicit_mode = Some(m);
-                }
-                "disk_gid" => {
-                    let v = need(value)?;
-                    o.disk_group = Some(parse_id(v).map_err(|r| bad(v, r))?);
-                }
-                "ownership" => {
-                    let v = need(value)?;
-                    o.ownership = one_of(
-                        v,
-                        &[("emulate", Ownership::Emulate), ("off", Ownership::Off)],
-                    )
-                    .map_err(|r| bad(v, r))?;
-                }
-                "passthrough" => {
-                    let v = need(value)?;
-                    o.passthrough = one_of(
-                        v,
-                        &[
-                            ("auto", Passthrough::Auto),
-                            ("on", Passthrough::On),
-                            ("off", Passthrough::Off),
-                        ],
-                    )
-                    .map_err(|r| bad(v, r))?;
-                }
-                "direct_io" => {
-                    let v = need(value)?;
-                    o.direct_io =
-                        one_of(v, &[("view", DirectIo::View), ("kernel", DirectIo::Kernel)])
-                            .map_err(|r| bad(v, r))?;
-                }
-                "transport" => {
-                    let v = need(value)?;
-                    o.transport = one_of(v, &[("dev", Transport::Dev), ("ring", Transport::Ring)])
-                        .map_err(|r| bad(v, r))?;
-                }
-                "uid" => {
-                    let v = need(value)?;
-                    o.cifs.uid = parse_id(v).map_err(|r| bad(v, r))?;
-                    cifs_only.get_or_insert_with(|| key.to_string());
-                }
-                "file_mode" | "dir_mode" => {
-                    let v = need(value)?;
-                    let perm = parse_perm(v).map_err(|r| bad(v, r))?;
-                    if key == "file_mode" {
-                        o.cifs.file_mode = perm;
-                    } else {
-                        o.cifs.dir_mode = perm;
-                    }
-                    cifs_only.get_or_insert_with(|| key.to_string());
-                }
-                "noperm" => {
-                    flag(value)?;
-                    o.cifs.noperm = true;
-                    cifs_only.get_or_insert_with(|| key.to_string());
-                }
-                "ro" => {
-                    flag(value)?;
-                    o.readonly = true;
-                }
-                "rw" => {
-                    flag(value)?;
-                    o.readonly = false;
-                }
-                "noexec" => {
-                    flag(value)?;
-                    o.noexec = true;
-                }
-                "exec" => {
-                    flag(value)?;
-                    o.noexec = false;
-                }
-                "nodev" | "nosuid" => flag(value)?,
-                "dev" | "suid" => return Err(OptionError::Forbidden(key.to_string())),
-                "noatime" | "relatime" | "strictatime" | "atime" | "norelatime"
-                | "nostrictatime" => {
-                    flag(value)?;
-                    o.vfs.atime = match key {
-                        "noatime" => Atime::Never,
-                        "strictatime" => Atime::Always,
-                        // `atime`, `norelatime`, `nostrictatime`: back to the default.
-                        _ => Atime::Relative,
-                    };
-                }
-                "nodiratime" | "diratime" => {
-                    flag(value)?;
-                    o.vfs.nodiratime = key == "nodiratime";
-                }
-                "lazytime" | "nolazytime" => {
-                    flag(value)?;
-                    o.vfs.lazytime = key == "lazytime";
-                }
-                "sync" => {
-                    flag(value)?;
-                    o.vfs.sync = true;
-                }
-                "dirsync" => {
-                    flag(value)?;
-                    o.vfs.dirsync = true;
-                }
-                "fsname" => {
-                    let v = need(value)?;
-                    if v.contains(['\\', ' ', '\t', '\n']) || v.len() > 255 {
-                        return Err(bad(v, "is not a plain name (no spaces, backslashes or control characters, at most 255 bytes)".into()));
-                    }
-                    o.fsname = Some(v.to_string());
-                }
-                "context" => {
-                    let v = need(value)?;
-                    o.selinux_context = Some(parse_selinux_context(v).map_err(|r| bad(v, r))?);
-                }
-                "threads" => {
-                    let v = need(value)?;
-                    o.threads = match v.parse::<usize>() {
-                        Ok(n) if (1..=64).contains(&n) => n,
-                        _ => return Err(bad(v, "is not a thread count from 1 to 64".into())),
-                    };
-                }
-                "attr_timeout" => {
-                    let v = need(value)?;
-                    o.attr_timeout = parse_seconds(v).map_err(|r| bad(v, r))?;
-                }
-                "entry_timeout" => {
-                    let v = need(value)?;
-                    o.entry_timeout = parse_seconds(v).map_err(|r| bad(v, r))?;
-                }
-                _ => return Err(OptionError::Unknown(key.to_string())),
-            }
+            let option = OPTIONS
+                .iter()
+                .find(|o| o.keys.contains(&key))
+                .ok_or_else(|| OptionError::Unknown(key.to_string()))?;
+            (option.set)(&mut p, key, value)?;
         }
+        let Parsing {
+            mut o,
+            explicit_mode,
+            cifs_only,
+        } = p;
         o.mode = match (explicit_mode, cifs_only) {
             (Some(ViewMode::FsGroup), Some(opt)) => {
                 return Err(OptionError::CifsOnly(opt, "fsgroup"));
@@ -605,80 +870,60 @@ impl ViewOptions {
     /// The options in canonical form: parsing the result gives the same options.
     pub fn to_option_string(&self) -> String {
         let mut v: Vec<String> = Vec::new();
-        if let Some(g) = self.group {
-            v.push(format!("gid={g}"));
-        }
-        match self.mode {
-            ViewMode::FsGroup => v.push("mode=fsgroup".into()),
-            ViewMode::Native => {
-                v.push("mode=native".into());
-                if let Some(d) = self.disk_group {
-                    v.push(format!("disk_gid={d}"));
-                }
-            }
-            ViewMode::Cifs => {
-                v.push("mode=cifs".into());
-                v.push(format!("uid={}", self.cifs.uid));
-                v.push(format!("file_mode={:04o}", self.cifs.file_mode));
-                v.push(format!("dir_mode={:04o}", self.cifs.dir_mode));
-                if self.cifs.noperm {
-                    v.push("noperm".into());
-                }
-            }
-        }
-        v.push(match self.ownership {
-            Ownership::Emulate => "ownership=emulate".into(),
-            Ownership::Off => "ownership=off".into(),
-        });
-        v.push(if self.readonly {
-            "ro".into()
-        } else {
-            "rw".into()
-        });
-        if self.noexec {
-            v.push("noexec".into());
-        }
-        v.push(match self.passthrough {
-            Passthrough::Auto => "passthrough=auto".into(),
-            Passthrough::On => "passthrough=on".into(),
-            Passthrough::Off => "passthrough=off".into(),
-        });
-        v.push(format!("threads={}", self.threads));
-        v.push(format!("attr_timeout={}", self.attr_timeout.as_secs_f64()));
-        v.push(format!(
-            "entry_timeout={}",
-            self.entry_timeout.as_secs_f64()
-        ));
-        if let Some(c) = &self.selinux_context {
-            v.push(format!("context=\"{c}\""));
-        }
-        // Only what differs from the defaults, so that the canonical string of older
-        // options stays what it was (a takeover compares them).
-        if self.direct_io == DirectIo::View {
-            v.push("direct_io=view".into());
-        }
-        if self.transport == Transport::Ring {
-            v.push("transport=ring".into());
-        }
-        match self.vfs.atime {
-            Atime::Relative => {}
-            Atime::Never => v.push("noatime".into()),
-            Atime::Always => v.push("strictatime".into()),
-        }
-        for (on, name) in [
-            (self.vfs.nodiratime, "nodiratime"),
-            (self.vfs.lazytime, "lazytime"),
-            (self.vfs.sync, "sync"),
-            (self.vfs.dirsync, "dirsync"),
-        ] {
-            if on {
-                v.push(name.into());
-            }
-        }
-        if let Some(n) = &self.fsname {
-            v.push(format!("fsname={n}"));
+        for option in OPTIONS {
+            (option.print)(self, &mut v);
         }
         v.join(",")
+    }
+
+    /// The VFS flags of the view's mount, by their mount(8) names (`ro`, `noatime`,
+    /// `sync`, ...), from the options that are flags.
+    pub fn vfs_flags(&self) -> Vec<&'static str> {
+        self.flags_where(|_| true)
+    }
+
+    /// The VFS flags a native view's mount has: those of the options it applies.
+    pub fn native_vfs_flags(&self) -> Vec<&'static str> {
+        self.flags_where(|o| o.native == NativeUse::Applied)
+    }
+
+    fn flags_where(&self, keep: impl Fn(&ViewOption) -> bool) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        for option in OPTIONS.iter().filter(|o| o.vfs && keep(o)) {
+            let mut items = Vec::new();
+            (option.print)(self, &mut items);
+            out.extend(items.iter().filter_map(|item| {
+                option
+                    .keys
+                    .iter()
+                    .copied()
+                    .find(|k| *k == item && *k != "rw")
+            }));
+        }
+        out
+    }
+
+    /// The first option (its canonical item, `mode=cifs`, `sync`) that a native view
+    /// cannot honour, with how it treats it: one that is not its default and that
+    /// only a FUSE view gives, or that a bind mount cannot give.
+    /// FUSE semantics come first: they decide the mechanism whatever else is asked.
+    pub fn native_obstacle(&self) -> Option<(String, NativeUse)> {
+        let default = ViewOptions::default();
+        [NativeUse::FuseOnly, NativeUse::NotByBindMount]
+            .iter()
+            .flat_map(|how| OPTIONS.iter().filter(move |o| o.native == *how))
+            .find_map(|option| {
+                let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+                (option.print)(self, &mut mine);
+                (option.print)(&default, &mut theirs);
+                (mine != theirs).then(|| {
+                    let item = mine.into_iter().find(|i| !theirs.contains(i));
+                    (
+                        item.unwrap_or_else(|| option.keys[0].to_string()),
+                        option.native,
+                    )
+                })
+            })
     }
 }
 
@@ -924,6 +1169,74 @@ mod tests {
                 ViewOptions::parse(&o.to_option_string()).unwrap(),
                 o,
                 "for {s:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_key_is_declared_once() {
+        let mut keys: Vec<&str> = OPTIONS
+            .iter()
+            .flat_map(|o| o.keys.iter().copied())
+            .collect();
+        let n = keys.len();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), n, "a key in two declarations");
+    }
+
+    #[test]
+    fn native_views_and_mounts_follow_the_declaration() {
+        let o = |s: &str| ViewOptions::parse(s).unwrap();
+        let obstacle = |s: &str| o(s).native_obstacle();
+        assert_eq!(
+            obstacle("gid=1,ro,noexec,noatime,nodiratime,threads=3"),
+            None
+        );
+        assert_eq!(
+            obstacle("gid=1,file_mode=0644"),
+            Some(("mode=cifs".into(), NativeUse::FuseOnly))
+        );
+        assert_eq!(
+            obstacle("ownership=off"),
+            Some(("ownership=off".into(), NativeUse::FuseOnly))
+        );
+        assert_eq!(
+            obstacle("lazytime"),
+            Some(("lazytime".into(), NativeUse::FuseOnly))
+        );
+        // FUSE semantics come first, whatever the order they were given in.
+        assert_eq!(
+            obstacle("context=\"a:b:c:s0\",dirsync"),
+            Some(("dirsync".into(), NativeUse::FuseOnly))
+        );
+        assert_eq!(
+            obstacle("context=\"a:b:c:s0\""),
+            Some(("context=\"a:b:c:s0\"".into(), NativeUse::NotByBindMount))
+        );
+        let all = o("ro,noexec,strictatime,nodiratime,lazytime,sync,dirsync");
+        assert_eq!(
+            all.vfs_flags(),
+            [
+                "ro",
+                "noexec",
+                "strictatime",
+                "nodiratime",
+                "lazytime",
+                "sync",
+                "dirsync"
+            ]
+        );
+        assert_eq!(
+            all.native_vfs_flags(),
+            ["ro", "noexec", "strictatime", "nodiratime"]
+        );
+        assert!(o("rw,relatime").vfs_flags().is_empty());
+        // Every flag a view's mount gets is one the system layer can set.
+        for name in all.vfs_flags().into_iter().chain(o("noatime").vfs_flags()) {
+            assert!(
+                crate::sys::mount::VFS_FLAGS.iter().any(|f| f.name == name),
+                "{name}"
             );
         }
     }

@@ -128,18 +128,75 @@ pub struct FuseMount {
     pub default_permissions: bool,
     /// Users other than the daemon's may enter the mount.
     pub allow_other: bool,
-    pub readonly: bool,
-    pub noexec: bool,
     /// `context=`: the SELinux label of every file (the LSM takes it from the data).
     pub selinux_context: Option<String>,
-    /// The VFS flags asked for: `noatime`, `strictatime` (else the kernel's
-    /// `relatime`), `nodiratime`, `lazytime`, `sync`, `dirsync`.
-    pub noatime: bool,
-    pub strictatime: bool,
-    pub nodiratime: bool,
-    pub lazytime: bool,
-    pub sync: bool,
-    pub dirsync: bool,
+    /// The VFS flags asked for, by their mount(8) names ([`VFS_FLAGS`]).
+    pub flags: Vec<&'static str>,
+}
+
+/// One VFS mount flag: its mount(8) name, its `mount(2)` flag, and its
+/// `mount_setattr(2)` attribute with the attributes it clears (the access-time mode is
+/// one field), where a mount can be given it after it is made.
+pub struct VfsFlag {
+    pub name: &'static str,
+    pub flag: rustix::mount::MountFlags,
+    pub attr: Option<(u64, u64)>,
+}
+
+/// Every VFS flag a view's mount can have (include/uapi/linux/mount.h): `sync`,
+/// `dirsync` and `lazytime` are superblock flags, which no bind mount can have.
+pub const VFS_FLAGS: &[VfsFlag] = &[
+    VfsFlag {
+        name: "ro",
+        flag: rustix::mount::MountFlags::RDONLY,
+        attr: Some((MOUNT_ATTR_RDONLY, 0)),
+    },
+    VfsFlag {
+        name: "noexec",
+        flag: rustix::mount::MountFlags::NOEXEC,
+        attr: Some((MOUNT_ATTR_NOEXEC, 0)),
+    },
+    VfsFlag {
+        name: "noatime",
+        flag: rustix::mount::MountFlags::NOATIME,
+        attr: Some((MOUNT_ATTR_NOATIME, MOUNT_ATTR_ATIME_MASK)),
+    },
+    VfsFlag {
+        name: "strictatime",
+        flag: rustix::mount::MountFlags::STRICTATIME,
+        attr: Some((MOUNT_ATTR_STRICTATIME, MOUNT_ATTR_ATIME_MASK)),
+    },
+    VfsFlag {
+        name: "nodiratime",
+        flag: rustix::mount::MountFlags::NODIRATIME,
+        attr: Some((MOUNT_ATTR_NODIRATIME, 0)),
+    },
+    VfsFlag {
+        name: "lazytime",
+        flag: rustix::mount::MountFlags::LAZYTIME,
+        attr: None,
+    },
+    VfsFlag {
+        name: "sync",
+        flag: rustix::mount::MountFlags::SYNCHRONOUS,
+        attr: None,
+    },
+    VfsFlag {
+        name: "dirsync",
+        flag: rustix::mount::MountFlags::DIRSYNC,
+        attr: None,
+    },
+];
+
+/// The VFS flag named `name`.
+///
+/// # Errors
+/// `EINVAL` for a name that is none.
+fn vfs_flag(name: &str) -> SysResult<&'static VfsFlag> {
+    VFS_FLAGS
+        .iter()
+        .find(|f| f.name == name)
+        .ok_or(super::Errno::EINVAL)
 }
 
 /// Whether SELinux is enabled on this machine (selinuxfs is mounted, as libselinux's
@@ -198,23 +255,8 @@ pub fn mount_fuse(
         data.push_str(&format!(",context=\"{label}\""));
     }
     let mut flags = MountFlags::NOSUID | MountFlags::NODEV;
-    if how.readonly {
-        flags |= MountFlags::RDONLY;
-    }
-    if how.noexec {
-        flags |= MountFlags::NOEXEC;
-    }
-    for (on, flag) in [
-        (how.noatime, MountFlags::NOATIME),
-        (how.strictatime, MountFlags::STRICTATIME),
-        (how.nodiratime, MountFlags::NODIRATIME),
-        (how.lazytime, MountFlags::LAZYTIME),
-        (how.sync, MountFlags::SYNCHRONOUS),
-        (how.dirsync, MountFlags::DIRSYNC),
-    ] {
-        if on {
-            flags |= flag;
-        }
+    for name in &how.flags {
+        flags |= vfs_flag(name)?.flag;
     }
     let data = std::ffi::CString::new(data).map_err(|_| super::Errno::EINVAL)?;
     let fstype = format!("fuse.{subtype}");
@@ -401,29 +443,20 @@ const MOUNT_ATTR_NOATIME: u64 = 0x10;
 const MOUNT_ATTR_STRICTATIME: u64 = 0x20;
 const MOUNT_ATTR_NODIRATIME: u64 = 0x80;
 
-/// The mount attributes of a native view beyond its idmapping.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NativeAttrs {
-    pub readonly: bool,
-    pub noexec: bool,
-    /// `noatime` (`Some(false)`: `strictatime`; `None`: the kernel's `relatime`).
-    pub noatime: Option<bool>,
-    pub nodiratime: bool,
-}
-
 /// A native view's mount, detached: a clone of the mount at `source` (not of the
 /// mounts below it, which views do not cross either), idmapped through `userns`, and
-/// always `nosuid,nodev`, with the `attrs` asked for, all set in one
+/// always `nosuid,nodev`, with the VFS `flags` asked for ([`VFS_FLAGS`] a mount can be
+/// given), all set in one
 /// `mount_setattr(2)` before it is attached anywhere. Attach it with
 /// [`attach_detached`].
 ///
 /// # Errors
 /// The error of `open_tree(2)` or `mount_setattr(2)` (`EINVAL`: the file system cannot
-/// be idmapped).
+/// be idmapped, or a flag is not one a mount can be given).
 pub fn native_view(
     source: &Path,
     userns: std::os::fd::BorrowedFd<'_>,
-    attrs: NativeAttrs,
+    flags: &[&str],
 ) -> SysResult<OwnedFd> {
     use rustix::mount::OpenTreeFlags;
     let tree = rustix::mount::open_tree(
@@ -434,23 +467,10 @@ pub fn native_view(
     .map_err(super::failed("open_tree"))?;
     let mut set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID_NODEV;
     let mut clr = 0;
-    for (on, bit) in [
-        (attrs.readonly, MOUNT_ATTR_RDONLY),
-        (attrs.noexec, MOUNT_ATTR_NOEXEC),
-        (attrs.nodiratime, MOUNT_ATTR_NODIRATIME),
-    ] {
-        if on {
-            set |= bit;
-        }
-    }
-    if let Some(never) = attrs.noatime {
-        // The access-time mode is one field: cleared whole, then set.
-        clr |= MOUNT_ATTR_ATIME_MASK;
-        set |= if never {
-            MOUNT_ATTR_NOATIME
-        } else {
-            MOUNT_ATTR_STRICTATIME
-        };
+    for name in flags {
+        let (on, off) = vfs_flag(name)?.attr.ok_or(super::Errno::EINVAL)?;
+        set |= on;
+        clr |= off;
     }
     let attr = MountAttr {
         attr_set: set,

@@ -155,32 +155,20 @@ pub fn session_config(source: &Path, options: &ViewOptions) -> ::fuser::Config {
     if options.kernel_permission_checks() {
         cfg.mount_options.push(M::DefaultPermissions);
     }
+    // Through fusermount3 (unprivileged use), which knows the VFS flags by name.
+    let flags = options.vfs_flags();
+    if !flags.contains(&"ro") {
+        cfg.mount_options.push(M::RW);
+    }
     cfg.mount_options
-        .push(if options.readonly { M::RO } else { M::RW });
-    if options.noexec {
-        cfg.mount_options.push(M::NoExec);
-    }
-    // Through fusermount3 (unprivileged use), which knows these by name.
-    use crate::config::Atime;
-    match options.vfs.atime {
-        Atime::Relative => {}
-        Atime::Never => cfg.mount_options.push(M::NoAtime),
-        Atime::Always => cfg.mount_options.push(M::CUSTOM("strictatime".into())),
-    }
-    for (on, name) in [
-        (options.vfs.nodiratime, "nodiratime"),
-        (options.vfs.lazytime, "lazytime"),
-    ] {
-        if on {
-            cfg.mount_options.push(M::CUSTOM(name.into()));
-        }
-    }
-    if options.vfs.sync {
-        cfg.mount_options.push(M::Sync);
-    }
-    if options.vfs.dirsync {
-        cfg.mount_options.push(M::DirSync);
-    }
+        .extend(flags.into_iter().map(|name| match name {
+            "ro" => M::RO,
+            "noexec" => M::NoExec,
+            "noatime" => M::NoAtime,
+            "sync" => M::Sync,
+            "dirsync" => M::DirSync,
+            other => M::CUSTOM(other.into()),
+        }));
     // Pods run as users other than the daemon's.
     cfg.acl = ::fuser::SessionACL::All;
     cfg.n_threads = Some(if options.transport == Transport::Ring {
@@ -465,15 +453,8 @@ pub fn run_foreground(
         let how = crate::sys::mount::FuseMount {
             default_permissions: options.kernel_permission_checks(),
             allow_other: true,
-            readonly: options.readonly,
-            noexec: options.noexec,
             selinux_context: options.selinux_context.clone(),
-            noatime: options.vfs.atime == crate::config::Atime::Never,
-            strictatime: options.vfs.atime == crate::config::Atime::Always,
-            nodiratime: options.vfs.nodiratime,
-            lazytime: options.vfs.lazytime,
-            sync: options.vfs.sync,
-            dirsync: options.vfs.dirsync,
+            flags: options.vfs_flags(),
         };
         if let Some(label) = &how.selinux_context {
             if !crate::sys::mount::selinux_enabled() {

@@ -38,15 +38,8 @@ pub fn probe(dir: &Path) -> Result<KernelFuse, String> {
     let how = FuseMount {
         default_permissions: true,
         allow_other: false,
-        readonly: true,
-        noexec: true,
         selinux_context: None,
-        noatime: false,
-        strictatime: false,
-        nodiratime: false,
-        lazytime: false,
-        sync: false,
-        dirsync: false,
+        flags: vec!["ro", "noexec"],
     };
     let result = crate::sys::mount::mount_fuse("mountgroup-probe", &place, "mountgroup", how)
         .map_err(|e| format!("mount of a FUSE file system on {}: {e}", place.display()))

@@ -5,8 +5,7 @@
 
 use std::path::Path;
 
-use crate::config::{Atime, ViewMode, ViewOptions};
-use crate::sys::mount::NativeAttrs;
+use crate::config::{ViewMode, ViewOptions};
 
 use super::VolumeError;
 use super::serve::{Fallback, Pod, native_or_why};
@@ -17,7 +16,7 @@ use super::serve::{Fallback, Pod, native_or_why};
 /// from the source). Tuning of a FUSE view is not a reason: it means nothing natively.
 pub fn refusal(options: &ViewOptions) -> Option<String> {
     if options.disk_group.is_some() {
-        return Some(Fallback::ViewOption("disk_gid=").to_string());
+        return Some(Fallback::ViewOption("disk_gid=".into()).to_string());
     }
     native_or_why(Some(0), false, options, || Ok(()), || Pod::HostUsers)
         .err()
@@ -60,17 +59,7 @@ pub fn mount(
         &crate::sys::process::swap_map(disk_group, shown),
     )
     .map_err(|e| failed("user namespace", &e))?;
-    let attrs = NativeAttrs {
-        readonly: options.readonly,
-        noexec: options.noexec,
-        noatime: match options.vfs.atime {
-            Atime::Relative => None,
-            Atime::Never => Some(true),
-            Atime::Always => Some(false),
-        },
-        nodiratime: options.vfs.nodiratime,
-    };
-    let tree = crate::sys::mount::native_view(source, ns.as_fd(), attrs)
+    let tree = crate::sys::mount::native_view(source, ns.as_fd(), &options.native_vfs_flags())
         .map_err(|e| failed("idmapped clone", &e))?;
     crate::sys::mount::attach_detached(tree.as_fd(), target).map_err(|e| failed("move_mount", &e))
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Ownership, ViewMode, ViewOptions};
+use crate::config::{NativeUse, ViewMode, ViewOptions};
 use crate::sys::mount::{self, Health};
 
 use super::VolumeError;
@@ -176,7 +176,7 @@ pub enum Fallback {
     /// CIFS options (`uid=`, `file_mode=`, `dir_mode=`, `noperm`, `mode=cifs`).
     CifsOptions,
     /// An option only a FUSE view has (named).
-    ViewOption(&'static str),
+    ViewOption(String),
     /// SELinux `context=`, which a bind mount cannot give.
     SelinuxContext,
     /// The share, on this node: cannot be idmapped, or is not `nosuid,nodev` (why).
@@ -249,28 +249,16 @@ impl std::fmt::Display for Fallback {
     }
 }
 
-/// The option of `options` that asks for FUSE semantics (a name for the log), if any.
-/// Tuning that means nothing natively (threads, timeouts, passthrough, direct I/O,
-/// transport, fsname) is not one: a native view has no daemon to tune.
+/// The option of `options` a native view cannot honour, as the declaration of the
+/// options says ([`crate::config::OPTIONS`]): FUSE semantics, or a presentation a bind
+/// mount cannot give. Tuning that means nothing natively is not one.
 fn fuse_only_option(o: &ViewOptions) -> Option<Fallback> {
-    match o.mode {
-        ViewMode::Cifs => return Some(Fallback::CifsOptions),
-        ViewMode::Native => return Some(Fallback::ViewOption("mode=native")),
-        ViewMode::FsGroup => {}
-    }
-    if o.ownership == Ownership::Off {
-        return Some(Fallback::ViewOption("ownership=off"));
-    }
-    for (on, name) in [
-        (o.vfs.sync, "sync"),
-        (o.vfs.dirsync, "dirsync"),
-        (o.vfs.lazytime, "lazytime"),
-    ] {
-        if on {
-            return Some(Fallback::ViewOption(name));
-        }
-    }
-    None
+    let (item, how) = o.native_obstacle()?;
+    Some(match how {
+        NativeUse::NotByBindMount => Fallback::SelinuxContext,
+        _ if o.mode == ViewMode::Cifs => Fallback::CifsOptions,
+        _ => Fallback::ViewOption(item),
+    })
 }
 
 /// Whether a new publish can be native, in the order the reasons are checked (the pod
@@ -293,9 +281,6 @@ pub(super) fn native_or_why(
     };
     if let Some(f) = fuse_only_option(options) {
         return Err(f);
-    }
-    if options.selinux_context.is_some() {
-        return Err(Fallback::SelinuxContext);
     }
     share().map_err(Fallback::Share)?;
     match pod() {
