@@ -2,12 +2,13 @@
 //! as owned by a pod's fsGroup, without walking it and without changing a single
 //! backing file.
 //!
-//! Layers, each seeing only the ones below: `csi` (the only code that sees tonic) →
-//! `volume` (volume lifecycle and node state) and `share` (the backing share) →
-//! `transport` (a view process's FUSE connection: the only code that sees fuser) → `fs`
-//! (the group view as a filesystem, free of FUSE types) → `sys` (the only `unsafe` and
-//! raw system calls). `config` is the typed view configuration they share; `kube` asks
-//! the Kubernetes API whether a pod runs in a user namespace.
+//! Layers, each seeing only the ones below: `csi` (gRPC: the only code that sees
+//! tonic) → `driver` (the composition root: what `serve` is made of, in which order)
+//! → `volume` (volume lifecycle, node state, how a publish is served) and `share` (the
+//! backing share) → `transport` (a view process's FUSE connection: the only code that
+//! sees fuser) → `fs` (the group view as a filesystem, free of FUSE types) → `sys` (the
+//! only `unsafe` and raw system calls). `config` declares the view options they share;
+//! `kube` asks the Kubernetes API what a pod is. tests/layers.rs checks this.
 
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -15,6 +16,7 @@
 
 pub mod config;
 pub mod csi;
+pub mod driver;
 pub mod fs;
 pub mod kube;
 pub mod logfile;
