@@ -1,5 +1,5 @@
 //! floorfs: the floor under every FUSE file system on this kernel and machine, for
-//! `bench/run --floor` (docs/BENCHMARKS.md, *The floor*).
+//! `bench/run --floor` (docs/notes/benchmarks.md, *The floor*).
 //!
 //! It serves a directory's tree from memory: a directory is read from the backing
 //! directory once, the first time the kernel asks about it (names, kinds, modes,

@@ -107,7 +107,7 @@ pub enum Passthrough {
 }
 
 /// Who reads and writes the files opened with `O_DIRECT` (measured in
-/// docs/BENCHMARKS.md, *Direct I/O: the view or the kernel*).
+/// docs/notes/benchmarks.md, *Direct I/O: the view or the kernel*).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DirectIo {
     /// The view, on a descriptor of its own opened with `O_DIRECT`: the kernel sends
@@ -121,7 +121,7 @@ pub enum DirectIo {
 }
 
 /// How the kernel hands a view its requests (docs/ARCHITECTURE.md, *FUSE over
-/// io_uring*; measured in docs/BENCHMARKS.md, *The io_uring transport*).
+/// io_uring*; measured in docs/notes/benchmarks.md, *The io_uring transport*).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Transport {
     /// Reading and writing `/dev/fuse`. A view on it can be handed to a new process
