@@ -130,6 +130,24 @@ async fn views_survive_a_killed_driver_and_dead_views_come_back() {
         .unwrap();
     fs::write(alive.join("before"), "x").unwrap();
     let alive_pid = view_pid(&d, &alive);
+    // The keeper tells each view the FUSE protocol its probe of this kernel's INIT
+    // found, which decides whether a dead view's requests can be resent (7.40); the
+    // view finds the same in its own INIT.
+    let environ = fs::read(format!("/proc/{alive_pid}/environ")).unwrap();
+    let minor = kernel_fuse().minor;
+    assert!(
+        environ
+            .split(|b| *b == 0)
+            .any(|v| v == format!("MOUNTGROUP_FUSE_MINOR={minor}").as_bytes()),
+        "{}",
+        String::from_utf8_lossy(&environ)
+    );
+    let log = fs::read_to_string(d.state.join("views").join(format!(
+        "{}.log",
+        mountgroup::volume::names::target_key(&alive)
+    )))
+    .unwrap();
+    assert!(log.contains(&format!("fuse_minor={minor}")), "{log}");
 
     // SIGKILL the driver: the views are processes of their own and keep serving.
     d.kill9();

@@ -28,6 +28,10 @@ pub struct Negotiated {
     /// earlier versions wrote, which never asked for it.
     #[serde(default)]
     pub idmap: bool,
+    /// The FUSE protocol minor the kernel spoke at INIT (7.40 is Linux 6.9); 0 where
+    /// not known (what earlier versions wrote).
+    #[serde(default)]
+    pub minor: u32,
 }
 
 /// One change to what the kernel holds.
@@ -38,6 +42,8 @@ pub enum Entry {
         passthrough: bool,
         #[serde(default)]
         idmap: bool,
+        #[serde(default)]
+        minor: u32,
     },
     /// A node id given to an inode.
     Inode {
@@ -139,8 +145,19 @@ impl Journal {
                 buf.clear();
             }
         };
-        let Negotiated { passthrough, idmap } = negotiated;
-        add(&Entry::Negotiated { passthrough, idmap }, &mut buf);
+        let Negotiated {
+            passthrough,
+            idmap,
+            minor,
+        } = negotiated;
+        add(
+            &Entry::Negotiated {
+                passthrough,
+                idmap,
+                minor,
+            },
+            &mut buf,
+        );
         add(
             &Entry::Root {
                 key: table.root.clone(),
@@ -269,8 +286,16 @@ impl Replayed {
 
     fn apply(&mut self, rec: Entry) {
         match rec {
-            Entry::Negotiated { passthrough, idmap } => {
-                self.negotiated = Negotiated { passthrough, idmap }
+            Entry::Negotiated {
+                passthrough,
+                idmap,
+                minor,
+            } => {
+                self.negotiated = Negotiated {
+                    passthrough,
+                    idmap,
+                    minor,
+                }
             }
             Entry::Root { key } => self.root = Some(key),
             Entry::Inode { id, mode, key } => {
@@ -388,6 +413,7 @@ mod tests {
             Negotiated {
                 passthrough: true,
                 idmap: true,
+                minor: 41,
             },
             &table(40_000),
             &handles,
@@ -400,6 +426,7 @@ mod tests {
         j.append(&Entry::Forgot { id: 100 });
         let r = Replayed::read(&rustix::io::dup(j.fd()).unwrap()).unwrap();
         assert!(r.negotiated.passthrough);
+        assert_eq!(r.negotiated.minor, 41);
         assert_eq!(r.root, Some(key(0)));
         assert_eq!(r.inodes.len(), 39_999);
         assert_eq!(r.inodes.keys().next(), Some(&101));
@@ -413,6 +440,7 @@ mod tests {
         j.append(&Entry::Negotiated {
             passthrough: true,
             idmap: false,
+            minor: 38,
         });
         j.append(&Entry::Root { key: key(0) });
         j.append(&Entry::Inode {

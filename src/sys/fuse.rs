@@ -146,11 +146,12 @@ pub fn clone_dev(dev: BorrowedFd<'_>) -> SysResult<OwnedFd> {
     Ok(new)
 }
 
-/// Whether this kernel can be told to resend the requests a dead server read and did
-/// not answer (`FUSE_NOTIFY_RESEND`, Linux 6.9, FUSE protocol 7.40). Before it, those
-/// requests wait on the descriptor they were read from until it is closed.
-pub fn kernel_resends() -> bool {
-    super::kernel_at_least(&super::kernel_release(), 6, 9)
+/// Whether a kernel that speaks FUSE protocol 7.`minor` (its INIT says) can be told to
+/// resend the requests a dead server read and did not answer (`FUSE_NOTIFY_RESEND`,
+/// protocol 7.40, Linux 6.9). Before it, those requests wait on the descriptor they
+/// were read from until it is closed.
+pub fn resends(minor: u32) -> bool {
+    minor >= 40
 }
 
 /// Duplicates a descriptor (`fcntl(F_DUPFD_CLOEXEC)`).

@@ -27,18 +27,6 @@ pub fn kernel_release() -> String {
         .map_or_else(|_| "unknown".to_string(), |r| r.trim().to_string())
 }
 
-/// Whether a kernel release (`6.1.0-48-amd64`, `6.12.95+deb12-amd64`) is `major.minor`
-/// or later; a release that does not parse is taken for a recent one.
-pub fn kernel_at_least(release: &str, major: u32, minor: u32) -> bool {
-    let mut parts = release
-        .split(|c: char| !c.is_ascii_digit())
-        .map(str::parse::<u32>);
-    match (parts.next(), parts.next()) {
-        (Some(Ok(a)), Some(Ok(b))) => (a, b) >= (major, minor),
-        _ => true,
-    }
-}
-
 thread_local! {
     /// The system call that failed last on this thread (see [`failed`]).
     static FAILED_CALL: Cell<Option<&'static str>> = const { Cell::new(None) };
@@ -136,18 +124,3 @@ impl std::error::Error for Errno {}
 
 /// Result of a system call wrapper.
 pub type SysResult<T> = Result<T, Errno>;
-
-#[cfg(test)]
-mod tests {
-    use super::kernel_at_least;
-
-    #[test]
-    fn releases_compare_by_major_and_minor() {
-        assert!(!kernel_at_least("6.1.0-48-amd64", 6, 9));
-        assert!(kernel_at_least("6.12.95+deb12-amd64", 6, 9));
-        assert!(!kernel_at_least("5.15.0-204-generic", 6, 1));
-        assert!(kernel_at_least("6.9", 6, 9));
-        assert!(kernel_at_least("7.0.1", 6, 12));
-        assert!(kernel_at_least("unknown", 6, 9));
-    }
-}

@@ -14,7 +14,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -121,6 +121,8 @@ pub struct FuseView {
     passthrough: Arc<AtomicBool>,
     /// `FUSE_ALLOW_IDMAP` negotiated at INIT, or handed over with the connection.
     idmap: Arc<AtomicBool>,
+    /// The FUSE protocol minor of the connection's INIT (0: not known).
+    minor: Arc<AtomicU32>,
     /// Whether the mount has `default_permissions`, without which the kernel refuses
     /// `FUSE_ALLOW_IDMAP` (it fails the connection).
     kernel_checks: bool,
@@ -221,6 +223,7 @@ impl FuseView {
             passthrough_mode: passthrough,
             passthrough: Arc::new(AtomicBool::new(false)),
             idmap: Arc::new(AtomicBool::new(false)),
+            minor: Arc::new(AtomicU32::new(0)),
             kernel_checks,
             warned_backing: AtomicBool::new(false),
             attr_ttl,
@@ -259,6 +262,7 @@ impl FuseView {
         Negotiated {
             passthrough: self.passthrough(),
             idmap: self.idmap.load(Ordering::Relaxed),
+            minor: self.minor.load(Ordering::Relaxed),
         }
     }
 
@@ -268,6 +272,7 @@ impl FuseView {
         self.passthrough
             .store(negotiated.passthrough, Ordering::Relaxed);
         self.idmap.store(negotiated.idmap, Ordering::Relaxed);
+        self.minor.store(negotiated.minor, Ordering::Relaxed);
         self.stats.set_passthrough(negotiated.passthrough);
         self.stats.set_idmap(negotiated.idmap);
     }
@@ -281,6 +286,7 @@ impl FuseView {
             passthrough_mode: self.passthrough_mode,
             passthrough: Arc::clone(&self.passthrough),
             idmap: Arc::clone(&self.idmap),
+            minor: Arc::clone(&self.minor),
             kernel_checks: self.kernel_checks,
             warned_backing: AtomicBool::new(self.warned_backing.load(Ordering::Relaxed)),
             attr_ttl: self.attr_ttl,
@@ -588,6 +594,7 @@ impl Filesystem for FuseView {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
         let caps = config.capabilities();
+        self.minor.store(config.kernel_abi().1, Ordering::Relaxed);
         // HANDLE_KILLPRIV_V2: no security.capability lookup per write (see ops::open).
         let wanted = InitFlags::FUSE_HANDLE_KILLPRIV_V2
             // Every listing is READDIRPLUS, without the kernel's AUTO rule: the view
@@ -645,7 +652,7 @@ impl Filesystem for FuseView {
             }
             (false, _) => {
                 tracing::info!(
-                    "this kernel's FUSE cannot idmap a mount (Linux 6.12 or later can): pods in user namespaces cannot use this view"
+                    "this kernel's FUSE cannot idmap a mount (FUSE_ALLOW_IDMAP, protocol 7.41, Linux 6.12): pods in user namespaces cannot use this view"
                 );
                 false
             }
@@ -666,6 +673,7 @@ impl Filesystem for FuseView {
         }
         self.stats.set_passthrough(self.passthrough());
         tracing::info!(
+            fuse_minor = self.minor.load(Ordering::Relaxed),
             passthrough = self.passthrough(),
             idmap,
             ring = self.ring,

@@ -95,6 +95,15 @@ pub const INSTANCE_ENV: &str = "MOUNTGROUP_VIEW_INSTANCE";
 /// predecessors), never a view mounted by hand or another driver's.
 pub const KEEPER_SOCKET_ENV: &str = "MOUNTGROUP_KEEPER_SOCKET";
 
+/// The FUSE protocol minor of this kernel's INIT, as the keeper that starts a view
+/// asked it (`transport::probe`): what a view must know before its own INIT comes.
+pub const FUSE_MINOR_ENV: &str = "MOUNTGROUP_FUSE_MINOR";
+
+/// The FUSE protocol minor [`FUSE_MINOR_ENV`] gives, if it gives one.
+pub fn fuse_minor_from_env() -> Option<u32> {
+    std::env::var(FUSE_MINOR_ENV).ok()?.parse().ok()
+}
+
 /// Who serves a view, and how to start a process that takes it over.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Description {
@@ -134,6 +143,8 @@ enum Reply {
         /// Absent from what earlier versions sent, which never asked for it.
         #[serde(default)]
         idmap: bool,
+        #[serde(default)]
+        minor: u32,
         fds: usize,
         snapshot: ViewSnapshot,
     },
@@ -291,6 +302,7 @@ pub fn hand_over(
         &Reply::Handover {
             passthrough: view.negotiated().passthrough,
             idmap: view.negotiated().idmap,
+            minor: view.negotiated().minor,
             fds: all.len(),
             snapshot,
         },
@@ -374,9 +386,18 @@ pub fn take_over(
         Reply::Handover {
             passthrough,
             idmap,
+            minor,
             fds,
             snapshot,
-        } => (Negotiated { passthrough, idmap }, fds, snapshot),
+        } => (
+            Negotiated {
+                passthrough,
+                idmap,
+                minor,
+            },
+            fds,
+            snapshot,
+        ),
     };
     let mut fds = Vec::with_capacity(count);
     while fds.len() < count {

@@ -397,12 +397,20 @@ pub fn run_foreground(
     let signals = TerminationSignals::block().map_err(|e| MountError::Session(e.into()))?;
     file::set_umask(0);
     let mut cfg = session_config(&source, options);
-    // Which descriptors the workers read when a holder keeps the connection:
-    // [`session_fd`].
-    let resends = crate::sys::fuse::kernel_resends();
-    if holder.is_some() && resends {
-        cfg.clone_fd = false;
+    // Which descriptors the workers read when a holder keeps the connection
+    // ([`session_fd`]) depends on the protocol the kernel speaks: as the connection's
+    // INIT negotiated it where the view adopts one (below), else as the keeper's probe
+    // of this kernel's INIT says. Unknown, the requests of a process that dies fail
+    // rather than wait for a resend that may never come.
+    let mut minor = handover::fuse_minor_from_env();
+    if holder.is_some() && minor.is_none() {
+        tracing::warn!(
+            "the keeper did not say which FUSE protocol this kernel speaks: if this view dies, the requests it was answering fail (ECONNABORTED) rather than being resent"
+        );
     }
+    let workers_read_dev =
+        |minor: Option<u32>| holder.is_some() && minor.is_some_and(crate::sys::fuse::resends);
+    cfg.clone_fd = !workers_read_dev(minor);
     let fsname = options.fsname_for(&source);
     let session_err = |e: Errno| MountError::Session(e.into());
     let takeover_err = |e: handover::HandoverError| MountError::Takeover {
@@ -420,6 +428,10 @@ pub fn run_foreground(
             .map_err(|e| takeover_err(handover::HandoverError::Io(e)))?;
         let replayed = journal::Replayed::read(&journal)
             .map_err(|e| takeover_err(handover::HandoverError::Io(e)))?;
+        if replayed.negotiated.minor != 0 {
+            minor = Some(replayed.negotiated.minor);
+            cfg.clone_fd = !workers_read_dev(minor);
+        }
         let dev = Arc::new(dev);
         let lost = view
             .fs()
@@ -441,6 +453,10 @@ pub fn run_foreground(
         else {
             return Err(MountError::MountpointBusy(mountpoint));
         };
+        if incoming.negotiated.minor != 0 {
+            minor = Some(incoming.negotiated.minor);
+            cfg.clone_fd = !workers_read_dev(minor);
+        }
         let dev = Arc::new(incoming.dev);
         if let Err(e) = view.fs().restore(&incoming.snapshot, incoming.fds, &dev) {
             confirmation.failed(&e.to_string());
@@ -567,10 +583,10 @@ pub fn run_foreground(
     if recovering {
         if let Some(dev) = &dev {
             // The requests the dead process had read and not answered: read them again.
-            if !resends {
+            if !minor.is_some_and(crate::sys::fuse::resends) {
                 tracing::warn!(
-                    kernel = %crate::sys::kernel_release(),
-                    "the requests the dead view was answering failed (ECONNABORTED): a kernel before 6.9 cannot resend them"
+                    fuse_minor = minor,
+                    "the requests the dead view was answering failed (ECONNABORTED): the kernel cannot resend them (FUSE_NOTIFY_RESEND, protocol 7.40, Linux 6.9)"
                 );
             } else if let Err(e) = crate::sys::fuse::notify_resend(dev.as_fd()) {
                 tracing::warn!(error = %e, "the kernel cannot resend the dead view's requests; they fail");

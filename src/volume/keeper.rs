@@ -213,6 +213,11 @@ struct Keeper {
     cgroups: Option<Cgroup>,
     /// Liveness checks under way, by mountpoint: when each started.
     checks: Mutex<HashMap<PathBuf, Instant>>,
+    /// The FUSE protocol minor this kernel's INIT offers (asked once, at start), which
+    /// each view it starts is told ([`handover::FUSE_MINOR_ENV`]): whether a view's
+    /// workers may read the connection the keeper holds depends on whether the kernel
+    /// can resend what a dead view read (`FUSE_NOTIFY_RESEND`).
+    fuse_minor: Option<u32>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -288,7 +293,11 @@ impl Keeper {
         cmd.args(args)
             .env(INSTANCE_ENV, &id)
             .env(SOCKET_ENV, &self.cfg.socket)
-            .env_remove(RECOVER_ENV);
+            .env_remove(RECOVER_ENV)
+            .env_remove(handover::FUSE_MINOR_ENV);
+        if let Some(minor) = self.fuse_minor {
+            cmd.env(handover::FUSE_MINOR_ENV, minor.to_string());
+        }
         if recover {
             cmd.env(RECOVER_ENV, "1");
         }
@@ -833,8 +842,20 @@ fn start_with(
     cfg: KeeperConfig,
     cgroups: Option<Cgroup>,
 ) -> io::Result<(&'static Keeper, Arc<NamedSocket>)> {
+    if let Some(dir) = cfg.socket.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let fuse_minor = match cfg.socket.parent().map(crate::transport::probe::probe) {
+        Some(Ok(k)) => Some(k.minor),
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "cannot ask which FUSE protocol this kernel speaks: a view that dies fails the requests it was answering rather than having them resent");
+            None
+        }
+        None => None,
+    };
     // Lives as long as the process: its threads hold it.
     let keeper: &'static Keeper = Box::leak(Box::new(Keeper {
+        fuse_minor,
         instance: random_instance(),
         cfg,
         next: AtomicU64::new(0),
@@ -846,9 +867,6 @@ fn start_with(
         cgroups,
         checks: Mutex::new(HashMap::new()),
     }));
-    if let Some(dir) = keeper.cfg.socket.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
     let socket = Arc::new(NamedSocket::bind(&keeper.cfg.socket)?);
     tracing::info!(socket = %keeper.cfg.socket.display(), instance = %keeper.instance, "keeper listening");
     {

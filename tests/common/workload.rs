@@ -193,13 +193,11 @@ impl Running {
     /// was answering fails with `ECONNABORTED`, and only those. A loop has one call in
     /// flight, so it may see one such failure per kill.
     pub fn finish_through_kills(self, kills: usize) -> Vec<(&'static str, Outcome)> {
-        self.finish_allowing(
-            if mountgroup::sys::kernel_at_least(&mountgroup::sys::kernel_release(), 6, 9) {
-                0
-            } else {
-                kills
-            },
-        )
+        self.finish_allowing(if crate::common::kernel_at_least(6, 9) {
+            0
+        } else {
+            kills
+        })
     }
 
     fn finish_allowing(self, aborted: usize) -> Vec<(&'static str, Outcome)> {
