@@ -138,7 +138,11 @@ async fn views_outlive_the_keepers_container_a_neighbours_oom_kill_and_a_hang() 
     let running_a = Running::start(&ta, 100);
     let running_b = Running::start(&tb, 0);
     let held_a = std::sync::Arc::clone(&running_a.held);
-    let settle = || thread::sleep(Duration::from_millis(400));
+    // Each loop through the system as it is now, a few rounds, between events.
+    let settle = || {
+        running_a.settle(3);
+        running_b.settle(3);
+    };
     let mut events: Vec<(&str, Instant, Instant)> = Vec::new();
     let mut at = Instant::now();
     settle();
@@ -330,7 +334,11 @@ async fn the_oom_killer_takes_one_view_or_the_keepers_container_and_never_a_neig
     }
     let running_a = Running::start(&ta, 100);
     let running_b = Running::start(&tb, 100);
-    thread::sleep(Duration::from_millis(400));
+    let settle = || {
+        running_a.settle(3);
+        running_b.settle(3);
+    };
+    settle();
 
     // 1. View a past its bound: the OOM killer kills it, in its cgroup only.
     let (pa, pb) = (view_pid(&ta), view_pid(&tb));
@@ -350,7 +358,7 @@ async fn the_oom_killer_takes_one_view_or_the_keepers_container_and_never_a_neig
         fs::read_to_string(new_a.join("memory.max")).unwrap().trim(),
         MEMORY_MAX.to_string()
     );
-    thread::sleep(Duration::from_millis(400));
+    settle();
 
     // 2. The keeper's container past its own bound, as one OOM group: the kernel kills
     // every process in it, and no view.
@@ -382,7 +390,7 @@ async fn the_oom_killer_takes_one_view_or_the_keepers_container_and_never_a_neig
         "{}",
         keeper_log("2")
     );
-    thread::sleep(Duration::from_millis(400));
+    settle();
 
     // Every call answered (from 6.9; before it, one per loop of the killed view may
     // fail, `finish_through_kills`), every append through the descriptors held
@@ -491,10 +499,10 @@ fn serve_alone_recovers_a_view_that_dies() {
     let f = Fixture::new();
     let (rt, d, target, _guards) = served_alone(&f, &[]);
     let running = Running::start(&target, 20);
-    thread::sleep(Duration::from_millis(300));
+    running.settle(3);
     kill_view(&target);
     fs::metadata(target.join("held.log")).unwrap();
-    thread::sleep(Duration::from_millis(300));
+    running.settle(3);
     running.finish_through_kills(1);
     recovered_then_unpublished(&rt, &d, &target);
 }

@@ -57,13 +57,13 @@ fn a_view_taken_over_under_io_loses_nothing() {
     // Five takeovers, each by a new process, while the workload runs.
     let mut serving = vec![first];
     for _ in 0..5 {
-        thread::sleep(Duration::from_millis(300));
+        running.settle(3);
         let old = serving.last().unwrap().pid();
         let next = Mounted::take_over(&fx.src, &fx.mnt, &view_args(ctl, opts)).unwrap();
         wait_gone(old);
         serving.push(next);
     }
-    thread::sleep(Duration::from_millis(300));
+    running.settle(3);
     let done = running.finish();
     let h = outcome(&done, "held file");
 

@@ -462,11 +462,17 @@ async fn publish_kinds(c: &mut Clients, root: &Path, staging: &Path) {
 async fn idmapped_clones_outlive_view_crashes_driver_restarts_and_updates() {
     let f = Fixture::new();
     let root = f.dir.path();
-    let (keeper_socket, keeper_args) = node_run(root);
-    let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
     let (v1, v2) = (binary_version(root, "v1"), binary_version(root, "v2"));
-    let mut keeper1 = Container::start(&v1, &keeper_args, &root.join("keeper1.log"));
-    wait_ready(&v1, &keeper_socket);
+    // The keeper as deployed: hostPID, a cgroup of its own, each view in its own.
+    let cg = TestCgroup::new();
+    let views_cg = cg.child("views");
+    let keepers = Keepers::new(
+        &cg,
+        root,
+        &["--views-cgroup".into(), views_cg.to_str().unwrap().into()],
+    );
+    let keeper_socket = keepers.socket().to_path_buf();
+    let mut keeper1 = keepers.start_binary("1", &v1);
     let mut d = Driver::start_kept(root, CONTAINER, &v1, &keeper_socket, &[]);
     let mut c = d.clients().await;
     let staging = f.subdir("staging");
@@ -541,8 +547,7 @@ async fn idmapped_clones_outlive_view_crashes_driver_restarts_and_updates() {
     publish_kinds(&mut d.clients().await, root, &staging).await;
     settle();
     // A rolling update to v2 (maxSurge 1): the new keeper takes every view over.
-    let mut keeper2 = Container::start(&v2, &keeper_args, &root.join("keeper2.log"));
-    wait_ready(&v2, &keeper_socket);
+    let mut keeper2 = keepers.start_binary("2", &v2);
     settle();
     keeper1.stop(Duration::from_secs(30));
     d.signal_first_process(Signal::TERM);

@@ -1,8 +1,10 @@
-//! Views that outlive the driver: the node plugin as a Kubernetes node would run it,
-//! with the gRPC server and the keeper (which runs the views) in two "containers":
-//! PID namespaces made with `unshare --pid --fork`, where the death of a namespace's
-//! first process makes the kernel kill everything else in it, as a container runtime
-//! does. While a workload checks every call and every byte in a published view, the
+//! Views that outlive the driver: the node plugin as a Kubernetes node runs it
+//! (deploy/node.yaml), with the gRPC server and the keeper (which runs the views) in
+//! two "containers": the driver in a PID namespace made with `unshare --pid --fork`,
+//! where the death of a namespace's first process makes the kernel kill everything
+//! else in it, as a container runtime does; the keeper in the node's PID namespace
+//! (`hostPID`) and a cgroup of its own, each view in a cgroup of its own under
+//! `--views-cgroup`. While a workload checks every call and every byte in a published view, the
 //! driver's process is SIGKILLed, its container is killed, the view's own process is
 //! SIGKILLed, and the plugin is updated
 //! the way a DaemonSet with `maxSurge: 1` does it (the new pod starts, then the old one
@@ -52,13 +54,18 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     let f = Fixture::new();
     let root = f.dir.path();
     // Shared by the old and the new pod (a hostPath).
-    let (keeper_socket, keeper_args) = node_run(root);
-    let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
     let (v1, v2) = (binary_version(root, "v1"), binary_version(root, "v2"));
+    let cg = TestCgroup::new();
+    let views_cg = cg.child("views");
+    let keepers = Keepers::new(
+        &cg,
+        root,
+        &["--views-cgroup".into(), views_cg.to_str().unwrap().into()],
+    );
+    let keeper_socket = keepers.socket().to_path_buf();
 
     // The old pod: keeper and driver, each in a container of its own.
-    let mut keeper1 = Container::start(&v1, &keeper_args, &root.join("keeper1.log"));
-    wait_ready(&v1, &keeper_socket);
+    let mut keeper1 = keepers.start_binary("1", &v1);
     let mut d = Driver::start_kept(root, CONTAINER, &v1, &keeper_socket, &[]);
     let mut c = d.clients().await;
     let staging = f.subdir("staging");
@@ -66,10 +73,14 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     c.create_stage_publish("vol", &staging, &target, "2000")
         .await;
     assert_eq!(fs::metadata(&target).unwrap().gid(), 2000);
+    // As deployed: the view in a cgroup of its own under --views-cgroup.
+    let cgroup = fs::read_to_string(format!("/proc/{}/cgroup", view_pid(&target))).unwrap();
+    assert!(cgroup.contains("/views/view-"), "{cgroup}");
 
     let running = Running::start(&target, 100);
     let held = Arc::clone(&running.held);
-    let settle = || thread::sleep(Duration::from_millis(400));
+    // Each loop through the system as it is now, a few rounds, between events.
+    let settle = || running.settle(3);
     // Each event's window: from its start until the system is back as it was.
     let mut events: Vec<(&str, Instant, Instant)> = Vec::new();
     let mut at = Instant::now();
@@ -115,8 +126,7 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     // 3. A rolling update to v2 with maxSurge 1: the new pod starts while the old one
     // runs; once its keeper is ready (it took every view over), the old pod is stopped.
     at = Instant::now();
-    let mut keeper2 = Container::start(&v2, &keeper_args, &root.join("keeper2.log"));
-    wait_ready(&v2, &keeper_socket);
+    let mut keeper2 = keepers.start_binary("2", &v2);
     settle();
     keeper1.stop(Duration::from_secs(30));
     d.signal_first_process(Signal::TERM);
@@ -215,9 +225,9 @@ fn a_view_served_through_the_daemon_recovers_its_open_handles() {
         thread::sleep(Duration::from_millis(5));
     }
     let running = Running::start(&f.mnt, 0);
-    thread::sleep(Duration::from_millis(300));
+    running.settle(3);
     kill_view(&f.mnt);
-    thread::sleep(Duration::from_millis(300));
+    running.settle(3);
     // A process killed while it recovers the view is a crash like another: the
     // keeper recovers the view again (this takes the second and third recoveries).
     kill_view_and_its_recovery(&f.mnt);
@@ -230,9 +240,8 @@ fn a_view_served_through_the_daemon_recovers_its_open_handles() {
             "after"
         }
     );
-    // Long enough for every loop to go on well past the last recovery (the loops are
-    // slow in the VM tier's emulated machines, which run this on 6.1 and 5.15).
-    thread::sleep(Duration::from_millis(1500));
+    // Every loop goes on well past the last recovery.
+    running.settle(10);
     let held = Arc::clone(&running.held);
     let done = running.finish_through_kills(3);
     // Every append reached the disk, in order, through recovered handles (before

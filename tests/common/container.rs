@@ -317,7 +317,11 @@ impl<'a> Keepers<'a> {
     /// Starts keeper `n` and waits until its readiness probe, run in its container,
     /// passes.
     pub fn start(&self, n: &str) -> Container {
-        let bin = Path::new(crate::common::BIN);
+        self.start_binary(n, Path::new(crate::common::BIN))
+    }
+
+    /// [`Keepers::start`] with another binary (an update's new version).
+    pub fn start_binary(&self, n: &str, bin: &Path) -> Container {
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
         let log = self.root.join(format!("keeper{n}.log"));
         let k = Container::start_in_cgroup(&self.cgroup(n), false, bin, &args, &log);

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -36,9 +36,11 @@ impl Outcome {
     }
 }
 
-/// Runs `round` until `stop`, recording failures and the longest round.
+/// Runs `round` until `stop`, recording failures and the longest round, and counting
+/// the rounds done in `done`.
 pub fn workload(
     stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
     mut round: impl FnMut(u64) -> Result<(), String> + Send + 'static,
 ) -> thread::JoinHandle<Outcome> {
     thread::spawn(move || {
@@ -52,6 +54,7 @@ pub fn workload(
             out.longest = out.longest.max(took);
             out.timeline.push((start, took));
             out.rounds += 1;
+            done.fetch_add(1, Ordering::Relaxed);
         }
         out
     })
@@ -133,6 +136,8 @@ pub fn list_round(dir: &Path, inos: &[(PathBuf, u64)], i: u64) -> Result<(), Str
 pub struct Running {
     stop: Arc<AtomicBool>,
     loops: Vec<(&'static str, thread::JoinHandle<Outcome>)>,
+    /// The rounds each loop has done so far.
+    done: Vec<Arc<AtomicU64>>,
     pub held: Arc<fs::File>,
 }
 
@@ -152,14 +157,20 @@ impl Running {
                 .open(root.join("held.log"))
                 .unwrap(),
         );
+        let done = std::cell::RefCell::new(Vec::new());
+        let count = || {
+            let c = Arc::new(AtomicU64::new(0));
+            done.borrow_mut().push(Arc::clone(&c));
+            c
+        };
         let mut loops = vec![
             (
                 "writer",
-                workload(Arc::clone(&stop), move |i| write_round(&writes, i)),
+                workload(Arc::clone(&stop), count(), move |i| write_round(&writes, i)),
             ),
             ("held file", {
                 let held = Arc::clone(&held);
-                workload(Arc::clone(&stop), move |i| append_round(&held, i))
+                workload(Arc::clone(&stop), count(), move |i| append_round(&held, i))
             }),
         ];
         if listed > 0 {
@@ -175,10 +186,33 @@ impl Running {
                 .collect();
             loops.push((
                 "lister",
-                workload(Arc::clone(&stop), move |i| list_round(&dir, &inos, i)),
+                workload(Arc::clone(&stop), count(), move |i| list_round(&dir, &inos, i)),
             ));
         }
-        Running { stop, loops, held }
+        Running {
+            stop,
+            loops,
+            done: done.into_inner(),
+            held,
+        }
+    }
+
+    /// Waits until every loop has done `rounds` more rounds: the system, as it is now,
+    /// served each of them that often. Panics naming the loop that did not within a
+    /// minute (a hang the loops' own checks would not see until they are stopped).
+    pub fn settle(&self, rounds: u64) {
+        let from: Vec<u64> = self.done.iter().map(|d| d.load(Ordering::Relaxed)).collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for ((name, _), (done, from)) in self.loops.iter().zip(self.done.iter().zip(from)) {
+            while done.load(Ordering::Relaxed) < from + rounds {
+                assert!(
+                    Instant::now() < deadline,
+                    "the {name} loop did {} of {rounds} rounds in a minute",
+                    done.load(Ordering::Relaxed) - from
+                );
+                thread::sleep(Duration::from_millis(5));
+            }
+        }
     }
 
     /// Stops the loops, says what each saw, and asserts that none failed and each ran.
@@ -201,6 +235,9 @@ impl Running {
     }
 
     fn finish_allowing(self, aborted: usize) -> Vec<(&'static str, Outcome)> {
+        // Each loop runs enough rounds to count (a loop that cannot is named).
+        let least = self.done.iter().map(|d| d.load(Ordering::Relaxed)).min();
+        self.settle(11u64.saturating_sub(least.unwrap_or(0)));
         self.stop.store(true, Ordering::Relaxed);
         let done: Vec<(&'static str, Outcome)> = self
             .loops
