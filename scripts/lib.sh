@@ -1,4 +1,4 @@
-# Sourced by scripts/run, scripts/test and scripts/install: build with the calling
+# Sourced by every script: what they share. Build with the calling
 # user's Rust toolchain, act as root. They work as typed from a root shell, from a
 # user with sudo, and as `sudo scripts/...` (where sudo's secure_path has dropped
 # ~/.cargo/bin, the build runs as the user who called sudo).
@@ -33,4 +33,42 @@ as_root() {
   else
     die "this needs root (it mounts file systems): run it from a root shell (su -), or install sudo"
   fi
+}
+
+# Installs Debian packages, quietly.
+apt_install() {
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# Builds the unit and integration test programs (the test profile's artifacts) and
+# writes their paths to the file LIST, one per line.
+test_programs() {
+  local list=$1
+  mkdir -p "$(dirname "$list")"
+  build test --all-targets --no-run --message-format=json-render-diagnostics |
+    grep '"reason":"compiler-artifact"' | grep -E '"profile":\{[^}]*"test":true' |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' >"$list.new"
+  mv "$list.new" "$list"
+  [ -s "$list" ] || die "cargo built no test programs"
+}
+
+# Makes a sparse ext4 image IMG of SIZE (truncate's units) and, with DIR, mounts it
+# there through a loop device with the mount options OPTS (after `loop,`).
+ext4_image() {
+  local img=$1 size=$2 dir=${3:-} opts=${4:-}
+  rm -f "$img"
+  truncate -s "$size" "$img"
+  mkfs.ext4 -q -F "$img"
+  if [ -n "$dir" ]; then
+    mkdir -p "$dir"
+    mount -o "loop${opts:+,$opts}" "$img" "$dir"
+  fi
+}
+
+# The entries of a known-failure FILE (columns: a test or a pattern of tests, the
+# views it applies to: `all` or a comma-separated list, the reason) that apply to
+# VIEW, one per line.
+known_failures() {
+  local file=$1 view=$2
+  awk -v v="$view" '$1 !~ /^#/ && NF >= 2 && ($2 == "all" || index("," $2 ",", "," v ",")) {print $1}' "$file"
 }
