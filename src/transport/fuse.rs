@@ -1,6 +1,7 @@
 //! The thin fuser adapter: decode a request, call [`ViewFs`], encode the reply.
-//! No policy lives here; the one thing only this layer can do is register a backing
-//! descriptor for kernel passthrough, because that needs the reply object.
+//! No policy lives here: what INIT asks is `negotiate`'s; the one thing only this
+//! layer can do is register a backing descriptor for kernel passthrough, because that
+//! needs the reply object.
 //!
 //! Every operation goes through one choke point, [`FuseView::answer`]: it is timed
 //! and counted per operation and errno, a failure is logged at its errno's level
@@ -19,10 +20,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents,
-    PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek,
-    ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents, PollFlags,
+    PollNotifier, RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen,
+    ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::config::Passthrough;
@@ -593,84 +594,29 @@ impl Filesystem for FuseView {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
-        let caps = config.capabilities();
         self.minor.store(config.kernel_abi().1, Ordering::Relaxed);
-        // HANDLE_KILLPRIV_V2: no security.capability lookup per write (see ops::open).
-        let wanted = InitFlags::FUSE_HANDLE_KILLPRIV_V2
-            // Every listing is READDIRPLUS, without the kernel's AUTO rule: the view
-            // decides which entries carry attributes (fs/listing.rs).
-            | InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_AUTO_INVAL_DATA
-            | InitFlags::FUSE_ASYNC_DIO
-            // A file served in direct I/O (`direct_io=view`) can still be mapped shared
-            // where passthrough is off, as an O_DIRECT file can without the view.
-            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
-            | InitFlags::FUSE_MAX_PAGES;
-        let _ = config.add_capabilities(wanted & caps);
-        // Registrations are made on the connection's descriptor, which only a view that
-        // mounted itself (as root) holds.
-        let offered = caps.contains(InitFlags::FUSE_PASSTHROUGH)
-            && crate::sys::process::is_root()
-            && self.dev.is_some();
-        match (self.passthrough_mode, offered) {
-            (Passthrough::Off, _) | (Passthrough::Auto, false) => {}
-            (Passthrough::On, false) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    format!(
-                        "passthrough=on, but this kernel ({}) offers no FUSE passthrough to this view (Linux 6.9+ and root are needed): use passthrough=auto",
-                        crate::sys::kernel_release()
-                    ),
-                ));
-            }
-            (Passthrough::Auto | Passthrough::On, true) => {
-                if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
-                    && config.set_max_stack_depth(1).is_ok()
-                {
-                    self.passthrough.store(true, Ordering::Relaxed);
-                }
-            }
+        let n = super::negotiate::negotiate(
+            config.capabilities(),
+            super::negotiate::Asked {
+                passthrough: self.passthrough_mode,
+                kernel_checks: self.kernel_checks,
+                ring: self.ring,
+                // Registrations are made on the connection's descriptor, which only a
+                // view that mounted itself (as root) holds.
+                can_register: crate::sys::process::is_root() && self.dev.is_some(),
+            },
+        )
+        .map_err(|why| io::Error::new(io::ErrorKind::Unsupported, why))?;
+        let _ = config.add_capabilities(n.add);
+        // A passthrough file's backing file is one level of stacking.
+        let passthrough = n.passthrough && config.set_max_stack_depth(1).is_ok();
+        self.passthrough.store(passthrough, Ordering::Relaxed);
+        if let Some(why) = n.no_idmap {
+            tracing::info!("{why}");
         }
-        // Idmapped mounts (a container runtime's, for a pod in a user namespace). The
-        // kernel lifts SB_I_NOIDMAP only for a default_permissions mount, and fails the
-        // connection on this flag without it (fs/fuse/inode.c `process_init_reply`).
-        // Once allowed, it sends uid and gid with creation requests only, on every
-        // mount of the connection (fs/fuse/dev.c `fuse_fill_creds`): the view takes
-        // them from creation requests alone whether or not this is negotiated
-        // (`caller`, `creator` below).
-        let idmap = match (
-            caps.contains(InitFlags::FUSE_ALLOW_IDMAP),
-            self.kernel_checks,
-        ) {
-            (true, true) => config.add_capabilities(InitFlags::FUSE_ALLOW_IDMAP).is_ok(),
-            (true, false) => {
-                tracing::info!(
-                    "noperm: the view cannot be idmapped (the kernel allows idmapped FUSE mounts only with its own permission checks); pods in user namespaces cannot use it"
-                );
-                false
-            }
-            (false, _) => {
-                tracing::info!(
-                    "this kernel's FUSE cannot idmap a mount (FUSE_ALLOW_IDMAP, protocol 7.41, Linux 6.12): pods in user namespaces cannot use this view"
-                );
-                false
-            }
-        };
+        let idmap = n.idmap;
         self.idmap.store(idmap, Ordering::Relaxed);
         self.stats.set_idmap(idmap);
-        if self.ring {
-            if !caps.contains(InitFlags::FUSE_OVER_IO_URING) {
-                return Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    format!(
-                        "transport=ring, but this kernel ({}) offers no FUSE over io_uring (Linux 6.14+ with the fuse module's enable_uring=Y)",
-                        crate::sys::kernel_release()
-                    ),
-                ));
-            }
-            let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
-        }
         self.stats.set_passthrough(self.passthrough());
         tracing::info!(
             fuse_minor = self.minor.load(Ordering::Relaxed),

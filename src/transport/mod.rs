@@ -9,6 +9,7 @@
 
 pub mod fuse;
 pub mod handover;
+pub mod negotiate;
 pub mod probe;
 pub mod ratelimit;
 pub mod ring;

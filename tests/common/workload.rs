@@ -186,7 +186,9 @@ impl Running {
                 .collect();
             loops.push((
                 "lister",
-                workload(Arc::clone(&stop), count(), move |i| list_round(&dir, &inos, i)),
+                workload(Arc::clone(&stop), count(), move |i| {
+                    list_round(&dir, &inos, i)
+                }),
             ));
         }
         Running {
@@ -201,7 +203,11 @@ impl Running {
     /// served each of them that often. Panics naming the loop that did not within a
     /// minute (a hang the loops' own checks would not see until they are stopped).
     pub fn settle(&self, rounds: u64) {
-        let from: Vec<u64> = self.done.iter().map(|d| d.load(Ordering::Relaxed)).collect();
+        let from: Vec<u64> = self
+            .done
+            .iter()
+            .map(|d| d.load(Ordering::Relaxed))
+            .collect();
         let deadline = Instant::now() + Duration::from_secs(60);
         for ((name, _), (done, from)) in self.loops.iter().zip(self.done.iter().zip(from)) {
             while done.load(Ordering::Relaxed) < from + rounds {
