@@ -104,6 +104,61 @@ impl std::fmt::Debug for NodeCollector {
     }
 }
 
+/// One sample of a per-view metric.
+enum Sample {
+    Gauge(i64),
+    GaugeF(f64),
+    Counter(u64),
+    CounterF(f64),
+}
+
+/// The per-view metrics, each read from a view's snapshot: name, help, value. What
+/// each view costs is its process's memory and CPU time; a view that was recovered or
+/// taken over starts its CPU count again (a new process), as Prometheus counters may.
+type PerView = (&'static str, &'static str, fn(&Snapshot) -> Sample);
+const PER_VIEW: &[PerView] = &[
+    (
+        "mountgroup_view_passthrough",
+        "1 when a view's reads and writes go through kernel FUSE passthrough",
+        |s| Sample::Gauge(i64::from(s.passthrough)),
+    ),
+    (
+        "mountgroup_view_idmap",
+        "1 when a container runtime can idmap a view's mount (FUSE_ALLOW_IDMAP negotiated); 0 on a kernel without it, or for a noperm view",
+        |s| Sample::Gauge(i64::from(s.idmap)),
+    ),
+    (
+        "mountgroup_view_ring_requests",
+        "Requests a view received over FUSE over io_uring (transport=ring) rather than /dev/fuse",
+        |s| Sample::Counter(s.ring_requests),
+    ),
+    (
+        "mountgroup_view_oldest_request_seconds",
+        "How long the oldest request a view is serving has waited (0: none); a request stuck alone while other workers answer shows here and not in the keeper's liveness check",
+        |s| Sample::GaugeF(s.oldest_request_seconds),
+    ),
+    (
+        "mountgroup_view_walked_ahead_dirs",
+        "Directories a view listed and warmed ahead of a walk through it",
+        |s| Sample::Counter(s.walked_ahead),
+    ),
+    (
+        "mountgroup_view_opened_ahead_lookups",
+        "Lookups a view answered with an entry it opened ahead of a walk through it",
+        |s| Sample::Counter(s.opened_ahead),
+    ),
+    (
+        "mountgroup_view_resident_memory_bytes",
+        "Resident memory of the process serving a view",
+        |s| Sample::Gauge(s.process.resident_bytes as i64),
+    ),
+    (
+        "mountgroup_view_cpu_seconds",
+        "CPU time used by the process serving a view, user and system",
+        |s| Sample::CounterF(s.process.cpu_seconds),
+    ),
+];
+
 impl Collector for NodeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         if let Some(k) = self.kernel {
@@ -157,91 +212,22 @@ impl Collector for NodeCollector {
                 Some((v.volume_id.as_str(), v.target.display().to_string(), s))
             })
             .collect();
-        fn labels<'a>(v: &'a (&'a str, String, &Snapshot)) -> [(&'static str, &'a str); 2] {
-            [("volume_id", v.0), ("target", v.1.as_str())]
-        }
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_view_passthrough",
-            "1 when a view's reads and writes go through kernel FUSE passthrough",
-            None,
-            MetricType::Gauge,
-        )?;
-        for v in &per_view {
-            m.encode_family(&labels(v))?
-                .encode_gauge(&i64::from(v.2.passthrough))?;
-        }
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_view_idmap",
-            "1 when a container runtime can idmap a view's mount (FUSE_ALLOW_IDMAP negotiated); 0 on a kernel without it, or for a noperm view",
-            None,
-            MetricType::Gauge,
-        )?;
-        for v in &per_view {
-            m.encode_family(&labels(v))?
-                .encode_gauge(&i64::from(v.2.idmap))?;
-        }
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_view_ring_requests",
-            "Requests a view received over FUSE over io_uring (transport=ring) rather than /dev/fuse",
-            None,
-            MetricType::Counter,
-        )?;
-        for v in &per_view {
-            m.encode_family(&labels(v))?
-                .encode_counter::<NoLabelSet, _, u64>(&v.2.ring_requests, None)?;
-        }
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_view_oldest_request_seconds",
-            "How long the oldest request a view is serving has waited (0: none); a request stuck alone while other workers answer shows here and not in the keeper's liveness check",
-            None,
-            MetricType::Gauge,
-        )?;
-        for v in &per_view {
-            m.encode_family(&labels(v))?
-                .encode_gauge(&v.2.oldest_request_seconds)?;
-        }
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_view_walked_ahead_dirs",
-            "Directories a view listed and warmed ahead of a walk through it",
-            None,
-            MetricType::Counter,
-        )?;
-        for v in &per_view {
-            m.encode_family(&labels(v))?
-                .encode_counter::<NoLabelSet, _, u64>(&v.2.walked_ahead, None)?;
-        }
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_view_opened_ahead_lookups",
-            "Lookups a view answered with an entry it opened ahead of a walk through it",
-            None,
-            MetricType::Counter,
-        )?;
-        for v in &per_view {
-            m.encode_family(&labels(v))?
-                .encode_counter::<NoLabelSet, _, u64>(&v.2.opened_ahead, None)?;
-        }
-        // What each view costs, per volume: its process's memory and CPU time. A
-        // view that was recovered or taken over starts its CPU count again (a new
-        // process), so the counter resets as Prometheus counters may.
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_view_resident_memory_bytes",
-            "Resident memory of the process serving a view",
-            None,
-            MetricType::Gauge,
-        )?;
-        for v in &per_view {
-            m.encode_family(&labels(v))?
-                .encode_gauge(&(v.2.process.resident_bytes as i64))?;
-        }
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_view_cpu_seconds",
-            "CPU time used by the process serving a view, user and system",
-            None,
-            MetricType::Counter,
-        )?;
-        for v in &per_view {
-            m.encode_family(&labels(v))?
-                .encode_counter::<NoLabelSet, _, u64>(&v.2.process.cpu_seconds, None)?;
+        for (name, help, value) in PER_VIEW {
+            let kind = match value(&Snapshot::default()) {
+                Sample::Gauge(_) | Sample::GaugeF(_) => MetricType::Gauge,
+                Sample::Counter(_) | Sample::CounterF(_) => MetricType::Counter,
+            };
+            let mut m = encoder.encode_descriptor(name, help, None, kind)?;
+            for (volume_id, target, snapshot) in &per_view {
+                let labels = [("volume_id", *volume_id), ("target", target.as_str())];
+                let mut m = m.encode_family(&labels)?;
+                match value(snapshot) {
+                    Sample::Gauge(g) => m.encode_gauge(&g)?,
+                    Sample::GaugeF(g) => m.encode_gauge(&g)?,
+                    Sample::Counter(c) => m.encode_counter::<NoLabelSet, _, u64>(&c, None)?,
+                    Sample::CounterF(c) => m.encode_counter::<NoLabelSet, _, u64>(&c, None)?,
+                }
+            }
         }
 
         let mut total = Snapshot::default();
