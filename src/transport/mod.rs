@@ -554,28 +554,9 @@ pub fn run_foreground(
     let pending = Arc::new(Mutex::new(None));
     let stopper: Arc<Mutex<Option<::fuser::SessionStopper>>> = Arc::new(Mutex::new(None));
     let control = match control_dir {
-        Some(dir) if dev.is_some() => match handover::ControlSocket::bind(dir, &mountpoint) {
-            Ok(c) => {
-                let c = Arc::new(c);
-                let stop = Arc::clone(&stopper);
-                handover::listen(
-                    Arc::clone(&c),
-                    identity.clone(),
-                    Arc::clone(&pending),
-                    move || {
-                        if let Some(s) = lock(&stop).as_ref() {
-                            s.stop();
-                        }
-                    },
-                )
-                .map_err(MountError::Session)?;
-                Some(c)
-            }
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), error = %e, "no control socket: this view cannot be handed to a new process");
-                None
-            }
-        },
+        Some(dir) if dev.is_some() => {
+            listen_for_successor(dir, &mountpoint, &identity, &pending, &stopper)?
+        }
         _ => None,
     };
     if let (Some(holder), Some(dev), Some(template)) = (&holder, &dev, &template) {
@@ -583,44 +564,12 @@ pub fn run_foreground(
     }
     if recovering {
         if let Some(dev) = &dev {
-            // The requests the dead process had read and not answered: read them again.
-            if !minor.is_some_and(crate::sys::fuse::resends) {
-                tracing::warn!(
-                    fuse_minor = minor,
-                    "the requests the dead view was answering failed (ECONNABORTED): the kernel cannot resend them (FUSE_NOTIFY_RESEND, protocol 7.40, Linux 6.9)"
-                );
-            } else if let Err(e) = crate::sys::fuse::notify_resend(dev.as_fd()) {
-                tracing::warn!(error = %e, "the kernel cannot resend the dead view's requests; they fail");
-            }
+            resend_after_recovery(dev, minor);
         }
     }
 
     if let Some(path) = metrics_file {
-        // The driver reads this snapshot for its metrics endpoint (transport/stats.rs); one
-        // small file write a second.
-        let (path, stats) = (path.to_path_buf(), std::sync::Arc::clone(&stats));
-        std::thread::Builder::new()
-            .name("mountgroup-stats".into())
-            .spawn(move || {
-                let mut stuck_told = false;
-                loop {
-                    stats.set_walked_ahead(fs.walked_ahead());
-                    stats.set_opened_ahead(fs.opened_ahead());
-                    // Told once per episode: the keeper's liveness check passes while
-                    // another worker answers, so this line and the metric are what show
-                    // a request stuck alone (a backing file system that stopped answering).
-                    let oldest = stats.oldest_request();
-                    if oldest >= STUCK_REQUEST && !stuck_told {
-                        tracing::warn!(waited = ?oldest, "a request has waited this long and is still in progress: the backing file system, or the view, is stuck on it");
-                    }
-                    stuck_told = oldest >= STUCK_REQUEST;
-                    if let Err(e) = stats.write_snapshot(&path) {
-                        tracing::debug!(error = %e, "cannot write the metrics snapshot");
-                    }
-                    std::thread::sleep(std::time::Duration::from_secs(1));
-                }
-            })
-            .map_err(MountError::Session)?;
+        write_snapshots(path, stats, fs)?;
     }
     std::thread::Builder::new()
         .name("mountgroup-signals".into())
@@ -650,6 +599,89 @@ pub fn run_foreground(
     }
     tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
     Ok(())
+}
+
+/// The view's control socket in `dir`, answering a successor's handover
+/// ([`handover::listen`]): the successor's request stops the session's workers
+/// through `stopper`. `None`, and a warning, where it cannot be made.
+fn listen_for_successor(
+    dir: &Path,
+    mountpoint: &Path,
+    identity: &handover::Identity,
+    pending: &Arc<Mutex<Option<handover::Accepted>>>,
+    stopper: &Arc<Mutex<Option<::fuser::SessionStopper>>>,
+) -> Result<Option<Arc<handover::ControlSocket>>, MountError> {
+    match handover::ControlSocket::bind(dir, mountpoint) {
+        Ok(c) => {
+            let c = Arc::new(c);
+            let stop = Arc::clone(stopper);
+            handover::listen(
+                Arc::clone(&c),
+                identity.clone(),
+                Arc::clone(pending),
+                move || {
+                    if let Some(s) = lock(&stop).as_ref() {
+                        s.stop();
+                    }
+                },
+            )
+            .map_err(MountError::Session)?;
+            Ok(Some(c))
+        }
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "no control socket: this view cannot be handed to a new process");
+            Ok(None)
+        }
+    }
+}
+
+/// Writes the view's operation snapshot to `path` every second, from a thread of its
+/// own, and says once per episode when a request has waited [`STUCK_REQUEST`].
+fn write_snapshots(
+    path: &Path,
+    stats: Arc<stats::ViewStats>,
+    fs: Arc<crate::fs::ops::ViewFs>,
+) -> Result<(), MountError> {
+    // The driver reads this snapshot for its metrics endpoint (transport/stats.rs); one
+    // small file write a second.
+    let path = path.to_path_buf();
+    std::thread::Builder::new()
+        .name("mountgroup-stats".into())
+        .spawn(move || {
+            let mut stuck_told = false;
+            loop {
+                stats.set_walked_ahead(fs.walked_ahead());
+                stats.set_opened_ahead(fs.opened_ahead());
+                // Told once per episode: the keeper's liveness check passes while
+                // another worker answers, so this line and the metric are what show
+                // a request stuck alone (a backing file system that stopped answering).
+                let oldest = stats.oldest_request();
+                if oldest >= STUCK_REQUEST && !stuck_told {
+                    tracing::warn!(waited = ?oldest, "a request has waited this long and is still in progress: the backing file system, or the view, is stuck on it");
+                }
+                stuck_told = oldest >= STUCK_REQUEST;
+                if let Err(e) = stats.write_snapshot(&path) {
+                    tracing::debug!(error = %e, "cannot write the metrics snapshot");
+                }
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        })
+        .map_err(MountError::Session)?;
+    Ok(())
+}
+
+/// Has the kernel resend the requests a dead process had read and not answered, to the
+/// process that recovered its view, where the kernel speaks protocol 7.`minor` with
+/// `FUSE_NOTIFY_RESEND`; says where it cannot.
+fn resend_after_recovery(dev: &OwnedFd, minor: Option<u32>) {
+    if !minor.is_some_and(crate::sys::fuse::resends) {
+        tracing::warn!(
+            fuse_minor = minor,
+            "the requests the dead view was answering failed (ECONNABORTED): the kernel cannot resend them (FUSE_NOTIFY_RESEND, protocol 7.40, Linux 6.9)"
+        );
+    } else if let Err(e) = crate::sys::fuse::notify_resend(dev.as_fd()) {
+        tracing::warn!(error = %e, "the kernel cannot resend the dead view's requests; they fail");
+    }
 }
 
 /// The descriptor a session's workers read the connection `dev` through: with
