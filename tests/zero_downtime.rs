@@ -176,12 +176,17 @@ fn a_view_served_through_the_daemon_recovers_its_open_handles() {
     use mountgroup::volume::keeper::{Request, Response, ask};
     let f = Fixture::new();
     let root = f.dir.path();
-    let (socket, keeper_args) = node_run(root);
     let control = root.join("run/views");
     let bin = Path::new(BIN);
-    let keeper_args: Vec<&str> = keeper_args.iter().map(String::as_str).collect();
-    let mut keeper = Container::start(bin, &keeper_args, &root.join("keeper.log"));
-    wait_ready(bin, &socket);
+    let cg = TestCgroup::new();
+    let views_cg = cg.child("views");
+    let keepers = Keepers::new(
+        &cg,
+        root,
+        &["--views-cgroup".into(), views_cg.to_str().unwrap().into()],
+    );
+    let socket = keepers.socket().to_path_buf();
+    let mut keeper = keepers.start("1");
     // The probe in another container (PID namespace) does not count this keeper as its
     // own: the new pod of an update is not ready because the old pod's keeper is.
     let elsewhere = Command::new(CONTAINER[0])
@@ -228,17 +233,16 @@ fn a_view_served_through_the_daemon_recovers_its_open_handles() {
     running.settle(3);
     kill_view(&f.mnt);
     running.settle(3);
-    // A process killed while it recovers the view is a crash like another: the
-    // keeper recovers the view again (this takes the second and third recoveries).
-    kill_view_and_its_recovery(&f.mnt);
-    let keeper_log = || fs::read_to_string(root.join("keeper.log")).unwrap();
-    eprintln!(
-        "the recovery was killed {} it took the connection over",
-        if keeper_log().contains("the process recovering the view was killed") {
-            "before"
-        } else {
-            "after"
-        }
+    // A process killed while it recovers the view, before it has taken the
+    // connection over, is a crash like another: the keeper recovers the view again
+    // from what it holds (this takes the second and third recoveries). Killed after
+    // it took the connection over, it is a kept view that dies, as the first kill.
+    kill_view_and_its_recovery_before_it_holds(&f.mnt, &views_cg);
+    let keeper_log = || keepers.log("1");
+    assert!(
+        keeper_log().contains("the process recovering the view was killed"),
+        "{}",
+        keeper_log()
     );
     // Every loop goes on well past the last recovery.
     running.settle(10);
@@ -275,7 +279,7 @@ fn a_view_served_through_the_daemon_recovers_its_open_handles() {
         );
         thread::sleep(Duration::from_millis(10));
     }
-    let keeper_log = fs::read_to_string(root.join("keeper.log")).unwrap();
+    let keeper_log = keepers.log("1");
     assert!(keeper_log.contains("keeps dying"), "{keeper_log}");
     drop(_unmount);
     keeper.stop(Duration::from_secs(10));

@@ -61,19 +61,6 @@ pub fn kill_view(target: &Path) {
     wait_replaced(target, dead, Duration::from_secs(20));
 }
 
-/// SIGKILLs the process serving the view on `target`, then the process that recovers
-/// it as soon as it runs (most often before it has taken the connection over: an OOM
-/// kill in the middle of a recovery), and waits until a third one serves the view.
-pub fn kill_view_and_its_recovery(target: &Path) {
-    let now = view_processes(target);
-    assert_eq!(now.len(), 1, "{now:?}");
-    kill_process(Pid::from_raw(now[0].0 as i32).unwrap(), Signal::KILL).unwrap();
-    // Looked for without a pause: a recovery takes milliseconds.
-    let recovering = poll_replaced(target, now[0].0, Duration::from_secs(20), Duration::ZERO);
-    kill_process(Pid::from_raw(recovering as i32).unwrap(), Signal::KILL).unwrap();
-    wait_replaced(target, recovering, Duration::from_secs(20));
-}
-
 /// Waits until one process serves the view on `target` and it is not `old`; returns it.
 pub fn wait_replaced(target: &Path, old: u32, limit: Duration) -> u32 {
     poll_replaced(target, old, limit, Duration::from_millis(5))
@@ -157,4 +144,61 @@ pub fn binary_version(root: &Path, name: &str) -> PathBuf {
     fs::copy(crate::common::BIN, &bin).unwrap();
     fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
     bin
+}
+
+/// SIGKILLs the process serving the view on `target`, then the process the keeper
+/// starts to recover it, before it has taken anything over: the views' cgroup `views`
+/// (the keeper's `--views-cgroup`) is frozen first, so that the recovering process
+/// stops as it joins its own cgroup below it, before mountgroup runs at all, and is
+/// killed there. Thaws `views` and returns once a third process serves the view.
+pub fn kill_view_and_its_recovery_before_it_holds(target: &Path, views: &Path) {
+    let old = view_pid(target);
+    let frozen = |on: bool| {
+        fs::write(views.join("cgroup.freeze"), if on { "1" } else { "0" }).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let want = format!("frozen {}", u8::from(on));
+        while !fs::read_to_string(views.join("cgroup.events"))
+            .unwrap()
+            .lines()
+            .any(|l| l == want)
+        {
+            assert!(Instant::now() < deadline, "{} never {want}", views.display());
+            thread::sleep(Duration::from_millis(5));
+        }
+    };
+    // The processes in the views' cgroups, below `views`.
+    let in_views = || -> Vec<u32> {
+        fs::read_dir(views)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .flat_map(|e| {
+                fs::read_to_string(e.path().join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|p| p.parse().ok())
+                    .collect::<Vec<u32>>()
+            })
+            .collect()
+    };
+    let before = in_views();
+    frozen(true);
+    kill_process(Pid::from_raw(old as i32).unwrap(), Signal::KILL).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let recovering = loop {
+        if let Some(p) = in_views().into_iter().find(|p| !before.contains(p)) {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "the keeper started no recovery");
+        thread::sleep(Duration::from_millis(5));
+    };
+    // Still in the keeper's code, between fork and exec: it has run nothing of ours.
+    let exe = fs::read_link(format!("/proc/{recovering}/exe")).ok();
+    kill_process(Pid::from_raw(recovering as i32).unwrap(), Signal::KILL).unwrap();
+    frozen(false);
+    wait_replaced(target, old, Duration::from_secs(20));
+    assert!(
+        !view_processes(target).iter().any(|(p, _)| *p == recovering),
+        "the killed recovery serves ({exe:?})"
+    );
 }
