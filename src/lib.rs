@@ -20,6 +20,7 @@ pub mod driver;
 pub mod fs;
 pub mod kube;
 pub mod logfile;
+pub mod pathkey;
 pub mod share;
 pub mod sys;
 pub mod transport;

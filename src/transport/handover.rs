@@ -12,7 +12,6 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -37,24 +36,9 @@ pub const DEFAULT_CONTROL_DIR: &str = "/run/mountgroup/views";
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const ACK_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// FNV-1a (64 bit) of the path's bytes, as 16 lower-case hex digits.
-///
-/// FNV-1a: start from the offset basis 0xcbf29ce484222325; for each byte, xor it in,
-/// then multiply by the prime 0x100000001b3 (wrapping). Not a defence against anyone
-/// choosing paths: mountpoints are chosen by root (kubelet), and a collision only makes
-/// two views share a name (a request names its mountpoint, so the wrong view refuses).
-pub fn path_key(path: &Path) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in path.as_os_str().as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
-}
-
 /// The control socket of the view on `mountpoint` (an absolute, canonical path).
 pub fn socket_path(dir: &Path, mountpoint: &Path) -> PathBuf {
-    dir.join(format!("{}.sock", path_key(mountpoint)))
+    dir.join(format!("{}.sock", crate::pathkey::path_key(mountpoint)))
 }
 
 /// Why a handover did not happen.
@@ -469,15 +453,6 @@ pub fn describe(socket: &Path) -> io::Result<Description> {
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
-
-    #[test]
-    fn keys_are_fnv1a() {
-        // Published FNV-1a test vectors: these name files on nodes' disks (view logs,
-        // control sockets) and must stay what they are.
-        assert_eq!(path_key(Path::new("")), "cbf29ce484222325");
-        assert_eq!(path_key(Path::new("a")), "af63dc4c8601ec8c");
-        assert_eq!(path_key(Path::new("foobar")), "85944171f73967e8");
-    }
 
     #[test]
     fn descriptors_cross_in_batches() {

@@ -162,7 +162,11 @@ pub fn kill_view_and_its_recovery_before_it_holds(target: &Path, views: &Path) {
             .lines()
             .any(|l| l == want)
         {
-            assert!(Instant::now() < deadline, "{} never {want}", views.display());
+            assert!(
+                Instant::now() < deadline,
+                "{} never {want}",
+                views.display()
+            );
             thread::sleep(Duration::from_millis(5));
         }
     };
