@@ -2,10 +2,13 @@
 //! root-squashed NFS export), made with bindfs. Needs bindfs (installed by .ci/run).
 
 mod common;
+#[path = "common/driver.rs"]
+mod driver;
 
 use std::fs;
 
 use common::*;
+use driver::*;
 
 const G: u32 = 4242;
 
@@ -127,4 +130,95 @@ fn a_plain_view_keeps_the_daemon_as_owner_where_chown_is_refused() {
     assert!(ran.ok, "{ran:?}");
     fs::write(f.mnt.join("root-made"), "x").unwrap();
     assert_eq!(owner(&backend.path.join("root-made")).0, 0);
+}
+
+/// A share whose file system keeps no extended attributes (an SMB share without EA
+/// support, as Azure Files; NFS, which has no `trusted.*`), and where chown and chmod
+/// succeed with no effect (SMB without unix extensions), made with bindfs: the
+/// default publish (fsGroup semantics, which keep their chown and chmod in records)
+/// serves CIFS semantics without records instead of failing, and says so in the log
+/// and the metric.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_default_publish_on_a_share_that_keeps_no_records_serves_cifs_semantics() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let real = f.subdir("real");
+    let share = f.subdir("share");
+    let status = std::process::Command::new("bindfs")
+        .args([
+            "--xattr-none",
+            "--chown-ignore",
+            "--chgrp-ignore",
+            "--chmod-ignore",
+        ])
+        .arg(&real)
+        .arg(&share)
+        .status()
+        .expect("bindfs is installed (scripts/test installs it)");
+    assert!(status.success(), "bindfs mount");
+    let _share = BindfsGuard(share.clone());
+    let refused = std::process::Command::new("setfattr")
+        .args(["-n", "trusted.x", "-v", "1"])
+        .arg(&share)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success(), "the share keeps no xattrs");
+
+    let d = Driver::start_with_metrics_and(root, &[]);
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    let target = root.join("target");
+    c.create_stage_publish("vol", &staging, &target, &G.to_string())
+        .await;
+    let _unmount = Unmount(target.clone());
+    assert_eq!(
+        mechanism(&d.metrics_addr(), &target),
+        ("fuse-cifs".into(), "share-keeps-no-records".into())
+    );
+    assert!(
+        d.log_text().contains("share-keeps-no-records"),
+        "{}",
+        d.log_text()
+    );
+    // A member of the pod's group makes files and directories; every one shows the
+    // CIFS semantics: owner root, the pod's group, files 0664, directories 0775.
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!(
+            "cd {} && echo x > f && mkdir d && echo y > d/g && cat d/g",
+            target.display()
+        ),
+    );
+    assert!(ran.ok && ran.stdout == "y\n", "{ran:?}");
+    assert_eq!(owner(&target.join("f")), (0, G, 0o664));
+    assert_eq!(owner(&target.join("d")), (0, G, 0o775));
+    assert_eq!(owner(&target.join("d/g")), (0, G, 0o664));
+    // chown and chmod by root succeed with no effect, as on a kernel CIFS mount.
+    let ran = run_as(
+        0,
+        0,
+        &[],
+        &format!("chmod 600 {0}/f && chown 7:7 {0}/f", target.display()),
+    );
+    assert!(ran.ok, "{ran:?}");
+    assert_eq!(owner(&target.join("f")), (0, G, 0o664));
+    // Someone outside the group reads, as the modes say, and cannot write.
+    let ran = run_as(
+        2001,
+        2001,
+        &[],
+        &format!("cat {0}/f && echo z >> {0}/f", target.display()),
+    );
+    assert!(!ran.ok && ran.stdout == "x\n", "{ran:?}");
+
+    c.node
+        .node_unpublish_volume(unpublish_req("vol", &target))
+        .await
+        .unwrap();
+    c.node
+        .node_unstage_volume(unstage_req("vol", &staging))
+        .await
+        .unwrap();
 }

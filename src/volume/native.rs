@@ -8,7 +8,7 @@ use std::path::Path;
 use crate::config::{ViewMode, ViewOptions};
 
 use super::VolumeError;
-use super::serve::{Fallback, Pod, native_or_why};
+use super::serve::{Asking, Fallback, Pod, native_or_why};
 
 /// Why `options` cannot be a native view's, as `mountgroup mount --native` refuses
 /// them: what the driver would serve with a FUSE view instead (FUSE semantics,
@@ -18,7 +18,12 @@ pub fn refusal(options: &ViewOptions) -> Option<String> {
     if options.disk_group.is_some() {
         return Some(Fallback::ViewOption("disk_gid=".into()).to_string());
     }
-    native_or_why(Some(0), false, options, || Ok(()), || Pod::HostUsers)
+    let mut node = Asking {
+        share: || Ok(()),
+        records: || Ok(()),
+        pod: || Pod::HostUsers,
+    };
+    native_or_why(Some(0), false, options, &mut node)
         .err()
         .map(|f| f.to_string())
 }

@@ -697,16 +697,21 @@ impl Node {
                 recorded,
                 fuse_idmap: self.fuse_idmap,
             },
-            || self.share.native_capable(),
-            || self.pods.pod(pod),
+            &mut serve::Asking {
+                share: || self.share.native_capable(),
+                records: || self.share.keeps_xattr(crate::fs::record::RECORD_XATTR),
+                pod: || self.pods.pod(pod),
+            },
         )?;
         Ok(match served.fallback {
             None => (served.mechanism, recorded_fallback.flatten()),
             Some(f) => {
-                let what = if recorded.is_some() {
-                    "a native view is served again as its FUSE twin"
-                } else {
-                    "not a native view"
+                let what = match (&f, recorded) {
+                    (serve::Fallback::NoRecords(_), _) => {
+                        "the share keeps no records: a CIFS view without any"
+                    }
+                    (_, Some(_)) => "a native view is served again as its FUSE twin",
+                    (_, None) => "not a native view",
                 };
                 tracing::warn!(volume_id = %id, target = %target.display(), fallback = f.code(), why = %f, "{what}");
                 (served.mechanism, Some(f.code().to_string()))

@@ -8,7 +8,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{NativeUse, ViewMode, ViewOptions};
+use crate::config::{CifsOptions, NativeUse, Ownership, ViewMode, ViewOptions};
+use crate::fs::view::Policy;
 use crate::sys::mount::{self, Health};
 
 use super::VolumeError;
@@ -27,6 +28,9 @@ pub enum Mechanism {
     /// A FUSE view with the native presentation (`mode=native`) of a native volume,
     /// where a native mount cannot serve.
     Twin { disk_group: u32 },
+    /// A FUSE view with CIFS semantics and no records ([`unrecorded_options`]), where
+    /// the request's semantics need records the share cannot keep.
+    Unrecorded,
 }
 
 impl Mechanism {
@@ -38,7 +42,7 @@ impl Mechanism {
     /// Whether it shows a native volume as a native view does (the native view and its
     /// twin): the volume's root must then be the volume's group's.
     pub fn native_presentation(self) -> bool {
-        !matches!(self, Mechanism::Fuse)
+        matches!(self, Mechanism::Native { .. } | Mechanism::Twin { .. })
     }
 
     /// Its name in metrics and logs.
@@ -47,6 +51,7 @@ impl Mechanism {
             Mechanism::Fuse => "fuse",
             Mechanism::Native { .. } => "native",
             Mechanism::Twin { .. } => "fuse-native",
+            Mechanism::Unrecorded => "fuse-cifs",
         }
     }
 
@@ -71,6 +76,9 @@ impl Mechanism {
                 .start(source, target, &native::twin_options(options, disk_group))
                 .map(Some),
             Mechanism::Fuse => views.start(source, target, options).map(Some),
+            Mechanism::Unrecorded => views
+                .start(source, target, &unrecorded_options(options))
+                .map(Some),
         }
     }
 
@@ -79,12 +87,14 @@ impl Mechanism {
         match self {
             Mechanism::Native { .. } if native::mounted(target) => Check::Serving,
             Mechanism::Native { .. } => Check::Gone,
-            Mechanism::Fuse | Mechanism::Twin { .. } => match mount::health(target) {
-                Health::Mounted(t) if t == VIEW_FSTYPE => Check::Serving,
-                Health::Mounted(other) => Check::Foreign(other),
-                Health::Dead => Check::Dead,
-                Health::NotMounted => Check::Gone,
-            },
+            Mechanism::Fuse | Mechanism::Twin { .. } | Mechanism::Unrecorded => {
+                match mount::health(target) {
+                    Health::Mounted(t) if t == VIEW_FSTYPE => Check::Serving,
+                    Health::Mounted(other) => Check::Foreign(other),
+                    Health::Dead => Check::Dead,
+                    Health::NotMounted => Check::Gone,
+                }
+            }
         }
     }
 
@@ -103,7 +113,9 @@ impl Mechanism {
                     ))
                 }),
             Mechanism::Native { .. } => Ok(()),
-            Mechanism::Fuse | Mechanism::Twin { .. } => views.stop(target, pid),
+            Mechanism::Fuse | Mechanism::Twin { .. } | Mechanism::Unrecorded => {
+                views.stop(target, pid)
+            }
         }
     }
 }
@@ -187,6 +199,9 @@ pub enum Fallback {
     PrivilegedPod(String),
     /// The pod could not be looked up (why).
     PodUnknown(String),
+    /// The request's semantics keep records (chown and chmod of an fsGroup view, a
+    /// CIFS view's read-only files), and the share cannot keep them (why).
+    NoRecords(String),
 }
 
 impl Fallback {
@@ -203,6 +218,7 @@ impl Fallback {
             Fallback::UserNamespacePod => "user-namespace-pod",
             Fallback::PrivilegedPod(_) => "privileged-pod",
             Fallback::PodUnknown(_) => "pod-unknown",
+            Fallback::NoRecords(_) => "share-keeps-no-records",
         }
     }
 
@@ -245,6 +261,10 @@ impl std::fmt::Display for Fallback {
                 "a pod that could reach past a native view to the whole file system ({why}: open_by_handle_at or mounts)"
             ),
             Fallback::PodUnknown(why) => write!(f, "the pod could not be looked up ({why})"),
+            Fallback::NoRecords(why) => write!(
+                f,
+                "{why}: the view has CIFS semantics without records (owner root, the pod's group, files 0664 and directories 0775 unless the request gave CIFS options; chown and chmod succeed with no effect, as on a kernel CIFS mount without unix extensions). Give the share a file system with extended attributes for fsGroup semantics"
+            ),
         }
     }
 }
@@ -270,8 +290,7 @@ pub(super) fn native_or_why(
     volume_group: Option<u32>,
     secrets: bool,
     options: &ViewOptions,
-    share: impl FnOnce() -> Result<(), String>,
-    pod: impl FnOnce() -> Pod,
+    node: &mut dyn Ask,
 ) -> Result<Mechanism, Fallback> {
     if secrets {
         return Err(Fallback::Secrets);
@@ -282,8 +301,8 @@ pub(super) fn native_or_why(
     if let Some(f) = fuse_only_option(options) {
         return Err(f);
     }
-    share().map_err(Fallback::Share)?;
-    match pod() {
+    node.native_share().map_err(Fallback::Share)?;
+    match node.pod() {
         Pod::HostUsers => {}
         Pod::UserNamespace => return Err(Fallback::UserNamespacePod),
         Pod::Privileged(why) => return Err(Fallback::PrivilegedPod(why)),
@@ -347,27 +366,98 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+/// What [`decide`] may ask of the node: each question at most once, and only where
+/// its answer matters. A new question is one method here and one branch there.
+pub trait Ask {
+    /// Whether a native view of the share may be mounted on this node, or why not.
+    fn native_share(&mut self) -> Result<(), String>;
+    /// Whether the share keeps the records views write, or why not.
+    fn share_records(&mut self) -> Result<(), String>;
+    /// What the pod is.
+    fn pod(&mut self) -> Pod;
+}
+
+/// [`Ask`] that asks the pod once, however often it is asked.
+struct PodOnce<'a> {
+    node: &'a mut dyn Ask,
+    pod: Option<Pod>,
+}
+
+impl Ask for PodOnce<'_> {
+    fn native_share(&mut self) -> Result<(), String> {
+        self.node.native_share()
+    }
+    fn share_records(&mut self) -> Result<(), String> {
+        self.node.share_records()
+    }
+    fn pod(&mut self) -> Pod {
+        self.pod.get_or_insert_with(|| self.node.pod()).clone()
+    }
+}
+
+/// [`Ask`] by three functions.
+pub struct Asking<S, R, P> {
+    pub share: S,
+    pub records: R,
+    pub pod: P,
+}
+
+impl<S, R, P> Ask for Asking<S, R, P>
+where
+    S: FnMut() -> Result<(), String>,
+    R: FnMut() -> Result<(), String>,
+    P: FnMut() -> Pod,
+{
+    fn native_share(&mut self) -> Result<(), String> {
+        (self.share)()
+    }
+    fn share_records(&mut self) -> Result<(), String> {
+        (self.records)()
+    }
+    fn pod(&mut self) -> Pod {
+        (self.pod)()
+    }
+}
+
+/// The options of a view of a share that keeps no records: the request's CIFS
+/// options, or for a request with fsGroup semantics the CIFS semantics closest to what
+/// kubelet's chown would show (owner root, the request's group, files 0664 and
+/// directories 0775); either way without records, so that chown and chmod succeed
+/// with no effect, as on a kernel CIFS mount without unix extensions.
+pub fn unrecorded_options(options: &ViewOptions) -> ViewOptions {
+    let cifs = match options.mode {
+        ViewMode::Cifs => options.cifs,
+        ViewMode::FsGroup | ViewMode::Native => CifsOptions {
+            uid: 0,
+            file_mode: 0o664,
+            dir_mode: 0o775,
+            noperm: false,
+        },
+    };
+    ViewOptions {
+        mode: ViewMode::Cifs,
+        cifs,
+        ownership: Ownership::Off,
+        disk_group: None,
+        ..options.clone()
+    }
+}
+
 /// How a publish is served, or why it is refused; the one place that decides it.
 ///
 /// - A repeat (`recorded`) is served as it was, except that a native view is native
-///   only while the share still qualifies (`share`: a mount made since counts), else
-///   its twin.
+///   only while the share still qualifies (a mount made since counts), else its twin.
 /// - A new publish for a pod in a user namespace is refused where this kernel cannot
 ///   idmap a FUSE view ([`Refusal`]).
 /// - A new publish is native unless something stands in the way ([`Fallback`], in the
 ///   order checked); then the twin where only the mechanism cannot serve (the volume's
 ///   presentation is still what the request asked for), else a FUSE view with the
-///   request's options.
-///
-/// `share` and `pod` are asked only where the answer matters, each at most once.
+///   request's options, or, where those keep records the share cannot keep, with CIFS
+///   semantics and none ([`Mechanism::Unrecorded`]).
 ///
 /// # Errors
 /// The [`Refusal`].
-pub fn decide(
-    publish: &Publish<'_>,
-    share: impl FnOnce() -> Result<(), String>,
-    pod: impl FnOnce() -> Pod,
-) -> Result<Served, Refusal> {
+pub fn decide(publish: &Publish<'_>, node: &mut impl Ask) -> Result<Served, Refusal> {
     if let Some(recorded) = publish.recorded {
         let Mechanism::Native { disk_group, .. } = recorded else {
             return Ok(Served {
@@ -375,7 +465,7 @@ pub fn decide(
                 fallback: None,
             });
         };
-        return Ok(match share() {
+        return Ok(match node.native_share() {
             Ok(()) => Served {
                 mechanism: recorded,
                 fallback: None,
@@ -386,23 +476,17 @@ pub fn decide(
             },
         });
     }
-    let mut pod = Some(pod);
-    let mut known: Option<Pod> = None;
-    let mut pod = move || {
-        known
-            .get_or_insert_with(|| (pod.take().expect("asked once"))())
-            .clone()
-    };
-    if publish.fuse_idmap == Some(false) && pod() == Pod::UserNamespace {
+    let mut node = PodOnce { node, pod: None };
+    if publish.fuse_idmap == Some(false) && node.pod() == Pod::UserNamespace {
         return Err(Refusal::UserNamespaceWithoutIdmap);
     }
-    let fallback = match native_or_why(
+    let native = native_or_why(
         publish.volume_group,
         publish.secrets,
         publish.options,
-        share,
-        pod,
-    ) {
+        &mut node,
+    );
+    let fallback = match native {
         Ok(mechanism) => {
             return Ok(Served {
                 mechanism,
@@ -419,6 +503,17 @@ pub fn decide(
         (Some(disk_group), true) => Mechanism::Twin { disk_group },
         _ => Mechanism::Fuse,
     };
+    if mechanism == Mechanism::Fuse
+        && !publish.secrets
+        && Policy::from_options(publish.options).keeps_records()
+    {
+        if let Err(why) = node.share_records() {
+            return Ok(Served {
+                mechanism: Mechanism::Unrecorded,
+                fallback: Some(Fallback::NoRecords(why)),
+            });
+        }
+    }
     let expected = matches!(fallback, Fallback::NotNative | Fallback::Secrets);
     Ok(Served {
         mechanism,
@@ -435,6 +530,15 @@ mod tests {
     }
 
     const G: u32 = 2_000_000_000;
+
+    /// A node whose share keeps records.
+    fn asking(share: impl FnMut() -> Result<(), String>, pod: impl FnMut() -> Pod) -> impl Ask {
+        Asking {
+            share,
+            records: || Ok(()),
+            pod,
+        }
+    }
 
     /// A publish of a native volume (`G`), new, on a kernel that can idmap views.
     fn new<'a>(options: &'a ViewOptions) -> Publish<'a> {
@@ -477,21 +581,20 @@ mod tests {
         let cases: Vec<(&str, String, &str)> = vec![
             (
                 "native",
-                outcome(decide(&new(&plain), ok, host)),
+                outcome(decide(&new(&plain), &mut asking(ok, host))),
                 "native -",
             ),
             (
                 "tuning is no reason",
                 outcome(decide(
                     &new(&opts("gid=1,threads=2,attr_timeout=5")),
-                    ok,
-                    host,
+                    &mut asking(ok, host),
                 )),
                 "native -",
             ),
             (
                 "no group",
-                outcome(decide(&fuse_volume, never_share, never_pod)),
+                outcome(decide(&fuse_volume, &mut asking(never_share, never_pod))),
                 "fuse -",
             ),
             (
@@ -501,8 +604,7 @@ mod tests {
                         not_native: Some("a suid mount"),
                         ..fuse_volume
                     },
-                    never_share,
-                    never_pod,
+                    &mut asking(never_share, never_pod),
                 )),
                 "fuse share-at-create",
             ),
@@ -513,8 +615,7 @@ mod tests {
                         secrets: true,
                         ..new(&plain)
                     },
-                    never_share,
-                    never_pod,
+                    &mut asking(never_share, never_pod),
                 )),
                 "fuse -",
             ),
@@ -522,8 +623,7 @@ mod tests {
                 "cifs",
                 outcome(decide(
                     &new(&opts("gid=1,file_mode=0644")),
-                    never_share,
-                    never_pod,
+                    &mut asking(never_share, never_pod),
                 )),
                 "fuse cifs-options",
             ),
@@ -531,14 +631,16 @@ mod tests {
                 "ownership=off",
                 outcome(decide(
                     &new(&opts("gid=1,ownership=off")),
-                    never_share,
-                    never_pod,
+                    &mut asking(never_share, never_pod),
                 )),
                 "fuse view-option",
             ),
             (
                 "sync",
-                outcome(decide(&new(&opts("gid=1,sync")), never_share, never_pod)),
+                outcome(decide(
+                    &new(&opts("gid=1,sync")),
+                    &mut asking(never_share, never_pod),
+                )),
                 "fuse view-option",
             ),
             (
@@ -547,31 +649,36 @@ mod tests {
                     &new(&opts(
                         "gid=1,context=\"system_u:object_r:container_file_t:s0\"",
                     )),
-                    never_share,
-                    never_pod,
+                    &mut asking(never_share, never_pod),
                 )),
                 "fuse-native selinux-context",
             ),
             (
                 "share",
-                outcome(decide(&new(&plain), bad, never_pod)),
+                outcome(decide(&new(&plain), &mut asking(bad, never_pod))),
                 "fuse-native share",
             ),
             (
                 "user namespace",
-                outcome(decide(&new(&plain), ok, userns)),
+                outcome(decide(&new(&plain), &mut asking(ok, userns))),
                 "fuse-native user-namespace-pod",
             ),
             (
                 "privileged",
-                outcome(decide(&new(&plain), ok, || {
-                    Pod::Privileged("its container x adds DAC_READ_SEARCH".into())
-                })),
+                outcome(decide(
+                    &new(&plain),
+                    &mut asking(ok, || {
+                        Pod::Privileged("its container x adds DAC_READ_SEARCH".into())
+                    }),
+                )),
                 "fuse-native privileged-pod",
             ),
             (
                 "pod unknown",
-                outcome(decide(&new(&plain), ok, || Pod::Unknown("RBAC".into()))),
+                outcome(decide(
+                    &new(&plain),
+                    &mut asking(ok, || Pod::Unknown("RBAC".into())),
+                )),
                 "fuse-native pod-unknown",
             ),
             // A kernel without FUSE_ALLOW_IDMAP: a pod in a user namespace can use no
@@ -583,8 +690,7 @@ mod tests {
                         fuse_idmap: Some(false),
                         ..new(&plain)
                     },
-                    never_share,
-                    userns,
+                    &mut asking(never_share, userns),
                 )),
                 "refused",
             ),
@@ -595,8 +701,7 @@ mod tests {
                         fuse_idmap: Some(false),
                         ..fuse_volume
                     },
-                    never_share,
-                    userns,
+                    &mut asking(never_share, userns),
                 )),
                 "refused",
             ),
@@ -607,8 +712,7 @@ mod tests {
                         fuse_idmap: Some(false),
                         ..new(&plain)
                     },
-                    ok,
-                    host,
+                    &mut asking(ok, host),
                 )),
                 "native -",
             ),
@@ -619,8 +723,7 @@ mod tests {
                         fuse_idmap: None,
                         ..new(&plain)
                     },
-                    ok,
-                    userns,
+                    &mut asking(ok, userns),
                 )),
                 "fuse-native user-namespace-pod",
             ),
@@ -630,11 +733,15 @@ mod tests {
         assert_eq!(got, want);
         // The twin keeps the volume's group; the native view shows the request's.
         assert_eq!(
-            decide(&new(&plain), bad, never_pod).unwrap().mechanism,
+            decide(&new(&plain), &mut asking(bad, never_pod))
+                .unwrap()
+                .mechanism,
             Mechanism::Twin { disk_group: G }
         );
         assert_eq!(
-            decide(&new(&opts("")), ok, host).unwrap().mechanism,
+            decide(&new(&opts("")), &mut asking(ok, host))
+                .unwrap()
+                .mechanism,
             Mechanism::Native {
                 disk_group: G,
                 shown: G
@@ -658,14 +765,17 @@ mod tests {
             ..new(&o)
         };
         assert_eq!(
-            decide(&again(native), || Ok(()), never_pod),
+            decide(&again(native), &mut asking(|| Ok(()), never_pod)),
             Ok(Served {
                 mechanism: native,
                 fallback: None
             })
         );
         assert_eq!(
-            decide(&again(native), || Err("a suid mount".into()), never_pod),
+            decide(
+                &again(native),
+                &mut asking(|| Err("a suid mount".into()), never_pod)
+            ),
             Ok(Served {
                 mechanism: twin,
                 fallback: Some(Fallback::Share("a suid mount".into()))
@@ -673,12 +783,93 @@ mod tests {
         );
         for kept in [twin, Mechanism::Fuse] {
             assert_eq!(
-                decide(&again(kept), never_share, never_pod),
+                decide(&again(kept), &mut asking(never_share, never_pod)),
                 Ok(Served {
                     mechanism: kept,
                     fallback: None
                 })
             );
         }
+    }
+
+    #[test]
+    fn a_share_that_keeps_no_records_gets_cifs_semantics_without_any() {
+        let none = || Err::<(), _>("no extended attributes trusted.mountgroup.owner".to_string());
+        let never = || -> Result<(), String> { panic!("the records asked without need") };
+        let no_share = || Err::<(), _>("cannot be idmapped".to_string());
+        let host = || Pod::HostUsers;
+        let o = |s: &str| opts(s);
+        let fuse_volume = |options| Publish {
+            volume_group: None,
+            ..new(options)
+        };
+        let run = |p: &Publish<'_>, records: &dyn Fn() -> Result<(), String>| {
+            outcome(decide(
+                p,
+                &mut Asking {
+                    share: no_share,
+                    records: || records(),
+                    pod: host,
+                },
+            ))
+        };
+        let (fsgroup, cifs, off, plain) = (
+            o("gid=4242"),
+            o("gid=4242,file_mode=0640"),
+            o("gid=4242,ownership=off"),
+            o(""),
+        );
+        let secrets = Publish {
+            secrets: true,
+            ..fuse_volume(&fsgroup)
+        };
+        let cases: Vec<(&str, String, &str)> = vec![
+            (
+                "fsgroup",
+                run(&fuse_volume(&fsgroup), &none),
+                "fuse-cifs share-keeps-no-records",
+            ),
+            (
+                "cifs",
+                run(&fuse_volume(&cifs), &none),
+                "fuse-cifs share-keeps-no-records",
+            ),
+            (
+                "fsgroup, records kept",
+                run(&fuse_volume(&fsgroup), &|| Ok(())),
+                "fuse -",
+            ),
+            // What keeps no records never asks.
+            ("ownership=off", run(&fuse_volume(&off), &never), "fuse -"),
+            ("plain", run(&fuse_volume(&plain), &never), "fuse -"),
+            ("secrets", run(&secrets, &never), "fuse -"),
+            ("twin", run(&new(&fsgroup), &never), "fuse-native share"),
+        ];
+        let got: Vec<(&str, &str)> = cases.iter().map(|(w, o, _)| (*w, o.as_str())).collect();
+        let want: Vec<(&str, &str)> = cases.iter().map(|(w, _, e)| (*w, *e)).collect();
+        assert_eq!(got, want);
+        // Served again as it was, without asking.
+        let again = Publish {
+            recorded: Some(Mechanism::Unrecorded),
+            ..fuse_volume(&fsgroup)
+        };
+        assert_eq!(run(&again, &never), "fuse-cifs -");
+    }
+
+    #[test]
+    fn a_view_without_records_shows_cifs_semantics() {
+        let u = unrecorded_options(&opts("gid=4242,ro,attr_timeout=3"));
+        assert_eq!(
+            u.to_option_string(),
+            opts("gid=4242,mode=cifs,uid=0,file_mode=0664,dir_mode=0775,ownership=off,ro,attr_timeout=3")
+                .to_option_string()
+        );
+        assert!(!Policy::from_options(&u).keeps_records());
+        // A CIFS request keeps its own modes.
+        let u = unrecorded_options(&opts("gid=4242,uid=1000,file_mode=0600,dir_mode=0700"));
+        assert_eq!(
+            u.to_option_string(),
+            opts("gid=4242,uid=1000,file_mode=0600,dir_mode=0700,ownership=off").to_option_string()
+        );
     }
 }
