@@ -1,0 +1,319 @@
+//! The users' shares, served for real on the machine's loopback and mounted with the
+//! kernel's own clients as the driver's share: Samba configured as Azure Files serves
+//! (no unix extensions, no extended attributes, no DOS attributes), mounted with the
+//! CIFS client as docs/DEPLOY.md shows; and knfsd exporting NFS 4.2 with root_squash.
+//! They need the cifs, nfs and nfsd modules, which the development machine's kernel
+//! lacks: the VM tier runs them (`scripts/vm-test 6.12 --systemd shares --ignored`),
+//! and scripts/vm-test installs Samba and nfs-kernel-server.
+
+mod common;
+#[path = "common/driver.rs"]
+mod driver;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use driver::*;
+
+const G: u32 = 4242;
+
+/// Where Samba listens: not 445, which a Samba the machine runs may hold.
+const SMB_PORT: u16 = 4450;
+
+/// Runs a command, failing the test with its output if it fails.
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits until something listens on `port` of 127.0.0.1.
+fn wait_listening(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "{what} never listened on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A Samba server of the test's own (its configuration, state and password database
+/// under `dir`), serving `served` as the share `vol` to the user root (password
+/// `pw`), configured as Azure Files behaves: no unix extensions (no owners, modes or
+/// symlinks of the client's), no extended attributes, no DOS attributes stored.
+struct Samba {
+    child: Child,
+}
+
+impl Samba {
+    fn start(dir: &Path, served: &Path) -> Samba {
+        for sub in ["private", "state", "lock", "cache", "pid"] {
+            fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        let d = dir.display();
+        let conf = dir.join("smb.conf");
+        fs::write(
+            &conf,
+            format!(
+                "[global]
+  server role = standalone server
+  smb ports = {SMB_PORT}
+  interfaces = lo
+  bind interfaces only = yes
+  disable netbios = yes
+  pid directory = {d}/pid
+  lock directory = {d}/lock
+  state directory = {d}/state
+  cache directory = {d}/cache
+  private dir = {d}/private
+  passdb backend = tdbsam:{d}/private/passdb.tdb
+  log file = {d}/smbd.log
+  load printers = no
+  printcap name = /dev/null
+  disable spoolss = yes
+  unix extensions = no
+  ea support = no
+  store dos attributes = no
+  map archive = no
+[vol]
+  path = {}
+  read only = no
+  force user = root
+",
+                served.display()
+            ),
+        )
+        .unwrap();
+        let mut passwd = Command::new("smbpasswd")
+            .arg("-c")
+            .arg(&conf)
+            .args(["-a", "-s", "root"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("Samba is installed (scripts/vm-test installs it)");
+        use std::io::Write;
+        passwd.stdin.take().unwrap().write_all(b"pw\npw\n").unwrap();
+        assert!(passwd.wait().unwrap().success(), "smbpasswd");
+        let child = Command::new("smbd")
+            .args(["--foreground", "--no-process-group"])
+            .arg(format!("--configfile={}", conf.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_listening(SMB_PORT, "smbd");
+        Samba { child }
+    }
+}
+
+impl Drop for Samba {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Mounts the Samba share on `at` with the kernel's CIFS client, SMB 3.1.1, with the
+/// mount options `options`; unmounted on drop.
+fn mount_cifs(at: &Path, options: &str) -> Unmount {
+    run(Command::new("modprobe").arg("cifs"));
+    run(Command::new("mount")
+        .args(["-t", "cifs", "//127.0.0.1/vol"])
+        .arg(at)
+        .arg("-o")
+        .arg(format!(
+            "ip=127.0.0.1,port={SMB_PORT},username=root,password=pw,vers=3.1.1,{options}"
+        )));
+    Unmount(at.to_path_buf())
+}
+
+/// What a share that keeps no records gives a pod through the driver's default
+/// publish, on the mount at `root/share`: a view, never a failed publish, with CIFS
+/// semantics and why in the metric and the log.
+async fn default_publish_on_a_share_without_records(root: &Path, staging: &Path) {
+    let d = Driver::start_with_metrics_and(root, &[]);
+    let mut c = d.clients().await;
+    let target = root.join("target");
+    c.create_stage_publish("vol", staging, &target, &G.to_string())
+        .await;
+    let _unmount = Unmount(target.clone());
+    assert_eq!(
+        mechanism(&d.metrics_addr(), &target),
+        ("fuse-cifs".into(), "share-keeps-no-records".into())
+    );
+    // A member of the pod's group makes files and directories, each with the modes a
+    // kernel CIFS mount with these file_mode and dir_mode would show: no execute bit
+    // on a file.
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!(
+            "cd {} && echo x > f && mkdir d && echo y > d/g && cat d/g",
+            target.display()
+        ),
+    );
+    assert!(ran.ok && ran.stdout == "y\n", "{ran:?}");
+    assert_eq!(owner(&target.join("f")), (0, G, 0o664));
+    assert_eq!(owner(&target.join("d")), (0, G, 0o775));
+    // chown and chmod succeed with no effect.
+    let ran = run_as(
+        0,
+        0,
+        &[],
+        &format!("chmod 600 {0}/f && chown 7:7 {0}/f", target.display()),
+    );
+    assert!(ran.ok, "{ran:?}");
+    assert_eq!(owner(&target.join("f")), (0, G, 0o664));
+    // Symlinks, as the share holds them (SMB with mfsymlinks, NFS).
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!("cd {} && ln -s f l && cat l", target.display()),
+    );
+    assert!(ran.ok && ran.stdout == "x\n", "{ran:?}");
+    assert_eq!(fs::read_link(target.join("l")).unwrap(), Path::new("f"));
+    c.node
+        .node_unpublish_volume(unpublish_req("vol", &target))
+        .await
+        .unwrap();
+    c.node
+        .node_unstage_volume(unstage_req("vol", staging))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+async fn an_azure_files_like_share_serves_the_default_publish() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let served = f.subdir("served");
+    let _samba = Samba::start(&root.join("samba"), &served);
+    let share = f.subdir("share");
+    // As docs/DEPLOY.md mounts the share for the driver (and as Azure Files' docs
+    // mount it: mfsymlinks keeps symlinks as files, which a share without unix
+    // extensions can hold).
+    let _share = mount_cifs(
+        &share,
+        "uid=0,gid=0,file_mode=0700,dir_mode=0700,mfsymlinks",
+    );
+    let refused = Command::new("setfattr")
+        .args(["-n", "user.x", "-v", "1"])
+        .arg(&share)
+        .output()
+        .unwrap();
+    assert!(
+        !refused.status.success(),
+        "the share keeps no extended attributes"
+    );
+    default_publish_on_a_share_without_records(root, &f.subdir("staging")).await;
+}
+
+/// knfsd exporting `export` to 127.0.0.1 (NFS 4 only) with `options`, started as far
+/// as this machine does not run it already; what the test started is stopped on drop.
+struct Knfsd {
+    export: PathBuf,
+    mountd: Option<Child>,
+    started_nfsd: bool,
+    var_lib_nfs: Option<Unmount>,
+}
+
+impl Knfsd {
+    fn start(export: &Path, options: &str) -> Knfsd {
+        run(Command::new("modprobe").arg("nfsd"));
+        if !Path::new("/proc/fs/nfsd/threads").exists() {
+            run(Command::new("mount").args(["-t", "nfsd", "nfsd", "/proc/fs/nfsd"]));
+        }
+        // exportfs and mountd keep the export table in /var/lib/nfs: a tmpfs of the
+        // test's own there, so that nothing of it reaches the machine's root (the VM's
+        // is this machine's).
+        run(Command::new("mount").args(["-t", "tmpfs", "tmpfs", "/var/lib/nfs"]));
+        let var_lib_nfs = Some(Unmount(PathBuf::from("/var/lib/nfs")));
+        for table in ["etab", "rmtab"] {
+            fs::write(Path::new("/var/lib/nfs").join(table), "").unwrap();
+        }
+        fs::create_dir("/var/lib/nfs/v4recovery").unwrap();
+        let mountd = if Command::new("pgrep")
+            .args(["-x", "rpc.mountd"])
+            .status()
+            .unwrap()
+            .success()
+        {
+            None
+        } else {
+            Some(
+                Command::new("rpc.mountd")
+                    .args(["--foreground", "--no-nfs-version", "3"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("nfs-kernel-server is installed (scripts/vm-test installs it)"),
+            )
+        };
+        let threads = fs::read_to_string("/proc/fs/nfsd/threads").unwrap_or_default();
+        let started_nfsd = threads.trim() == "0" || threads.trim().is_empty();
+        if started_nfsd {
+            run(Command::new("rpc.nfsd").args(["--no-nfs-version", "3", "--no-udp", "4"]));
+        }
+        run(Command::new("exportfs")
+            .args(["-i", "-o", options])
+            .arg(format!("127.0.0.1:{}", export.display())));
+        wait_listening(2049, "nfsd");
+        Knfsd {
+            export: export.to_path_buf(),
+            mountd,
+            started_nfsd,
+            var_lib_nfs,
+        }
+    }
+}
+
+impl Drop for Knfsd {
+    fn drop(&mut self) {
+        let _ = Command::new("exportfs")
+            .arg("-u")
+            .arg(format!("127.0.0.1:{}", self.export.display()))
+            .status();
+        if self.started_nfsd {
+            let _ = Command::new("rpc.nfsd").arg("0").status();
+        }
+        if let Some(m) = &mut self.mountd {
+            let _ = m.kill();
+            let _ = m.wait();
+        }
+        self.var_lib_nfs.take();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+async fn a_root_squashed_nfs_export_serves_the_default_publish() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let export = f.subdir("export");
+    // Root is squashed to nobody: the export is nobody's, so that the driver (root,
+    // squashed) can lay the share out in it.
+    chown(&export, 65534, 65534);
+    let _knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4242");
+    let share = f.subdir("share");
+    run(Command::new("mount")
+        .args(["-t", "nfs4", "-o", "vers=4.2"])
+        .arg(format!("127.0.0.1:{}", export.display()))
+        .arg(&share));
+    let _share = Unmount(share.clone());
+    // Root is squashed: what the driver makes is nobody's on the server.
+    fs::write(share.join("probe"), "").unwrap();
+    assert_eq!(owner(&export.join("probe")).0, 65534);
+    fs::remove_file(share.join("probe")).unwrap();
+    default_publish_on_a_share_without_records(root, &f.subdir("staging")).await;
+}
