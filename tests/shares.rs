@@ -317,3 +317,141 @@ async fn a_root_squashed_nfs_export_serves_the_default_publish() {
     fs::remove_file(share.join("probe")).unwrap();
     default_publish_on_a_share_without_records(root, &f.subdir("staging")).await;
 }
+
+/// Waits until `check` holds, for at most `limit` (a view's attribute and entry
+/// timeouts: what another node's change takes to show).
+fn eventually(limit: Duration, what: &str, check: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < limit, "{what}, after {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("{what}: after {:?}", start.elapsed());
+}
+
+/// The volumes a driver's controller lists.
+async fn listed(c: &mut Clients) -> Vec<String> {
+    c.controller
+        .list_volumes(mountgroup::csi::pb::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .iter()
+        .map(|e| e.volume.as_ref().unwrap().volume_id.clone())
+        .collect()
+}
+
+/// Two nodes, one share: two node plugins, each with its own CIFS mount of the Samba
+/// share (its own connection: `nosharesock`) and its own state, publish one volume
+/// (ReadWriteMany) to pods with two fsGroups. What one pod makes, renames or deletes
+/// shows through the other within the views' timeouts; chown and chmod mean the same
+/// on both (no effect: nothing is recorded); the controller of one and the node plugin
+/// of the other agree on the volume and on its deletion.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+async fn two_nodes_publish_one_volume_of_an_azure_files_like_share() {
+    use mountgroup::csi::pb::volume_capability::access_mode::Mode;
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let served = f.subdir("served");
+    let _samba = Samba::start(&root.join("samba"), &served);
+    let node = |name: &str| {
+        let dir = f.subdir(name);
+        fs::create_dir(dir.join("share")).unwrap();
+        let mounted = mount_cifs(
+            &dir.join("share"),
+            "uid=0,gid=0,file_mode=0700,dir_mode=0700,mfsymlinks,nosharesock",
+        );
+        (dir, mounted)
+    };
+    let ((a, _a_share), (b, _b_share)) = (node("node-a"), node("node-b"));
+    let (da, db) = (
+        Driver::start_with_metrics_and(&a, &[]),
+        Driver::start_with_metrics_and(&b, &[]),
+    );
+    let (mut ca, mut cb) = (da.clients().await, db.clients().await);
+    ca.controller
+        .create_volume(create_req("vol", 1 << 30))
+        .await
+        .unwrap();
+    assert!(listed(&mut cb).await.contains(&"vol".to_string()));
+    let (ta, tb) = (a.join("target"), b.join("target"));
+    let (sa, sb) = (a.join("staging"), b.join("staging"));
+    for (c, staging, target, group) in [(&mut ca, &sa, &ta, "4242"), (&mut cb, &sb, &tb, "5151")] {
+        fs::create_dir_all(staging).unwrap();
+        c.node
+            .node_stage_volume(stage_req("vol", staging))
+            .await
+            .unwrap();
+        let mut publish = publish_req("vol", staging, target, group);
+        publish.volume_capability = Some(mount_cap(&[], group, Mode::MultiNodeMultiWriter));
+        c.node.node_publish_volume(publish).await.unwrap();
+    }
+    let (_ua, _ub) = (Unmount(ta.clone()), Unmount(tb.clone()));
+    // The views' attribute and entry timeouts (1 s) over the CIFS client's (actimeo,
+    // 1 s), and a lease break between the two clients: a few seconds, bounded well
+    // above that so that a slow emulated machine does not fail it.
+    let limit = Duration::from_secs(15);
+    // A's pod writes; B's pod reads it, with its own group.
+    let ran = run_as(1000, 1000, &[4242], &format!("echo a > {}/f", ta.display()));
+    assert!(ran.ok, "{ran:?}");
+    eventually(limit, "B sees A's file", || {
+        let ran = run_as(2000, 2000, &[5151], &format!("cat {}/f", tb.display()));
+        ran.ok && ran.stdout == "a\n"
+    });
+    assert_eq!(owner(&ta.join("f")), (0, 4242, 0o664));
+    assert_eq!(owner(&tb.join("f")), (0, 5151, 0o664));
+    // B's pod appends, renames and makes a directory; A sees each.
+    let ran = run_as(
+        2000,
+        2000,
+        &[5151],
+        &format!("cd {} && echo b >> f && mv f g && mkdir d", tb.display()),
+    );
+    assert!(ran.ok, "{ran:?}");
+    eventually(limit, "A sees B's directory", || ta.join("d").is_dir());
+    eventually(limit, "A sees B's rename", || {
+        !ta.join("f").exists() && ta.join("g").exists()
+    });
+    let seen = || fs::read_to_string(ta.join("g")).unwrap_or_else(|e| e.to_string());
+    eventually(
+        limit,
+        &format!("A sees B's append (A reads {:?})", seen()),
+        || seen() == "a\nb\n",
+    );
+    // A chmod and chown on A change nothing, on either node.
+    let ran = run_as(
+        0,
+        0,
+        &[],
+        &format!("chmod 600 {0}/g && chown 7 {0}/g", ta.display()),
+    );
+    assert!(ran.ok, "{ran:?}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(owner(&ta.join("g")), (0, 4242, 0o664));
+    assert_eq!(owner(&tb.join("g")), (0, 5151, 0o664));
+    // B's pod deletes; A sees it gone.
+    let ran = run_as(2000, 2000, &[5151], &format!("rm {}/g", tb.display()));
+    assert!(ran.ok, "{ran:?}");
+    eventually(limit, "A sees B's delete", || !ta.join("g").exists());
+    // Unpublished on both, deleted by B's controller: gone for A's too.
+    for (c, staging, target) in [(&mut ca, &sa, &ta), (&mut cb, &sb, &tb)] {
+        c.node
+            .node_unpublish_volume(unpublish_req("vol", target))
+            .await
+            .unwrap();
+        c.node
+            .node_unstage_volume(unstage_req("vol", staging))
+            .await
+            .unwrap();
+    }
+    cb.controller
+        .delete_volume(mountgroup::csi::pb::DeleteVolumeRequest {
+            volume_id: "vol".into(),
+            secrets: Default::default(),
+        })
+        .await
+        .unwrap();
+    assert!(!listed(&mut ca).await.contains(&"vol".to_string()));
+}
