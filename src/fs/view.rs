@@ -133,7 +133,20 @@ impl Policy {
             Policy::Plain { twin: true, .. } if kind != Kind::Directory => requested & 0o1777,
             Policy::Plain { twin: true, .. } => requested & 0o3777,
             Policy::Plain { .. } => requested & 0o7777,
-            Policy::FsGroup { .. } | Policy::Cifs { .. } => requested & 0o1777 & !0o6000,
+            // The daemon keeps reading and writing what it makes: what the pod sees is
+            // the view's (records, or CIFS's fixed modes), and on a network share the
+            // daemon is not root to the server (root_squash) or the server keeps a
+            // read-only attribute (SMB), while the kernel opens the backing file again
+            // with the daemon's credentials for passthrough (a file created 0444 could
+            // not be opened for the write its creator asked for: EIO).
+            Policy::FsGroup { .. } | Policy::Cifs { .. } => {
+                let own = if kind == Kind::Directory {
+                    0o700
+                } else {
+                    0o600
+                };
+                (requested | own) & 0o1777 & !0o6000
+            }
         }
     }
 
@@ -1033,6 +1046,14 @@ mod tests {
             0o755
         );
         assert_eq!(cifs().disk_create_perm(Kind::Regular, 0o2775), 0o775);
+        // What the daemon makes stays its own to read and write, whatever the caller
+        // asked (a read-only file on a root-squashed or SMB share).
+        assert_eq!(cifs().disk_create_perm(Kind::Regular, 0o444), 0o644);
+        assert_eq!(fsgroup(false).disk_create_perm(Kind::Regular, 0o040), 0o640);
+        assert_eq!(
+            fsgroup(false).disk_create_perm(Kind::Directory, 0o555),
+            0o755
+        );
         assert_eq!(
             fsgroup(false).disk_create_perm(Kind::Regular, 0o1777),
             0o1777
