@@ -20,8 +20,15 @@ use driver::*;
 
 const G: u32 = 4242;
 
-/// Where Samba listens: not 445, which a Samba the machine runs may hold.
-const SMB_PORT: u16 = 4450;
+/// A free TCP port of 127.0.0.1: each test's Samba has its own (not 445, which a
+/// Samba the machine runs may hold), since tests run in parallel.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
 
 /// Runs a command, failing the test with its output if it fails.
 fn run(cmd: &mut Command) -> String {
@@ -46,14 +53,29 @@ fn wait_listening(port: u16, what: &str) {
 
 /// A Samba server of the test's own (its configuration, state and password database
 /// under `dir`), serving `served` as the share `vol` to the user root (password
-/// `pw`), configured as Azure Files behaves: no unix extensions (no owners, modes or
-/// symlinks of the client's), no extended attributes, no DOS attributes stored.
+/// `pw`).
 struct Samba {
     child: Child,
+    port: u16,
 }
 
+/// How Azure Files behaves, as Samba can be told to: no unix extensions (no owners,
+/// modes or symlinks of the client's), no extended attributes, no DOS attributes.
+const AZURE_FILES: &str = "  unix extensions = no
+  ea support = no
+  store dos attributes = no
+  map archive = no
+";
+
 impl Samba {
+    /// [`Samba::start_with`] configured as Azure Files.
     fn start(dir: &Path, served: &Path) -> Samba {
+        Samba::start_with(dir, served, AZURE_FILES)
+    }
+
+    /// A Samba server with Samba's defaults but what `global` adds.
+    fn start_with(dir: &Path, served: &Path, global: &str) -> Samba {
+        let port = free_port();
         for sub in ["private", "state", "lock", "cache", "pid"] {
             fs::create_dir_all(dir.join(sub)).unwrap();
         }
@@ -64,7 +86,7 @@ impl Samba {
             format!(
                 "[global]
   server role = standalone server
-  smb ports = {SMB_PORT}
+  smb ports = {port}
   interfaces = lo
   bind interfaces only = yes
   disable netbios = yes
@@ -78,11 +100,7 @@ impl Samba {
   load printers = no
   printcap name = /dev/null
   disable spoolss = yes
-  unix extensions = no
-  ea support = no
-  store dos attributes = no
-  map archive = no
-[vol]
+{global}[vol]
   path = {}
   read only = no
   force user = root
@@ -109,8 +127,8 @@ impl Samba {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        wait_listening(SMB_PORT, "smbd");
-        Samba { child }
+        wait_listening(port, "smbd");
+        Samba { child, port }
     }
 }
 
@@ -121,16 +139,17 @@ impl Drop for Samba {
     }
 }
 
-/// Mounts the Samba share on `at` with the kernel's CIFS client, SMB 3.1.1, with the
-/// mount options `options`; unmounted on drop.
-fn mount_cifs(at: &Path, options: &str) -> Unmount {
+/// Mounts the share of `samba` on `at` with the kernel's CIFS client, SMB 3.1.1, with
+/// the mount options `options`; unmounted on drop.
+fn mount_cifs(samba: &Samba, at: &Path, options: &str) -> Unmount {
+    let port = samba.port;
     run(Command::new("modprobe").arg("cifs"));
     run(Command::new("mount")
         .args(["-t", "cifs", "//127.0.0.1/vol"])
         .arg(at)
         .arg("-o")
         .arg(format!(
-            "ip=127.0.0.1,port={SMB_PORT},username=root,password=pw,vers=3.1.1,{options}"
+            "ip=127.0.0.1,port={port},username=root,password=pw,vers=3.1.1,{options}"
         )));
     Unmount(at.to_path_buf())
 }
@@ -182,6 +201,71 @@ async fn default_publish_on_a_share_without_records(root: &Path, staging: &Path)
     );
     assert!(ran.ok && ran.stdout == "x\n", "{ran:?}");
     assert_eq!(fs::read_link(target.join("l")).unwrap(), Path::new("f"));
+    // What pods run on such a share, as a member of the group: SQLite in WAL mode
+    // (its -shm file mapped shared).
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!(
+            "cd {} && sqlite3 db 'pragma journal_mode=wal; create table t(x); insert into t values (1), (2); select count(*) from t;'",
+            target.display()
+        ),
+    );
+    assert!(
+        ran.ok && ran.stdout == "wal\n2\n",
+        "{ran:?}\n{}",
+        run(Command::new("sh").args(["-c", "dmesg | tail -40"]))
+    );
+    // A file made read-only as git copies its templates (`description` is 0444 in
+    // some installs): open with O_CREAT|O_EXCL and mode 0444, write, close.
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!(
+            "cd {} && /usr/bin/python3 -c \"import os; fd = os.open('ro', os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444); os.write(fd, b'r'); os.close(fd)\" && cat ro",
+            target.display()
+        ),
+    );
+    let views = root.join("state/views");
+    let logs = || {
+        fs::read_dir(&views)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+            .map(|e| fs::read_to_string(e.path()).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let raw = |dir: &Path, name: &str, flags: &str| {
+        run_as(
+            0,
+            0,
+            &[],
+            &format!(
+                "cd {} && /usr/bin/python3 -c \"import os; fd = os.open('{name}', {flags}, 0o444); os.write(fd, b'r'); os.close(fd); print(oct(os.stat('{name}').st_mode))\"",
+                dir.display()
+            ),
+        )
+    };
+    let data = root.join("share/volumes/vol");
+    assert!(
+        ran.ok && ran.stdout == "r",
+        "{ran:?}\nthe share itself: {:?}\n{}",
+        raw(&data, "raw-ro", "os.O_WRONLY | os.O_CREAT | os.O_EXCL"),
+        logs()
+    );
+    // Kernel passthrough where it works (NFS), the view's own reads and writes on SMB,
+    // where passthrough failed the two steps above.
+    let fstype = run(Command::new("stat").args(["-f", "-c", "%T"]).arg(&data));
+    let smb = fstype.contains("smb") || fstype.contains("cifs");
+    assert!(
+        logs().contains(&format!("passthrough={}", !smb)),
+        "{}",
+        logs()
+    );
     c.node
         .node_unpublish_volume(unpublish_req("vol", &target))
         .await
@@ -198,12 +282,13 @@ async fn an_azure_files_like_share_serves_the_default_publish() {
     let f = Fixture::new();
     let root = f.dir.path();
     let served = f.subdir("served");
-    let _samba = Samba::start(&root.join("samba"), &served);
+    let samba = Samba::start(&root.join("samba"), &served);
     let share = f.subdir("share");
     // As docs/DEPLOY.md mounts the share for the driver (and as Azure Files' docs
     // mount it: mfsymlinks keeps symlinks as files, which a share without unix
     // extensions can hold).
     let _share = mount_cifs(
+        &samba,
         &share,
         "uid=0,gid=0,file_mode=0700,dir_mode=0700,mfsymlinks",
     );
@@ -215,6 +300,24 @@ async fn an_azure_files_like_share_serves_the_default_publish() {
     assert!(
         !refused.status.success(),
         "the share keeps no extended attributes"
+    );
+    default_publish_on_a_share_without_records(root, &f.subdir("staging")).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+async fn a_share_with_sambas_defaults_serves_the_default_publish() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let served = f.subdir("served");
+    // Samba's defaults: extended attributes (user.* only, through SMB), DOS attributes
+    // stored in them; SMB3 has no unix extensions without Samba's POSIX extensions.
+    let samba = Samba::start_with(&root.join("samba"), &served, "");
+    let share = f.subdir("share");
+    let _share = mount_cifs(
+        &samba,
+        &share,
+        "uid=0,gid=0,file_mode=0700,dir_mode=0700,mfsymlinks",
     );
     default_publish_on_a_share_without_records(root, &f.subdir("staging")).await;
 }
@@ -355,11 +458,12 @@ async fn two_nodes_publish_one_volume_of_an_azure_files_like_share() {
     let f = Fixture::new();
     let root = f.dir.path();
     let served = f.subdir("served");
-    let _samba = Samba::start(&root.join("samba"), &served);
+    let samba = Samba::start(&root.join("samba"), &served);
     let node = |name: &str| {
         let dir = f.subdir(name);
         fs::create_dir(dir.join("share")).unwrap();
         let mounted = mount_cifs(
+            &samba,
             &dir.join("share"),
             "uid=0,gid=0,file_mode=0700,dir_mode=0700,mfsymlinks,nosharesock",
         );

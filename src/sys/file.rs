@@ -746,6 +746,15 @@ pub fn memfd_append(name: &std::ffi::CStr) -> SysResult<std::fs::File> {
     Ok(file)
 }
 
+/// `CIFS_SUPER_MAGIC` and `SMB2_SUPER_MAGIC` (include/uapi/linux/magic.h): the
+/// kernel's SMB client.
+const SMB_MAGICS: [i64; 2] = [0xFF53_4D42, 0xFE53_4D42];
+
+/// Whether `fd` is on a file system of the kernel's SMB client (CIFS, SMB2/3).
+pub fn is_smb(fd: BorrowedFd<'_>) -> bool {
+    rustix::fs::fstatfs(fd).is_ok_and(|s| SMB_MAGICS.contains(&{ s.f_type }))
+}
+
 /// `statvfs(2)` of the file system at a path (a mount point of a view).
 ///
 /// # Errors

@@ -192,13 +192,26 @@ pub fn build(
     root: OwnedFd,
     options: &ViewOptions,
 ) -> Result<fuse::FuseView, MountError> {
+    // Kernel passthrough over the SMB client failed what a pod does (measured on
+    // Linux 6.12 with Samba 4.17, tests/shares.rs): a file created without write bits
+    // on a share that stores DOS attributes, and SQLite's WAL and shared memory,
+    // answered EIO or "unable to open database file"; through the view they work.
+    let passthrough = match options.passthrough {
+        Passthrough::Auto if crate::sys::file::is_smb(root.as_fd()) => {
+            tracing::info!(
+                "the source is on the kernel's SMB client: reads and writes go through the view, not kernel passthrough, which fails some creates there (passthrough=on forces it)"
+            );
+            Passthrough::Off
+        }
+        p => p,
+    };
     let fs = ops::ViewFs::new(root, options).map_err(|e| MountError::Source {
         path: source.into(),
         errno: Errno(e.errno()),
     })?;
     Ok(fuse::FuseView::new(
         fs,
-        options.passthrough,
+        passthrough,
         options.kernel_permission_checks(),
         options.attr_timeout,
         options.entry_timeout,
