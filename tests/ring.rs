@@ -289,14 +289,7 @@ async fn a_rolling_update_leaves_a_ring_view_to_its_process_and_does_not_wait_fo
     let root = f.dir.path();
     let cg = TestCgroup::new();
     let bin = Path::new(BIN);
-    let keepers = Keepers::new(
-        &cg,
-        root,
-        &[
-            "--views-cgroup".into(),
-            cg.child("views").to_str().unwrap().into(),
-        ],
-    );
+    let keepers = Keepers::deployed(&cg, root, &cg.child("views"));
     let socket = keepers.socket();
     let start_keeper = |n: &str| keepers.start(n);
     let keeper_log = |n: &str| keepers.log(n);

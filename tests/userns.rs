@@ -466,11 +466,7 @@ async fn idmapped_clones_outlive_view_crashes_driver_restarts_and_updates() {
     // The keeper as deployed: hostPID, a cgroup of its own, each view in its own.
     let cg = TestCgroup::new();
     let views_cg = cg.child("views");
-    let keepers = Keepers::new(
-        &cg,
-        root,
-        &["--views-cgroup".into(), views_cg.to_str().unwrap().into()],
-    );
+    let keepers = Keepers::deployed(&cg, root, &views_cg);
     let keeper_socket = keepers.socket().to_path_buf();
     let mut keeper1 = keepers.start_binary("1", &v1);
     let mut d = Driver::start_kept(root, CONTAINER, &v1, &keeper_socket, &[]);

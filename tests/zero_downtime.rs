@@ -57,11 +57,7 @@ async fn views_survive_driver_kills_container_kills_and_a_rolling_update() {
     let (v1, v2) = (binary_version(root, "v1"), binary_version(root, "v2"));
     let cg = TestCgroup::new();
     let views_cg = cg.child("views");
-    let keepers = Keepers::new(
-        &cg,
-        root,
-        &["--views-cgroup".into(), views_cg.to_str().unwrap().into()],
-    );
+    let keepers = Keepers::deployed(&cg, root, &views_cg);
     let keeper_socket = keepers.socket().to_path_buf();
 
     // The old pod: keeper and driver, each in a container of its own.
@@ -180,11 +176,7 @@ fn a_view_served_through_the_daemon_recovers_its_open_handles() {
     let bin = Path::new(BIN);
     let cg = TestCgroup::new();
     let views_cg = cg.child("views");
-    let keepers = Keepers::new(
-        &cg,
-        root,
-        &["--views-cgroup".into(), views_cg.to_str().unwrap().into()],
-    );
+    let keepers = Keepers::deployed(&cg, root, &views_cg);
     let socket = keepers.socket().to_path_buf();
     let mut keeper = keepers.start("1");
     // The probe in another container (PID namespace) does not count this keeper as its

@@ -304,6 +304,16 @@ impl<'a> Keepers<'a> {
         }
     }
 
+    /// Keepers as deploy/node.yaml runs them: each view in a cgroup of its own under
+    /// `views` (`--views-cgroup`).
+    pub fn deployed(cg: &'a TestCgroup, root: &Path, views: &Path) -> Keepers<'a> {
+        Keepers::new(
+            cg,
+            root,
+            &["--views-cgroup".into(), views.to_str().unwrap().into()],
+        )
+    }
+
     /// The keepers' socket.
     pub fn socket(&self) -> &Path {
         &self.socket
