@@ -180,38 +180,7 @@ async fn the_default_publish_on_a_share_that_keeps_no_records_serves_cifs_semant
         "{}",
         d.log_text()
     );
-    // A member of the pod's group makes files and directories; every one shows the
-    // CIFS semantics: owner root, the pod's group, files 0664, directories 0775.
-    let ran = run_as(
-        1000,
-        1000,
-        &[G],
-        &format!(
-            "cd {} && echo x > f && mkdir d && echo y > d/g && cat d/g",
-            target.display()
-        ),
-    );
-    assert!(ran.ok && ran.stdout == "y\n", "{ran:?}");
-    assert_eq!(owner(&target.join("f")), (0, G, 0o664));
-    assert_eq!(owner(&target.join("d")), (0, G, 0o775));
-    assert_eq!(owner(&target.join("d/g")), (0, G, 0o664));
-    // chown and chmod by root succeed with no effect, as on a kernel CIFS mount.
-    let ran = run_as(
-        0,
-        0,
-        &[],
-        &format!("chmod 600 {0}/f && chown 7:7 {0}/f", target.display()),
-    );
-    assert!(ran.ok, "{ran:?}");
-    assert_eq!(owner(&target.join("f")), (0, G, 0o664));
-    // Someone outside the group reads, as the modes say, and cannot write.
-    let ran = run_as(
-        2001,
-        2001,
-        &[],
-        &format!("cat {0}/f && echo z >> {0}/f", target.display()),
-    );
-    assert!(!ran.ok && ran.stdout == "x\n", "{ran:?}");
+    assert_cifs_view_without_records(&target, G);
 
     c.node
         .node_unpublish_volume(unpublish_req("vol", &target))

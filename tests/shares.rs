@@ -30,18 +30,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Runs a command, failing the test with its output if it fails.
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Waits until something listens on `port` of 127.0.0.1.
 fn wait_listening(port: u16, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -139,18 +127,20 @@ impl Drop for Samba {
     }
 }
 
+/// The CIFS mount options of docs/DEPLOY.md's fstab line for the share (as Azure
+/// Files' own documentation mounts it: `mfsymlinks` keeps symlinks as files, which a
+/// share without unix extensions can hold).
+const DEPLOY_CIFS: &str = "uid=0,gid=0,file_mode=0700,dir_mode=0700,mfsymlinks";
+
 /// Mounts the share of `samba` on `at` with the kernel's CIFS client, SMB 3.1.1, with
 /// the mount options `options`; unmounted on drop.
 fn mount_cifs(samba: &Samba, at: &Path, options: &str) -> Unmount {
     let port = samba.port;
-    run(Command::new("modprobe").arg("cifs"));
-    run(Command::new("mount")
-        .args(["-t", "cifs", "//127.0.0.1/vol"])
-        .arg(at)
-        .arg("-o")
-        .arg(format!(
-            "ip=127.0.0.1,port={port},username=root,password=pw,vers=3.1.1,{options}"
-        )));
+    sh("modprobe cifs");
+    sh(&format!(
+        "mount -t cifs //127.0.0.1/vol {} -o ip=127.0.0.1,port={port},username=root,password=pw,vers=3.1.1,{options}",
+        at.display()
+    ));
     Unmount(at.to_path_buf())
 }
 
@@ -168,30 +158,7 @@ async fn default_publish_on_a_share_without_records(root: &Path, staging: &Path)
         mechanism(&d.metrics_addr(), &target),
         ("fuse-cifs".into(), "share-keeps-no-records".into())
     );
-    // A member of the pod's group makes files and directories, each with the modes a
-    // kernel CIFS mount with these file_mode and dir_mode would show: no execute bit
-    // on a file.
-    let ran = run_as(
-        1000,
-        1000,
-        &[G],
-        &format!(
-            "cd {} && echo x > f && mkdir d && echo y > d/g && cat d/g",
-            target.display()
-        ),
-    );
-    assert!(ran.ok && ran.stdout == "y\n", "{ran:?}");
-    assert_eq!(owner(&target.join("f")), (0, G, 0o664));
-    assert_eq!(owner(&target.join("d")), (0, G, 0o775));
-    // chown and chmod succeed with no effect.
-    let ran = run_as(
-        0,
-        0,
-        &[],
-        &format!("chmod 600 {0}/f && chown 7:7 {0}/f", target.display()),
-    );
-    assert!(ran.ok, "{ran:?}");
-    assert_eq!(owner(&target.join("f")), (0, G, 0o664));
+    assert_cifs_view_without_records(&target, G);
     // Symlinks, as the share holds them (SMB with mfsymlinks, NFS).
     let ran = run_as(
         1000,
@@ -215,7 +182,7 @@ async fn default_publish_on_a_share_without_records(root: &Path, staging: &Path)
     assert!(
         ran.ok && ran.stdout == "wal\n2\n",
         "{ran:?}\n{}",
-        run(Command::new("sh").args(["-c", "dmesg | tail -40"]))
+        sh("dmesg | tail -40")
     );
     // A file made read-only as git copies its templates (`description` is 0444 in
     // some installs): open with O_CREAT|O_EXCL and mode 0444, write, close.
@@ -259,7 +226,7 @@ async fn default_publish_on_a_share_without_records(root: &Path, staging: &Path)
     );
     // Kernel passthrough where it works (NFS), the view's own reads and writes on SMB,
     // where passthrough failed the two steps above.
-    let fstype = run(Command::new("stat").args(["-f", "-c", "%T"]).arg(&data));
+    let fstype = sh(&format!("stat -f -c %T {}", data.display()));
     let smb = fstype.contains("smb") || fstype.contains("cifs");
     assert!(
         logs().contains(&format!("passthrough={}", !smb)),
@@ -284,14 +251,7 @@ async fn an_azure_files_like_share_serves_the_default_publish() {
     let served = f.subdir("served");
     let samba = Samba::start(&root.join("samba"), &served);
     let share = f.subdir("share");
-    // As docs/DEPLOY.md mounts the share for the driver (and as Azure Files' docs
-    // mount it: mfsymlinks keeps symlinks as files, which a share without unix
-    // extensions can hold).
-    let _share = mount_cifs(
-        &samba,
-        &share,
-        "uid=0,gid=0,file_mode=0700,dir_mode=0700,mfsymlinks",
-    );
+    let _share = mount_cifs(&samba, &share, DEPLOY_CIFS);
     let refused = Command::new("setfattr")
         .args(["-n", "user.x", "-v", "1"])
         .arg(&share)
@@ -314,11 +274,7 @@ async fn a_share_with_sambas_defaults_serves_the_default_publish() {
     // stored in them; SMB3 has no unix extensions without Samba's POSIX extensions.
     let samba = Samba::start_with(&root.join("samba"), &served, "");
     let share = f.subdir("share");
-    let _share = mount_cifs(
-        &samba,
-        &share,
-        "uid=0,gid=0,file_mode=0700,dir_mode=0700,mfsymlinks",
-    );
+    let _share = mount_cifs(&samba, &share, DEPLOY_CIFS);
     default_publish_on_a_share_without_records(root, &f.subdir("staging")).await;
 }
 
@@ -333,14 +289,14 @@ struct Knfsd {
 
 impl Knfsd {
     fn start(export: &Path, options: &str) -> Knfsd {
-        run(Command::new("modprobe").arg("nfsd"));
+        sh("modprobe nfsd");
         if !Path::new("/proc/fs/nfsd/threads").exists() {
-            run(Command::new("mount").args(["-t", "nfsd", "nfsd", "/proc/fs/nfsd"]));
+            sh("mount -t nfsd nfsd /proc/fs/nfsd");
         }
         // exportfs and mountd keep the export table in /var/lib/nfs: a tmpfs of the
         // test's own there, so that nothing of it reaches the machine's root (the VM's
         // is this machine's).
-        run(Command::new("mount").args(["-t", "tmpfs", "tmpfs", "/var/lib/nfs"]));
+        sh("mount -t tmpfs tmpfs /var/lib/nfs");
         let var_lib_nfs = Some(Unmount(PathBuf::from("/var/lib/nfs")));
         for table in ["etab", "rmtab"] {
             fs::write(Path::new("/var/lib/nfs").join(table), "").unwrap();
@@ -366,11 +322,12 @@ impl Knfsd {
         let threads = fs::read_to_string("/proc/fs/nfsd/threads").unwrap_or_default();
         let started_nfsd = threads.trim() == "0" || threads.trim().is_empty();
         if started_nfsd {
-            run(Command::new("rpc.nfsd").args(["--no-nfs-version", "3", "--no-udp", "4"]));
+            sh("rpc.nfsd --no-nfs-version 3 --no-udp 4");
         }
-        run(Command::new("exportfs")
-            .args(["-i", "-o", options])
-            .arg(format!("127.0.0.1:{}", export.display())));
+        sh(&format!(
+            "exportfs -i -o {options} 127.0.0.1:{}",
+            export.display()
+        ));
         wait_listening(2049, "nfsd");
         Knfsd {
             export: export.to_path_buf(),
@@ -409,10 +366,11 @@ async fn a_root_squashed_nfs_export_serves_the_default_publish() {
     chown(&export, 65534, 65534);
     let _knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4242");
     let share = f.subdir("share");
-    run(Command::new("mount")
-        .args(["-t", "nfs4", "-o", "vers=4.2"])
-        .arg(format!("127.0.0.1:{}", export.display()))
-        .arg(&share));
+    sh(&format!(
+        "mount -t nfs4 -o vers=4.2 127.0.0.1:{} {}",
+        export.display(),
+        share.display()
+    ));
     let _share = Unmount(share.clone());
     // Root is squashed: what the driver makes is nobody's on the server.
     fs::write(share.join("probe"), "").unwrap();
@@ -465,7 +423,7 @@ async fn two_nodes_publish_one_volume_of_an_azure_files_like_share() {
         let mounted = mount_cifs(
             &samba,
             &dir.join("share"),
-            "uid=0,gid=0,file_mode=0700,dir_mode=0700,mfsymlinks,nosharesock",
+            &format!("{DEPLOY_CIFS},nosharesock"),
         );
         (dir, mounted)
     };

@@ -137,8 +137,10 @@ impl Policy {
             // the view's (records, or CIFS's fixed modes), and on a network share the
             // daemon is not root to the server (root_squash) or the server keeps a
             // read-only attribute (SMB), while the kernel opens the backing file again
-            // with the daemon's credentials for passthrough (a file created 0444 could
-            // not be opened for the write its creator asked for: EIO).
+            // with the daemon's credentials for passthrough (fs/fuse/passthrough.c
+            // `fuse_passthrough_open`: `backing_file_open` with the backing's `cred`
+            // from registration): a file created 0444 could not be opened for the
+            // write its creator asked for, and the open answered EIO.
             Policy::FsGroup { .. } | Policy::Cifs { .. } => {
                 let own = if kind == Kind::Directory {
                     0o700

@@ -326,6 +326,42 @@ pub fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
         .expect("an OS error")
 }
 
+/// What a CIFS view without records (a share that keeps none) shows at `target` for
+/// the pod's group `group`: a member makes files and directories, each with the modes
+/// a kernel CIFS mount would show (owner root, `group`, files `0664` with no execute
+/// bit, directories `0775`); root's chmod and chown succeed with no effect; someone
+/// outside the group reads, as the modes say, and cannot write.
+pub fn assert_cifs_view_without_records(target: &Path, group: u32) {
+    let ran = run_as(
+        1000,
+        1000,
+        &[group],
+        &format!(
+            "cd {} && echo x > f && mkdir d && echo y > d/g && cat d/g",
+            target.display()
+        ),
+    );
+    assert!(ran.ok && ran.stdout == "y\n", "{ran:?}");
+    assert_eq!(owner(&target.join("f")), (0, group, 0o664));
+    assert_eq!(owner(&target.join("d")), (0, group, 0o775));
+    assert_eq!(owner(&target.join("d/g")), (0, group, 0o664));
+    let ran = run_as(
+        0,
+        0,
+        &[],
+        &format!("chmod 600 {0}/f && chown 7:7 {0}/f", target.display()),
+    );
+    assert!(ran.ok, "{ran:?}");
+    assert_eq!(owner(&target.join("f")), (0, group, 0o664));
+    let ran = run_as(
+        2001,
+        2001,
+        &[],
+        &format!("cat {0}/f && echo z >> {0}/f", target.display()),
+    );
+    assert!(!ran.ok && ran.stdout == "x\n", "{ran:?}");
+}
+
 /// Runs a command and panics with its output unless it succeeds.
 pub fn sh(script: &str) -> String {
     let out = Command::new("sh").args(["-c", script]).output().unwrap();
