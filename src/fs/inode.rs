@@ -177,8 +177,10 @@ impl DataFile {
 /// How an inode is reached.
 enum Source {
     /// Its own descriptor for as long as the kernel holds the inode (the root, and
-    /// file systems without handles).
-    Pinned(Arc<OwnedFd>),
+    /// file systems without handles): the one of the latest lookup, since a network
+    /// file system reopens a descriptor by its name, which a rename or an unlink after
+    /// a hard link takes away (git's objects: link, then unlink the temporary name).
+    Pinned(Mutex<Arc<OwnedFd>>),
     /// Its handle (in the key), and a descriptor opened from it while the cache keeps
     /// it.
     Handle(Mutex<Option<Arc<OwnedFd>>>),
@@ -305,7 +307,7 @@ impl Inode {
     /// `ESTALE` when the inode no longer exists, or the error of opening it.
     pub fn fd(self: &Arc<Self>) -> FsResult<Arc<OwnedFd>> {
         let cached = match &self.source {
-            Source::Pinned(fd) => return Ok(Arc::clone(fd)),
+            Source::Pinned(fd) => return Ok(Arc::clone(&lock(fd))),
             Source::Handle(cached) => cached,
         };
         if let Some(fd) = lock(cached).as_ref() {
@@ -337,10 +339,17 @@ impl Inode {
         self.lookups.load(Ordering::Relaxed)
     }
 
-    /// Keeps `fd` as this inode's descriptor, within the cache's bound.
+    /// Keeps `fd` as this inode's descriptor, within the cache's bound; a pinned inode
+    /// (no handles) keeps the latest lookup's.
     fn cache(self: &Arc<Self>, fd: Arc<OwnedFd>) {
-        let Source::Handle(cached) = &self.source else {
-            return;
+        let cached = match &self.source {
+            Source::Handle(cached) => cached,
+            Source::Pinned(pinned) => {
+                if self.id != ROOT_ID {
+                    *lock(pinned) = fd;
+                }
+                return;
+            }
         };
         {
             let mut slot = lock(cached);
@@ -420,7 +429,7 @@ impl InodeTable {
             id: ROOT_ID,
             kind: root.kind,
             key: key.clone(),
-            source: Source::Pinned(root_fd),
+            source: Source::Pinned(Mutex::new(root_fd)),
             shared: Arc::clone(&shared),
             lookups: AtomicU64::new(1),
             journaled: AtomicBool::new(true),
@@ -531,7 +540,12 @@ impl InodeTable {
             // Under the read lock no FORGET can remove an entry, so an inode found
             // here has at least one lookup and may safely gain another.
             let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(inode) = maps.by_key.get(&key).and_then(|id| maps.by_id.get(id)) {
+            if let Some(inode) = maps
+                .by_key
+                .get(&key)
+                .and_then(|id| maps.by_id.get(id))
+                .filter(|i| i.kind == st.kind)
+            {
                 inode.lookups.fetch_add(1, Ordering::Relaxed);
                 let inode = Arc::clone(inode);
                 drop(maps);
@@ -543,14 +557,25 @@ impl InodeTable {
         let (source, to_cache) = match handle {
             Some(_) => (Source::Handle(Mutex::new(None)), Some(fd)),
             // No handles here: the inode keeps its descriptor.
-            None => (Source::Pinned(Arc::new(fd)), None),
+            None => (Source::Pinned(Mutex::new(Arc::new(fd))), None),
         };
         let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(inode) = maps.by_key.get(&key).and_then(|id| maps.by_id.get(id)) {
+        // A number (no handle) found with another kind is a number the file system
+        // gave again, to a new entry (a server that reuses its disk's inode numbers,
+        // as Samba on ext4 does, behind the CIFS client): a new inode, not the old.
+        if let Some(inode) = maps
+            .by_key
+            .get(&key)
+            .and_then(|id| maps.by_id.get(id))
+            .filter(|i| i.kind == st.kind)
+        {
             inode.lookups.fetch_add(1, Ordering::Relaxed);
             let inode = Arc::clone(inode);
             drop(maps);
             self.journal_owed(&inode);
+            if let Source::Pinned(fd) = source {
+                inode.cache(fd.into_inner().unwrap_or_else(|e| e.into_inner()));
+            }
             return inode;
         }
         let id = if st.ino > ROOT_ID && st.ino < SPARE_BASE && !maps.by_id.contains_key(&st.ino) {
@@ -709,7 +734,7 @@ impl InodeTable {
             .map(|inode| {
                 let fd = match (&inode.source, fds.as_deref_mut()) {
                     (Source::Pinned(fd), Some(fds)) => {
-                        fds.push(Arc::clone(fd));
+                        fds.push(Arc::clone(&lock(fd)));
                         Some(fds.len() - 1)
                     }
                     _ => None,
@@ -756,11 +781,11 @@ impl InodeTable {
                 (InodeKey::Handle { .. }, None) if self.shared.mount_fd.is_some() => {
                     Source::Handle(Mutex::new(None))
                 }
-                (InodeKey::Number { .. }, Some(i)) => Source::Pinned(Arc::new(
+                (InodeKey::Number { .. }, Some(i)) => Source::Pinned(Mutex::new(Arc::new(
                     fds.get_mut(i)
                         .and_then(Option::take)
                         .ok_or(FsError::Handover("an inode without its descriptor"))?,
-                )),
+                ))),
                 _ => {
                     return Err(FsError::Handover(
                         "an inode named in a way this view cannot reach",
@@ -1004,6 +1029,64 @@ mod tests {
         std::fs::remove_file(dir.path().join("f1")).unwrap();
         inodes[1].uncache();
         assert!(inodes[1].fd().is_err());
+    }
+
+    /// Without handles (the CIFS client has none), a number the server gave again to
+    /// an entry of another kind is a new inode: git's `refs/heads` on a Samba share
+    /// was the lock file deleted before it, and answered `ENOTDIR`.
+    #[test]
+    fn a_reused_number_without_handles_is_a_new_inode_of_its_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("old"), "old").unwrap();
+        std::fs::create_dir(dir.path().join("new")).unwrap();
+        let (rfd, rst) = open(dir.path());
+        let table = InodeTable::new(rfd, &rst, 16);
+        let (fd, st) = open(&dir.path().join("old"));
+        let old = table.lookup_handled(fd, &st, None);
+        let (fd, mut st_new) = open(&dir.path().join("new"));
+        st_new.ino = st.ino;
+        let new = table.lookup_handled(fd, &st_new, None);
+        assert!(!Arc::ptr_eq(&old, &new), "a different inode");
+        assert_eq!(new.kind, Kind::Directory);
+        assert_ne!(new.id, old.id, "the old id is still the kernel's");
+        // The number now names the new one; the old one goes with its last lookup.
+        let (fd, _) = open(&dir.path().join("new"));
+        assert!(Arc::ptr_eq(&table.lookup_handled(fd, &st_new, None), &new));
+        table.forget(old.id, 1);
+        let (fd, _) = open(&dir.path().join("new"));
+        assert!(Arc::ptr_eq(&table.lookup_handled(fd, &st_new, None), &new));
+    }
+
+    /// Without handles, an inode reopens by the name of its descriptor on a network
+    /// file system: a lookup by another name (a hard link) gives the inode that
+    /// name's descriptor, so an unlink of the first name (git's temporary object) does
+    /// not leave it with a dead one.
+    #[test]
+    fn a_pinned_inode_keeps_the_descriptor_of_its_latest_lookup() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tmp"), "obj").unwrap();
+        let (rfd, rst) = open(dir.path());
+        let table = InodeTable::new(rfd, &rst, 16);
+        let (fd, st) = open(&dir.path().join("tmp"));
+        let inode = table.lookup_handled(fd, &st, None);
+        std::fs::hard_link(dir.path().join("tmp"), dir.path().join("final")).unwrap();
+        let (fd, st2) = open(&dir.path().join("final"));
+        assert_eq!(st2.ino, st.ino);
+        assert!(Arc::ptr_eq(&table.lookup_handled(fd, &st2, None), &inode));
+        std::fs::remove_file(dir.path().join("tmp")).unwrap();
+        let fd = inode.fd().unwrap();
+        let named = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        assert_eq!(named, dir.path().join("final"));
+        // The root keeps its own.
+        assert_eq!(
+            std::fs::read_link(format!(
+                "/proc/self/fd/{}",
+                table.root().fd().unwrap().as_raw_fd()
+            ))
+            .unwrap(),
+            dir.path()
+        );
     }
 
     #[test]
