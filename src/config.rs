@@ -91,6 +91,10 @@ pub enum ViewMode {
 pub enum Ownership {
     /// In an ownership record (an xattr in the daemon's namespace) per entry.
     Emulate,
+    /// As `Emulate`, with the record in the `user.` namespace, for a share whose file
+    /// system has no `trusted.` one (NFS 4.2, SMB with extended attributes): regular
+    /// files and directories keep records, other entries none.
+    EmulateUser,
     /// Nowhere: chown/chmod succeed with no effect, as on CIFS.
     Off,
 }
@@ -430,8 +434,11 @@ const MODES: &[(&str, ViewMode)] = &[
     ("cifs", ViewMode::Cifs),
     ("native", ViewMode::Native),
 ];
-const OWNERSHIPS: &[(&str, Ownership)] =
-    &[("emulate", Ownership::Emulate), ("off", Ownership::Off)];
+const OWNERSHIPS: &[(&str, Ownership)] = &[
+    ("emulate", Ownership::Emulate),
+    ("emulate-user", Ownership::EmulateUser),
+    ("off", Ownership::Off),
+];
 const PASSTHROUGHS: &[(&str, Passthrough)] = &[
     ("auto", Passthrough::Auto),
     ("on", Passthrough::On),
@@ -763,6 +770,10 @@ pub const OPTIONS: &[ViewOption] = &[
 ];
 
 impl ViewOptions {
+    /// The `ownership=` value, as options print it.
+    pub fn ownership_name(&self) -> &'static str {
+        name_of(&self.ownership, OWNERSHIPS)
+    }
     /// Parses one comma-separated option string (`gid=2000,ro`). Empty items are
     /// ignored, so `""` gives the defaults.
     ///

@@ -2,8 +2,12 @@
 //!
 //! Stored in the extended attribute [`RECORD_XATTR`] of the backing inode, in the
 //! `trusted.` namespace that only a root daemon can read or write, so the backing
-//! file's own uid, gid and mode never change. The name is hidden from, and
-//! untouchable through, every view.
+//! file's own uid, gid and mode never change. On a share whose file system has no
+//! `trusted.` namespace but a `user.` one (NFS 4.2, SMB with extended attributes), in
+//! [`USER_RECORD_XATTR`] instead (`ownership=emulate-user`): only regular files and
+//! directories take `user.` attributes, so other entries keep none. Both names are
+//! hidden from, and untouchable through, every view, whichever one it keeps, so that no
+//! pod forges the records of another view of the share.
 //!
 //! Format (version 1, 14 bytes): `[1][flags][uid u32 LE][gid u32 LE][perm u32 LE]`.
 //! Fields whose flag is clear are derived by the view's rules, so an entry that was
@@ -14,8 +18,44 @@
 /// The xattr that holds the record.
 pub const RECORD_XATTR: &std::ffi::CStr = c"trusted.mountgroup.owner";
 
-/// Every xattr name with this prefix belongs to the daemon and is hidden from views.
-pub const RESERVED_PREFIX: &[u8] = b"trusted.mountgroup.";
+/// The xattr that holds the record where the share has no `trusted.` namespace.
+pub const USER_RECORD_XATTR: &std::ffi::CStr = c"user.mountgroup.owner";
+
+/// The names written, and removed again, to learn whether a file system keeps
+/// `trusted.` or `user.` records ([`crate::sys::xattr::probe`]).
+pub const TRUSTED_PROBE_XATTR: &std::ffi::CStr = c"trusted.mountgroup.probe";
+pub const USER_PROBE_XATTR: &std::ffi::CStr = c"user.mountgroup.probe";
+
+/// The probe name of the namespace of `record` (a record xattr).
+pub fn probe_xattr(record: &std::ffi::CStr) -> &'static std::ffi::CStr {
+    if record.to_bytes().starts_with(b"user.") {
+        USER_PROBE_XATTR
+    } else {
+        TRUSTED_PROBE_XATTR
+    }
+}
+
+/// Every xattr name with one of these prefixes belongs to the daemon and is hidden
+/// from views.
+pub const RESERVED_PREFIXES: [&[u8]; 2] = [b"trusted.mountgroup.", b"user.mountgroup."];
+
+/// The xattr a view keeps its records in, for its `ownership=` option; `None` where it
+/// keeps none.
+pub fn record_xattr(ownership: crate::config::Ownership) -> Option<&'static std::ffi::CStr> {
+    use crate::config::Ownership;
+    match ownership {
+        Ownership::Emulate => Some(RECORD_XATTR),
+        Ownership::EmulateUser => Some(USER_RECORD_XATTR),
+        Ownership::Off => None,
+    }
+}
+
+/// Whether an entry of `kind` can carry the record `xattr`: the kernel allows `user.`
+/// attributes on regular files and directories only (`xattr_permission`, fs/xattr.c).
+pub fn holds(xattr: &std::ffi::CStr, kind: crate::sys::file::Kind) -> bool {
+    use crate::sys::file::Kind;
+    !xattr.to_bytes().starts_with(b"user.") || matches!(kind, Kind::Regular | Kind::Directory)
+}
 
 const VERSION: u8 = 1;
 const HAS_UID: u8 = 1;
@@ -139,7 +179,7 @@ impl Record {
 
 /// Whether an xattr name belongs to the daemon (and so is hidden from views).
 pub fn is_reserved(name: &[u8]) -> bool {
-    name.starts_with(RESERVED_PREFIX)
+    RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
 #[cfg(test)]
@@ -202,6 +242,9 @@ mod tests {
         assert!(is_reserved(RECORD_XATTR.to_bytes()));
         assert!(is_reserved(b"trusted.mountgroup.anything"));
         assert!(!is_reserved(b"trusted.mountgroupx"));
-        assert!(!is_reserved(b"user.mountgroup.owner"));
+        assert!(is_reserved(USER_RECORD_XATTR.to_bytes()));
+        assert!(is_reserved(b"user.mountgroup.anything"));
+        assert!(!is_reserved(b"user.mountgroupx"));
+        assert!(!is_reserved(b"user.owner"));
     }
 }

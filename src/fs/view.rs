@@ -68,7 +68,7 @@ pub enum Policy {
 impl Policy {
     /// The policy a set of options selects.
     pub fn from_options(o: &ViewOptions) -> Policy {
-        let emulate = o.ownership == Ownership::Emulate;
+        let emulate = o.ownership != Ownership::Off;
         match (o.mode, o.group) {
             (ViewMode::Cifs, group) => Policy::Cifs {
                 uid: o.cifs.uid,

@@ -188,8 +188,8 @@ pub trait Share: Send + Sync {
     /// Whether a native view of its volumes may be mounted on this node, or why not.
     fn native_capable(&self) -> Result<(), String>;
     /// Whether the share's file system keeps extended attributes named like `name`
-    /// (a view's records, `trusted.*`), or why not: SMB without EA support, NFS (no
-    /// `trusted.*` namespace), FAT.
+    /// (a probe name of a view's records' namespace, written and removed), or why
+    /// not: SMB without EA support, NFS (no `trusted.*` namespace), FAT.
     fn keeps_xattr(&self, name: &std::ffi::CStr) -> Result<(), String>;
     /// Gives a native volume's root back what every pod of it relies on (owner root,
     /// the volume's group, `2775`) where a pod changed it; returns whether it did.
@@ -663,8 +663,8 @@ impl Share for LocalShare {
         let volumes = self.root.join("volumes");
         let fd = crate::sys::file::open_root(&volumes)
             .map_err(|e| format!("{}: {e}", volumes.display()))?;
-        match crate::sys::xattr::get(std::os::fd::AsFd::as_fd(&fd), name) {
-            Ok(_) => Ok(()),
+        match crate::sys::xattr::probe(std::os::fd::AsFd::as_fd(&fd), name) {
+            Ok(()) => Ok(()),
             Err(e @ (Errno(libc::EOPNOTSUPP) | Errno(libc::ENOSYS))) => Err(format!(
                 "the share's file system keeps no extended attributes {} ({e})",
                 name.to_string_lossy()

@@ -755,6 +755,48 @@ pub fn is_smb(fd: BorrowedFd<'_>) -> bool {
     rustix::fs::fstatfs(fd).is_ok_and(|s| SMB_MAGICS.contains(&{ s.f_type }))
 }
 
+/// `CEPH_SUPER_MAGIC` (include/uapi/linux/magic.h): the kernel's CephFS client.
+const CEPH_MAGIC: i64 = 0x00C3_6400;
+
+/// Whether `fd` is on a file system of the kernel's CephFS client.
+pub fn is_cephfs(fd: BorrowedFd<'_>) -> bool {
+    rustix::fs::fstatfs(fd).is_ok_and(|s| { s.f_type } == CEPH_MAGIC)
+}
+
+/// A CephFS directory's quota (`ceph.quota.max_bytes`, 0: none).
+pub const CEPH_QUOTA_MAX_BYTES: &std::ffi::CStr = c"ceph.quota.max_bytes";
+/// A CephFS directory's recursive size, as the MDS accounts it.
+pub const CEPH_DIR_RBYTES: &std::ffi::CStr = c"ceph.dir.rbytes";
+
+/// A number a CephFS virtual extended attribute of `fd` holds (decimal text, at times
+/// with a trailing NUL); 0 where it is empty.
+///
+/// # Errors
+/// The error of `getxattr`, or `EINVAL` for a value that is not a number.
+pub fn ceph_number(fd: BorrowedFd<'_>, name: &std::ffi::CStr) -> SysResult<u64> {
+    let value = super::xattr::get(fd, name)?.unwrap_or_default();
+    let text = String::from_utf8_lossy(&value);
+    let text = text.trim_end_matches('\0').trim();
+    if text.is_empty() {
+        return Ok(0);
+    }
+    text.parse().map_err(|_| Errno(libc::EINVAL))
+}
+
+/// The quota of the CephFS directory `fd` and the bytes it holds: `None` where it has
+/// no quota. The kernel client's statfs reports the quota of its mount's root, not of
+/// a directory below it, so a view of a volume asks its own.
+///
+/// # Errors
+/// The error of `getxattr`.
+pub fn ceph_quota(fd: BorrowedFd<'_>) -> SysResult<Option<(u64, u64)>> {
+    let limit = ceph_number(fd, CEPH_QUOTA_MAX_BYTES)?;
+    if limit == 0 {
+        return Ok(None);
+    }
+    Ok(Some((limit, ceph_number(fd, CEPH_DIR_RBYTES)?)))
+}
+
 /// `statvfs(2)` of the file system at a path (a mount point of a view).
 ///
 /// # Errors

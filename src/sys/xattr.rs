@@ -147,6 +147,21 @@ pub fn remove(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<()> {
     rustix::fs::removexattr(path.as_cstr(), name).map_err(failed("removexattr"))
 }
 
+/// Whether extended attributes named `name` can be written on the inode of `fd`: sets
+/// `name` (empty) and removes it again. A read proves nothing: the CIFS client answers
+/// `ENODATA` for a name on a server without extended attributes, and refuses the write.
+///
+/// # Errors
+/// What `setxattr` said (`EOPNOTSUPP` where the file system keeps no such names).
+pub fn probe(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<()> {
+    set(fd, name, b"", 0)?;
+    // Two probes at once: the other one may have removed it.
+    match remove(fd, name) {
+        Ok(()) | Err(Errno::ENODATA) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -45,10 +45,15 @@ pub enum MountError {
     )]
     MountpointDead(PathBuf),
     #[error(
-        "source {}: the file system has no extended attributes ({errno}), which ownership=emulate needs to record chown and chmod; use ownership=off for CIFS-like \"success, no effect\"",
+        "source {}: the file system keeps no extended attributes {name} ({errno}), which ownership={ownership} needs to record chown and chmod; use ownership=emulate-user where it keeps user.* ones (NFS 4.2, SMB with extended attributes), or ownership=off for CIFS-like \"success, no effect\"",
         .path.display()
     )]
-    NoXattr { path: PathBuf, errno: Errno },
+    NoXattr {
+        path: PathBuf,
+        name: String,
+        ownership: &'static str,
+        errno: Errno,
+    },
     #[error(
         "ownership=emulate keeps its records in trusted.* extended attributes and so needs root; use ownership=off"
     )]
@@ -124,16 +129,30 @@ pub fn open_source(source: &Path, options: &ViewOptions) -> Result<OwnedFd, Moun
         errno,
     };
     let root = file::open_root(source).map_err(err)?;
-    let policy = Policy::from_options(options);
-    if policy.keeps_records() {
+    if let Some(name) = record::record_xattr(options.ownership)
+        .filter(|_| Policy::from_options(options).keeps_records())
+    {
         if !crate::sys::process::is_root() {
             return Err(MountError::EmulateNeedsRoot);
         }
-        match xattr::get(root.as_fd(), record::RECORD_XATTR) {
-            Ok(_) => {}
+        // A read-only view writes no record: reading them is what it needs; so it is
+        // where the root is not the daemon's to write (a squashed daemon's).
+        let read = || xattr::get(root.as_fd(), name).map(|_| ());
+        let kept = if options.readonly {
+            read()
+        } else {
+            match xattr::probe(root.as_fd(), record::probe_xattr(name)) {
+                Err(Errno::EACCES | Errno::EPERM) => read(),
+                other => other,
+            }
+        };
+        match kept {
+            Ok(()) => {}
             Err(errno @ (Errno::EOPNOTSUPP | Errno::ENOSYS)) => {
                 return Err(MountError::NoXattr {
                     path: source.into(),
+                    name: name.to_string_lossy().into_owned(),
+                    ownership: options.ownership_name(),
                     errno,
                 });
             }

@@ -8,7 +8,7 @@ use std::path::Path;
 use crate::config::{ViewMode, ViewOptions};
 
 use super::VolumeError;
-use super::serve::{Asking, Fallback, Pod, native_or_why};
+use super::serve::{Asking, Fallback, Pod, Records, native_or_why};
 
 /// Why `options` cannot be a native view's, as `mountgroup mount --native` refuses
 /// them: what the driver would serve with a FUSE view instead (FUSE semantics,
@@ -20,7 +20,7 @@ pub fn refusal(options: &ViewOptions) -> Option<String> {
     }
     let mut node = Asking {
         share: || Ok(()),
-        records: || Ok(()),
+        records: || Records::Trusted,
         pod: || Pod::HostUsers,
     };
     native_or_why(Some(0), false, options, &mut node)

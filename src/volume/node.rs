@@ -698,8 +698,8 @@ impl Node {
                 fuse_idmap: self.fuse_idmap,
             },
             &mut serve::Asking {
-                share: || self.share.native_capable(),
-                records: || self.share.keeps_xattr(crate::fs::record::RECORD_XATTR),
+                share: || self.native_share(),
+                records: || self.share_records(),
                 pod: || self.pods.pod(pod),
             },
         )?;
@@ -710,6 +710,9 @@ impl Node {
                     (serve::Fallback::NoRecords(_), _) => {
                         "the share keeps no records: a CIFS view without any"
                     }
+                    (serve::Fallback::UserRecords(_), _) => {
+                        "the share keeps records in user.* extended attributes only"
+                    }
                     (_, Some(_)) => "a native view is served again as its FUSE twin",
                     (_, None) => "not a native view",
                 };
@@ -717,6 +720,32 @@ impl Node {
                 (served.mechanism, Some(f.code().to_string()))
             }
         })
+    }
+
+    /// Whether a native view of the share may be mounted here: the share can be, and
+    /// it keeps `trusted.` records, so that no view of it keeps `user.` ones, which a
+    /// pod on a native view could write for the others to trust.
+    fn native_share(&self) -> Result<(), String> {
+        self.share.native_capable()?;
+        match self.share_records() {
+            serve::Records::Trusted => Ok(()),
+            serve::Records::User(why) | serve::Records::None(why) => Err(format!(
+                "{why}: views of the share keep no records a pod on a native view could not write"
+            )),
+        }
+    }
+
+    /// Which records the share keeps: `trusted.` extended attributes, else `user.`
+    /// ones, else none.
+    fn share_records(&self) -> serve::Records {
+        use crate::fs::record::{TRUSTED_PROBE_XATTR, USER_PROBE_XATTR};
+        match self.share.keeps_xattr(TRUSTED_PROBE_XATTR) {
+            Ok(()) => serve::Records::Trusted,
+            Err(trusted) => match self.share.keeps_xattr(USER_PROBE_XATTR) {
+                Ok(()) => serve::Records::User(trusted),
+                Err(user) => serve::Records::None(format!("{trusted}; {user}")),
+            },
+        }
     }
 
     /// Makes the source of a publish exist: checks a persistent volume is on the share

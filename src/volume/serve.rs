@@ -31,6 +31,10 @@ pub enum Mechanism {
     /// A FUSE view with CIFS semantics and no records ([`unrecorded_options`]), where
     /// the request's semantics need records the share cannot keep.
     Unrecorded,
+    /// A FUSE view with the request's semantics and its records in `user.` extended
+    /// attributes ([`user_record_options`]), where the share keeps those but no
+    /// `trusted.` ones.
+    UserRecords,
 }
 
 impl Mechanism {
@@ -52,6 +56,7 @@ impl Mechanism {
             Mechanism::Native { .. } => "native",
             Mechanism::Twin { .. } => "fuse-native",
             Mechanism::Unrecorded => "fuse-cifs",
+            Mechanism::UserRecords => "fuse-user-xattr",
         }
     }
 
@@ -79,6 +84,9 @@ impl Mechanism {
             Mechanism::Unrecorded => views
                 .start(source, target, &unrecorded_options(options))
                 .map(Some),
+            Mechanism::UserRecords => views
+                .start(source, target, &user_record_options(options))
+                .map(Some),
         }
     }
 
@@ -87,14 +95,15 @@ impl Mechanism {
         match self {
             Mechanism::Native { .. } if native::mounted(target) => Check::Serving,
             Mechanism::Native { .. } => Check::Gone,
-            Mechanism::Fuse | Mechanism::Twin { .. } | Mechanism::Unrecorded => {
-                match mount::health(target) {
-                    Health::Mounted(t) if t == VIEW_FSTYPE => Check::Serving,
-                    Health::Mounted(other) => Check::Foreign(other),
-                    Health::Dead => Check::Dead,
-                    Health::NotMounted => Check::Gone,
-                }
-            }
+            Mechanism::Fuse
+            | Mechanism::Twin { .. }
+            | Mechanism::Unrecorded
+            | Mechanism::UserRecords => match mount::health(target) {
+                Health::Mounted(t) if t == VIEW_FSTYPE => Check::Serving,
+                Health::Mounted(other) => Check::Foreign(other),
+                Health::Dead => Check::Dead,
+                Health::NotMounted => Check::Gone,
+            },
         }
     }
 
@@ -113,9 +122,10 @@ impl Mechanism {
                     ))
                 }),
             Mechanism::Native { .. } => Ok(()),
-            Mechanism::Fuse | Mechanism::Twin { .. } | Mechanism::Unrecorded => {
-                views.stop(target, pid)
-            }
+            Mechanism::Fuse
+            | Mechanism::Twin { .. }
+            | Mechanism::Unrecorded
+            | Mechanism::UserRecords => views.stop(target, pid),
         }
     }
 }
@@ -202,6 +212,9 @@ pub enum Fallback {
     /// The request's semantics keep records (chown and chmod of an fsGroup view, a
     /// CIFS view's read-only files), and the share cannot keep them (why).
     NoRecords(String),
+    /// The request's semantics keep records, and the share keeps `user.` extended
+    /// attributes but no `trusted.` ones (why not).
+    UserRecords(String),
 }
 
 impl Fallback {
@@ -219,6 +232,7 @@ impl Fallback {
             Fallback::PrivilegedPod(_) => "privileged-pod",
             Fallback::PodUnknown(_) => "pod-unknown",
             Fallback::NoRecords(_) => "share-keeps-no-records",
+            Fallback::UserRecords(_) => "share-keeps-user-records",
         }
     }
 
@@ -264,6 +278,10 @@ impl std::fmt::Display for Fallback {
             Fallback::NoRecords(why) => write!(
                 f,
                 "{why}: the view has CIFS semantics without records (owner root, the pod's group, files 0664 and directories 0775 unless the request gave CIFS options; chown and chmod succeed with no effect, as on a kernel CIFS mount without unix extensions). Give the share a file system with extended attributes for fsGroup semantics"
+            ),
+            Fallback::UserRecords(why) => write!(
+                f,
+                "{why}: the view keeps its records (chown, chmod, the creator's uid) in user.mountgroup.owner, which every view hides and refuses, but which a process that reaches the share other than through a view (another client of the server) can change; symlinks and FIFOs take no user.* attributes, so they show the derived owner and refuse chown"
             ),
         }
     }
@@ -371,8 +389,8 @@ impl std::fmt::Display for Refusal {
 pub trait Ask {
     /// Whether a native view of the share may be mounted on this node, or why not.
     fn native_share(&mut self) -> Result<(), String>;
-    /// Whether the share keeps the records views write, or why not.
-    fn share_records(&mut self) -> Result<(), String>;
+    /// Which records the share keeps.
+    fn share_records(&mut self) -> Records;
     /// What the pod is.
     fn pod(&mut self) -> Pod;
 }
@@ -387,7 +405,7 @@ impl Ask for PodOnce<'_> {
     fn native_share(&mut self) -> Result<(), String> {
         self.node.native_share()
     }
-    fn share_records(&mut self) -> Result<(), String> {
+    fn share_records(&mut self) -> Records {
         self.node.share_records()
     }
     fn pod(&mut self) -> Pod {
@@ -405,17 +423,37 @@ pub struct Asking<S, R, P> {
 impl<S, R, P> Ask for Asking<S, R, P>
 where
     S: FnMut() -> Result<(), String>,
-    R: FnMut() -> Result<(), String>,
+    R: FnMut() -> Records,
     P: FnMut() -> Pod,
 {
     fn native_share(&mut self) -> Result<(), String> {
         (self.share)()
     }
-    fn share_records(&mut self) -> Result<(), String> {
+    fn share_records(&mut self) -> Records {
         (self.records)()
     }
     fn pod(&mut self) -> Pod {
         (self.pod)()
+    }
+}
+
+/// The records a share keeps, as views write them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Records {
+    /// In `trusted.` extended attributes, which only the root daemon reaches.
+    Trusted,
+    /// In `user.` ones only (why not `trusted.`): NFS 4.2, SMB with extended
+    /// attributes.
+    User(String),
+    /// None (why).
+    None(String),
+}
+
+/// The options of a view that keeps its records in `user.` extended attributes.
+pub fn user_record_options(options: &ViewOptions) -> ViewOptions {
+    ViewOptions {
+        ownership: Ownership::EmulateUser,
+        ..options.clone()
     }
 }
 
@@ -507,11 +545,21 @@ pub fn decide(publish: &Publish<'_>, node: &mut impl Ask) -> Result<Served, Refu
         && !publish.secrets
         && Policy::from_options(publish.options).keeps_records()
     {
-        if let Err(why) = node.share_records() {
-            return Ok(Served {
-                mechanism: Mechanism::Unrecorded,
-                fallback: Some(Fallback::NoRecords(why)),
-            });
+        match node.share_records() {
+            Records::Trusted => {}
+            Records::User(_) if publish.options.ownership == Ownership::EmulateUser => {}
+            Records::User(why) => {
+                return Ok(Served {
+                    mechanism: Mechanism::UserRecords,
+                    fallback: Some(Fallback::UserRecords(why)),
+                });
+            }
+            Records::None(why) => {
+                return Ok(Served {
+                    mechanism: Mechanism::Unrecorded,
+                    fallback: Some(Fallback::NoRecords(why)),
+                });
+            }
         }
     }
     let expected = matches!(fallback, Fallback::NotNative | Fallback::Secrets);
@@ -535,7 +583,7 @@ mod tests {
     fn asking(share: impl FnMut() -> Result<(), String>, pod: impl FnMut() -> Pod) -> impl Ask {
         Asking {
             share,
-            records: || Ok(()),
+            records: || Records::Trusted,
             pod,
         }
     }
@@ -794,8 +842,9 @@ mod tests {
 
     #[test]
     fn a_share_that_keeps_no_records_gets_cifs_semantics_without_any() {
-        let none = || Err::<(), _>("no extended attributes trusted.mountgroup.owner".to_string());
-        let never = || -> Result<(), String> { panic!("the records asked without need") };
+        let none = || Records::None("no extended attributes".to_string());
+        let user = || Records::User("no trusted.* extended attributes".to_string());
+        let never = || -> Records { panic!("the records asked without need") };
         let no_share = || Err::<(), _>("cannot be idmapped".to_string());
         let host = || Pod::HostUsers;
         let o = |s: &str| opts(s);
@@ -803,7 +852,7 @@ mod tests {
             volume_group: None,
             ..new(options)
         };
-        let run = |p: &Publish<'_>, records: &dyn Fn() -> Result<(), String>| {
+        let run = |p: &Publish<'_>, records: &dyn Fn() -> Records| {
             outcome(decide(
                 p,
                 &mut Asking {
@@ -813,11 +862,12 @@ mod tests {
                 },
             ))
         };
-        let (fsgroup, cifs, off, plain) = (
+        let (fsgroup, cifs, off, plain, asked_user) = (
             o("gid=4242"),
             o("gid=4242,file_mode=0640"),
             o("gid=4242,ownership=off"),
             o(""),
+            o("gid=4242,ownership=emulate-user"),
         );
         let secrets = Publish {
             secrets: true,
@@ -836,8 +886,28 @@ mod tests {
             ),
             (
                 "fsgroup, records kept",
-                run(&fuse_volume(&fsgroup), &|| Ok(())),
+                run(&fuse_volume(&fsgroup), &|| Records::Trusted),
                 "fuse -",
+            ),
+            (
+                "fsgroup, user.* records",
+                run(&fuse_volume(&fsgroup), &user),
+                "fuse-user-xattr share-keeps-user-records",
+            ),
+            (
+                "cifs, user.* records",
+                run(&fuse_volume(&cifs), &user),
+                "fuse-user-xattr share-keeps-user-records",
+            ),
+            (
+                "asked for user.* records",
+                run(&fuse_volume(&asked_user), &user),
+                "fuse -",
+            ),
+            (
+                "asked for user.* records, none kept",
+                run(&fuse_volume(&asked_user), &none),
+                "fuse-cifs share-keeps-no-records",
             ),
             // What keeps no records never asks.
             ("ownership=off", run(&fuse_volume(&off), &never), "fuse -"),
@@ -854,6 +924,17 @@ mod tests {
             ..fuse_volume(&fsgroup)
         };
         assert_eq!(run(&again, &never), "fuse-cifs -");
+        let again = Publish {
+            recorded: Some(Mechanism::UserRecords),
+            ..fuse_volume(&fsgroup)
+        };
+        assert_eq!(run(&again, &never), "fuse-user-xattr -");
+        let opened = user_record_options(&fsgroup);
+        assert_eq!(opened.ownership, Ownership::EmulateUser);
+        assert_eq!(
+            opened.to_option_string(),
+            opts("gid=4242,ownership=emulate-user").to_option_string()
+        );
     }
 
     #[test]

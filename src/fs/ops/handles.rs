@@ -224,7 +224,7 @@ impl ViewFs {
                 ..OwnerChange::default()
             };
             if let Some(new) = view::changed_record(&self.policy, inode.kind, rec, change) {
-                self.write_record(inode.fd()?.as_fd(), &new)?;
+                self.write_record(inode.fd()?.as_fd(), inode.kind, &new)?;
             }
         }
         Ok(())

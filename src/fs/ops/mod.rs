@@ -178,6 +178,9 @@ enum Handle {
 /// One group view over one backing directory.
 pub struct ViewFs {
     policy: Policy,
+    /// The xattr that holds records (`ownership=emulate`: `trusted.`,
+    /// `ownership=emulate-user`: `user.`).
+    record_xattr: &'static std::ffi::CStr,
     readonly: bool,
     inodes: InodeTable,
     root_mnt: Option<u64>,
@@ -198,6 +201,8 @@ pub struct ViewFs {
     /// The btrfs quota group of the volume, when the root is a btrfs subvolume:
     /// statfs then reports the volume's limit and usage, not the whole file system.
     qgroup: Option<std::path::PathBuf>,
+    /// The root is on CephFS: statfs reports its directory quota, where it has one.
+    cephfs: bool,
     /// Where changes to the handles are journaled, when a keeper holds the view
     /// (`fs/journal.rs`).
     journal: super::journal::JournalSlot,
@@ -251,9 +256,12 @@ impl ViewFs {
         if let Some(q) = &qgroup {
             tracing::info!(qgroup = %q.display(), "statfs follows the volume's btrfs quota group");
         }
+        let cephfs = file::is_cephfs(root.as_fd());
         Ok(ViewFs {
             qgroup,
+            cephfs,
             policy: Policy::from_options(options),
+            record_xattr: record::record_xattr(options.ownership).unwrap_or(RECORD_XATTR),
             readonly: options.readonly,
             root_mnt: st.mnt_id,
             // Half the open-file limit for cached inode descriptors, an eighth for
@@ -339,8 +347,16 @@ impl ViewFs {
         Ok(inode)
     }
 
-    pub(super) fn read_record(&self, fd: std::os::fd::BorrowedFd<'_>) -> FsResult<Option<Record>> {
-        match xattr::get(fd, RECORD_XATTR) {
+    /// The record of the entry `fd` of `kind`, where it can hold one.
+    pub(super) fn read_record(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        kind: Kind,
+    ) -> FsResult<Option<Record>> {
+        if !record::holds(self.record_xattr, kind) {
+            return Ok(None);
+        }
+        match xattr::get(fd, self.record_xattr) {
             Ok(None) => Ok(None),
             Ok(Some(bytes)) => match Record::decode(&bytes) {
                 Ok(r) => Ok(Some(r)),
@@ -358,28 +374,46 @@ impl ViewFs {
             },
             // Some inode kinds on some file systems take no xattrs at all.
             Err(Errno::EOPNOTSUPP) => Ok(None),
+            // A `user.` record needs read permission (fs/xattr.c), which a daemon that
+            // the server squashes lacks on an entry made around the driver: the daemon
+            // could never have written a record there either.
+            Err(Errno::EACCES) if self.record_xattr == record::USER_RECORD_XATTR => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
 
+    /// Writes (or, empty, removes) the record of the entry `fd` of `kind`.
+    ///
+    /// # Errors
+    /// `EPERM` where the entry cannot hold a record (no `user.` attributes on a
+    /// symlink; a daemon the server squashes, on an entry made around the driver),
+    /// else what `setxattr` said.
     pub(super) fn write_record(
         &self,
         fd: std::os::fd::BorrowedFd<'_>,
+        kind: Kind,
         rec: &Record,
     ) -> FsResult<()> {
-        if rec.is_empty() {
-            match xattr::remove(fd, RECORD_XATTR) {
+        if !record::holds(self.record_xattr, kind) {
+            return Err(FsError::NotPermitted);
+        }
+        let done = if rec.is_empty() {
+            match xattr::remove(fd, self.record_xattr) {
                 Ok(()) | Err(Errno::ENODATA) => Ok(()),
-                Err(e) => Err(e.into()),
+                Err(e) => Err(e),
             }
         } else {
-            Ok(xattr::set(fd, RECORD_XATTR, &rec.encode(), 0)?)
+            xattr::set(fd, self.record_xattr, &rec.encode(), 0)
+        };
+        match done {
+            Err(Errno::EACCES) => Err(FsError::NotPermitted),
+            other => Ok(other?),
         }
     }
 
     pub(super) fn record_for(&self, inode: &Arc<Inode>) -> FsResult<Option<Record>> {
         if self.policy.reads_record(inode.kind) {
-            self.read_record(inode.fd()?.as_fd())
+            self.read_record(inode.fd()?.as_fd(), inode.kind)
         } else {
             Ok(None)
         }
@@ -592,7 +626,7 @@ impl ViewFs {
                     }
                 }
                 if let Some(new) = view::changed_record(&self.policy, inode.kind, current, change) {
-                    self.write_record(inode.fd()?.as_fd(), &new)?;
+                    self.write_record(inode.fd()?.as_fd(), inode.kind, &new)?;
                 }
             }
         }
@@ -612,8 +646,8 @@ impl ViewFs {
     }
 
     /// File system statistics of the backing tree; on a btrfs subvolume with a quota
-    /// limit, the volume's capacity and usage (read on every call, so an expansion of
-    /// the live volume shows at once).
+    /// limit, or a CephFS directory with a quota, the volume's capacity and usage (read
+    /// on every call, so an expansion of the live volume shows at once).
     ///
     /// # Errors
     /// The error of `statvfs`.
@@ -633,6 +667,20 @@ impl ViewFs {
                 Ok(_) => {}
                 Err(e) => {
                     tracing::debug!(error = %e, "quota group unreadable; whole file system reported")
+                }
+            }
+        }
+        if self.cephfs {
+            match file::ceph_quota(self.inodes.root().fd()?.as_fd()) {
+                Ok(Some((limit, used))) => {
+                    let unit = u64::from(st.frsize.max(1));
+                    st.blocks = limit / unit;
+                    st.bfree = limit.saturating_sub(used) / unit;
+                    st.bavail = st.bfree;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "CephFS quota unreadable; whole file system reported")
                 }
             }
         }
@@ -1599,6 +1647,88 @@ mod tests {
         assert_eq!(
             all,
             [b"".to_vec(), b"trusted.other".to_vec(), b"user.a".to_vec()]
+        );
+    }
+
+    /// `ownership=emulate-user` (a share without `trusted.*`, as NFS 4.2): the creator's
+    /// uid and a chmod are recorded in `user.mountgroup.owner`, never on the disk; a
+    /// symlink, which takes no `user.*` attribute, shows the derived owner and refuses
+    /// chown; no view, of either kind, lets a pod read or write either record name.
+    #[test]
+    fn records_in_user_xattrs_where_the_share_has_no_trusted_ones() {
+        use crate::fs::record::{RECORD_XATTR, USER_RECORD_XATTR};
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5,ownership=emulate-user");
+        let made = v
+            .create(
+                ROOT,
+                OsStr::new("f"),
+                0o100640,
+                libc::O_RDWR,
+                ME,
+                Existing::Kernel,
+            )
+            .unwrap();
+        v.release(made.fh);
+        assert_eq!(
+            (made.attr.uid, made.attr.gid, made.attr.perm),
+            (1000, 5, 0o640)
+        );
+        let on_disk = |name: &str| {
+            let root = file::open_root(dir.path()).unwrap();
+            let fd = file::open_child(root.as_fd(), OsStr::new(name), None).unwrap();
+            (
+                xattr::get(fd.as_fd(), USER_RECORD_XATTR).unwrap().is_some(),
+                xattr::get(fd.as_fd(), RECORD_XATTR).unwrap().is_some(),
+                file::stat(fd.as_fd()).unwrap().perm,
+            )
+        };
+        assert_eq!(on_disk("f"), (true, false, 0o640));
+        let f = made.attr.ino;
+        let chmod = SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        };
+        assert_eq!(v.setattr(f, None, chmod).unwrap().perm, 0o600);
+        assert_eq!(on_disk("f"), (true, false, 0o640), "the disk never changes");
+        let d = v.mkdir(ROOT, OsStr::new("d"), 0o750, ME).unwrap();
+        assert_eq!((d.uid, d.perm & 0o777), (1000, 0o750));
+        assert!(on_disk("d").0);
+        let l = v
+            .symlink(ROOT, OsStr::new("l"), OsStr::new("f"), ME)
+            .unwrap();
+        let root_uid = file::stat(file::open_root(dir.path()).unwrap().as_fd())
+            .unwrap()
+            .uid;
+        assert_eq!(l.uid, root_uid, "a symlink shows the disk's owner");
+        let chown = SetAttr {
+            uid: Some(1000),
+            ..Default::default()
+        };
+        assert_eq!(v.setattr(l.ino, None, chown), Err(FsError::NotPermitted));
+        // Neither record name is a pod's, in this view or a trusted-records one.
+        let other = view(dir.path(), "gid=5");
+        for v in [&v, &other] {
+            let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+            for name in [
+                "user.mountgroup.owner",
+                "user.mountgroup.x",
+                "trusted.mountgroup.owner",
+            ] {
+                let name = OsStr::new(name);
+                assert_eq!(v.setxattr(f, name, b"\x01", 0), Err(FsError::NotPermitted));
+                assert_eq!(v.getxattr(f, name, 0), Err(FsError::NoAttribute));
+                assert_eq!(v.removexattr(f, name), Err(FsError::NoAttribute));
+            }
+            assert_eq!(v.listxattr(f, 0, ME.into()).unwrap(), XattrReply::Size(0));
+        }
+        assert_eq!(
+            other
+                .getattr(other.lookup(ROOT, OsStr::new("f")).unwrap().ino)
+                .unwrap()
+                .uid,
+            root_uid,
+            "a trusted-records view reads no user.* record"
         );
     }
 

@@ -244,10 +244,13 @@ impl ViewFs {
                     new.kind,
                     new.perm,
                 ) {
-                    Some(rec) => {
-                        self.write_record(fd.as_fd(), &rec)?;
+                    // A symlink or FIFO takes no `user.` record: it shows the derived
+                    // owner (SEMANTICS.md, `ownership=emulate-user`).
+                    Some(rec) if record::holds(self.record_xattr, new.kind) => {
+                        self.write_record(fd.as_fd(), new.kind, &rec)?;
                         Ok(Some(rec))
                     }
+                    Some(_) => Ok(None),
                     None => Ok(None),
                 }
             }
@@ -518,9 +521,21 @@ impl ViewFs {
         refuse_reserved(name)?;
         let inode = self.inodes.get(ino)?;
         let p = self.dir(new_parent)?;
-        file::link(inode.fd()?.as_fd(), p.fd()?.as_fd(), name)?;
-        // The linked inode itself, not whatever the new name holds by now.
-        self.register(file::reopen(inode.fd()?.as_fd(), inode.kind, Access::Path)?)
+        let fd = inode.fd()?;
+        file::link(fd.as_fd(), p.fd()?.as_fd(), name)?;
+        // The linked inode itself, not whatever the new name holds by now: reached by
+        // the new name where that is still it (an inode without a handle keeps the
+        // descriptor of its latest lookup, and a network file system reopens it by
+        // that name, which outlives the old one: git links its temporary object to
+        // its name, then unlinks the temporary one), else through the old name.
+        let was = file::stat(fd.as_fd())?;
+        if let Ok(fresh) = file::open_child(p.fd()?.as_fd(), name, self.root_mnt) {
+            let now = file::stat(fresh.as_fd())?;
+            if (now.dev, now.ino, now.kind) == (was.dev, was.ino, was.kind) {
+                return self.register(fresh);
+            }
+        }
+        self.register(file::reopen(fd.as_fd(), inode.kind, Access::Path)?)
     }
 
     /// Removes a name (an empty directory with [`Remove::Directory`]).

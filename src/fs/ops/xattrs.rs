@@ -46,14 +46,19 @@ impl ViewFs {
         sized(shown, size)
     }
 
-    /// Sets an xattr. Only the `user.` namespace is writable through a view: the
-    /// daemon is root, and `trusted.`/`security.` attributes written for a pod would
-    /// carry privileges onto the share (file capabilities, the daemon's own records).
+    /// Sets an xattr. Only the `user.` namespace is writable through a view, and not
+    /// the daemon's names in it: the daemon is root, and `trusted.`/`security.`
+    /// attributes written for a pod would carry privileges onto the share (file
+    /// capabilities, the daemon's own records).
     ///
     /// # Errors
-    /// `EROFS`, `EPERM` outside `user.`, or the error of `setxattr`.
+    /// `EROFS`, `EPERM` outside `user.` or for the daemon's own names, or the error of
+    /// `setxattr`.
     pub fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
         self.writable()?;
+        if record::is_reserved(name.as_bytes()) {
+            return Err(FsError::NotPermitted);
+        }
         refuse_unless_user(name)?;
         let inode = self.inodes.get(ino)?;
         let flags = u32::try_from(flags).map_err(|_| FsError::Os(Errno::EINVAL))?;
