@@ -491,6 +491,27 @@ pub fn can_idmap(path: &Path, userns: std::os::fd::BorrowedFd<'_>) -> SysResult<
     idmapped_clone(path, userns, false).map(drop)
 }
 
+/// Whether entries can be made through an idmapped mount of the file system under
+/// `path` (idmapped with `userns`): a directory is made and removed through a detached
+/// idmapped clone, nothing attached. The CephFS client answers such a creation `EIO`
+/// where the MDS does not take the owner of a creation from the client
+/// (`CEPHFS_FEATURE_HAS_OWNER_UIDGID`, fs/ceph/mds_client.c), though the mount itself
+/// can be idmapped.
+///
+/// # Errors
+/// What [`idmapped_clone`] said, or the error of the creation.
+pub fn idmapped_creates(path: &Path, userns: std::os::fd::BorrowedFd<'_>) -> SysResult<()> {
+    use rustix::fs::{AtFlags, Mode, mkdirat, unlinkat};
+    // A name of this probe's own: other nodes probe the same share.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let probe = format!(".mountgroup-idmap-probe-{}-{nanos}", std::process::id());
+    let tree = idmapped_clone(path, userns, false)?;
+    mkdirat(&tree, probe.as_str(), Mode::RWXU).map_err(super::failed("mkdirat"))?;
+    unlinkat(&tree, probe.as_str(), AtFlags::REMOVEDIR).map_err(super::failed("unlinkat"))
+}
+
 /// A mount of a file system that honours set-id bits, file capabilities or device
 /// nodes: its mount point, as the mount table that lists it names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -665,22 +686,48 @@ pub enum Health {
 
 /// Tells whether `path` holds a live mount, a dead FUSE mount, or nothing.
 pub fn health(path: &Path) -> Health {
-    if let Err(e) = std::fs::symlink_metadata(path) {
-        return if e.raw_os_error() == Some(libc::ENOTCONN) {
-            Health::Dead
-        } else {
-            Health::NotMounted
-        };
+    let stat = std::fs::symlink_metadata(path)
+        .err()
+        .map(|e| e.raw_os_error().unwrap_or(libc::EIO));
+    health_of(stat, || mount_type(path).ok().flatten())
+}
+
+/// [`health`] from what `stat` of the mount point said (`Some(errno)` where it
+/// failed) and the mount table's type of what is mounted there. Only `ENOTCONN` says
+/// a FUSE mount's daemon is gone; another error is what the mount answers (a view
+/// whose network share's server is away answers `EIO` or `EHOSTDOWN`), and the mount
+/// is still there: never to be served again on top of itself.
+fn health_of(stat: Option<i32>, mounted: impl FnOnce() -> Option<String>) -> Health {
+    if stat == Some(libc::ENOTCONN) {
+        return Health::Dead;
     }
-    match mount_type(path) {
-        Ok(Some(t)) => Health::Mounted(t),
-        _ => Health::NotMounted,
+    match mounted() {
+        Some(t) => Health::Mounted(t),
+        None => Health::NotMounted,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mount_that_answers_errors_is_still_mounted() {
+        let fuse = || Some("fuse.mountgroup".to_string());
+        assert_eq!(health_of(Some(libc::ENOTCONN), fuse), Health::Dead);
+        for errno in [libc::EIO, libc::EHOSTDOWN, libc::EACCES] {
+            assert_eq!(
+                health_of(Some(errno), fuse),
+                Health::Mounted("fuse.mountgroup".into())
+            );
+        }
+        assert_eq!(health_of(Some(libc::ENOENT), || None), Health::NotMounted);
+        assert_eq!(health_of(None, || None), Health::NotMounted);
+        assert_eq!(
+            health_of(None, fuse),
+            Health::Mounted("fuse.mountgroup".into())
+        );
+    }
 
     #[test]
     fn mountinfo_lines_are_read_with_escapes_and_stacking() {
