@@ -10,6 +10,7 @@
 //! and reported, not enforced, which the driver says once when it starts.
 
 pub mod btrfs;
+pub mod cephfs;
 pub mod key;
 
 use std::collections::BTreeMap;
@@ -199,10 +200,20 @@ pub trait Share: Send + Sync {
 /// How a share holds volumes to their capacity.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CapacityMode {
-    /// The kernel refuses writes past the capacity (btrfs quota groups).
+    /// The kernel refuses writes past the capacity (btrfs quota groups, CephFS
+    /// directory quotas).
     Enforced,
     /// Recorded and reported, not enforced; the reason says why.
     Advisory(String),
+}
+
+/// What enforces a share's capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Quota {
+    /// A btrfs quota group per volume subvolume.
+    Btrfs,
+    /// A CephFS quota on each volume's directory.
+    CephFs,
 }
 
 /// The file that proves a directory is the share. The driver writes it once, when it
@@ -319,20 +330,30 @@ impl LocalShare {
 
     fn decide_capacity(&self) -> CapacityMode {
         let root = &self.root;
-        let capacity = if !btrfs::is_btrfs(root) {
-            CapacityMode::Advisory(
-                "the share's file system has no quota support mountgroup can use (it needs btrfs)"
-                    .into(),
-            )
-        } else {
+        let capacity = if btrfs::is_btrfs(root) {
             match btrfs::enable_quota(root) {
                 Ok(()) => CapacityMode::Enforced,
                 Err(e) => CapacityMode::Advisory(format!("btrfs quotas cannot be enabled: {e}")),
             }
+        } else if cephfs::is_cephfs(root) {
+            match cephfs::can_limit(&root.join("volumes")) {
+                Ok(()) => CapacityMode::Enforced,
+                Err(e) => CapacityMode::Advisory(format!("CephFS quotas cannot be set: {e}")),
+            }
+        } else {
+            CapacityMode::Advisory(
+                "the share's file system has no quota support mountgroup can use (it needs btrfs or CephFS)"
+                    .into(),
+            )
         };
         match &capacity {
             CapacityMode::Enforced => {
-                tracing::info!(share = %root.display(), "capacity enforced by btrfs quota groups")
+                let by = if btrfs::is_btrfs(root) {
+                    "btrfs quota groups"
+                } else {
+                    "CephFS directory quotas"
+                };
+                tracing::info!(share = %root.display(), "capacity enforced by {by}")
             }
             CapacityMode::Advisory(why) => {
                 tracing::warn!(share = %root.display(), %why, "capacity is advisory")
@@ -345,6 +366,62 @@ impl LocalShare {
         self.capacity.get() == Some(&CapacityMode::Enforced)
     }
 
+    /// What enforces capacity, where it is.
+    fn quota(&self) -> Option<Quota> {
+        if !self.enforced() {
+            None
+        } else if btrfs::is_btrfs(&self.root) {
+            Some(Quota::Btrfs)
+        } else {
+            Some(Quota::CephFs)
+        }
+    }
+
+    /// Makes a volume's directory at `data` (a btrfs subvolume where capacity is
+    /// btrfs's) and limits it to `bytes`; one left by an earlier attempt is taken.
+    fn make_volume_dir(&self, data: &Path, bytes: u64) -> Result<(), ShareError> {
+        if self.quota() == Some(Quota::Btrfs) {
+            if !btrfs::is_subvolume(data) {
+                btrfs::create_subvolume(data)?;
+            }
+        } else {
+            match fs::create_dir(data) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io(format!("volume directory {}", data.display()))(e)),
+            }
+        }
+        self.limit_volume(data, bytes)
+    }
+
+    /// Limits the volume's directory at `data` to `bytes` where capacity is enforced.
+    fn limit_volume(&self, data: &Path, bytes: u64) -> Result<(), ShareError> {
+        match self.quota() {
+            Some(Quota::Btrfs) if btrfs::is_subvolume(data) => btrfs::limit(data, bytes),
+            Some(Quota::CephFs) => cephfs::limit(data, bytes),
+            _ => Ok(()),
+        }
+    }
+
+    /// The enforced limit of the volume's directory at `data`: `Some(None)` where it
+    /// should have one and has none (or it is unreadable), `None` where capacity is
+    /// not enforced on it.
+    fn volume_limit(&self, data: &Path) -> Option<Option<u64>> {
+        match self.quota() {
+            Some(Quota::Btrfs) if btrfs::is_subvolume(data) => Some(btrfs::limit_bytes(data)),
+            Some(Quota::CephFs) => Some(cephfs::limit_bytes(data)),
+            _ => None,
+        }
+    }
+
+    /// Bytes the volume's directory at `data` holds, where capacity is enforced.
+    fn volume_used(&self, data: &Path) -> Option<u64> {
+        match self.quota()? {
+            Quota::Btrfs => btrfs::used_bytes(data),
+            Quota::CephFs => cephfs::used_bytes(data),
+        }
+    }
+
     /// Whether the share's file system can be idmapped: a clone of its mount is
     /// idmapped and released once (Linux 5.12+ on ext4, xfs and btrfs, tmpfs from 6.3;
     /// not CIFS, not NFS).
@@ -354,8 +431,10 @@ impl LocalShare {
                 let identity = crate::sys::process::IDENTITY_MAP;
                 let ns = crate::sys::process::user_namespace(identity, identity)
                     .map_err(|e| format!("a user namespace cannot be made: {e}"))?;
-                crate::sys::mount::can_idmap(&self.root, std::os::fd::AsFd::as_fd(&ns))
-                    .map_err(|e| format!("the share's file system cannot be idmapped ({e}): native views need one that can (ext4, xfs or btrfs on Linux 5.12+, tmpfs on 6.3+; not CIFS, not NFS)"))
+                let ns = std::os::fd::AsFd::as_fd(&ns);
+                crate::sys::mount::can_idmap(&self.root, ns)
+                    .map_err(|e| format!("the share's file system cannot be idmapped ({e}): native views need one that can (ext4, xfs or btrfs on Linux 5.12+, tmpfs on 6.3+; not CIFS, not NFS)"))?;
+                crate::sys::mount::idmapped_creates(&self.root, ns).map_err(|e| format!("the share's file system can be idmapped, but nothing can be made through an idmapped mount of it ({e}): a pod's every create would fail so. CephFS answers EIO where its MDS does not take a creation's owner from the client (CEPHFS_FEATURE_HAS_OWNER_UIDGID, which Ceph 16.2's MDS lacks)"))
             })
             .clone()
     }
@@ -473,18 +552,7 @@ impl Share for LocalShare {
         }
         let data = self.data_path(&spec.id);
         // A directory may be left by a create that died before its metadata was written.
-        if self.enforced() {
-            if !btrfs::is_subvolume(&data) {
-                btrfs::create_subvolume(&data)?;
-            }
-            btrfs::limit(&data, spec.capacity_bytes)?;
-        } else {
-            match fs::create_dir(&data) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io(format!("volume directory {}", data.display()))(e)),
-            }
-        }
+        self.make_volume_dir(&data, spec.capacity_bytes)?;
         // A native volume: its root in a group of its own, setgid, so that whatever is
         // made in it is born in that group (subdirectories inherit setgid). Where the
         // share cannot serve native views, the volume is a FUSE one for good, and says
@@ -608,7 +676,7 @@ impl Share for LocalShare {
         // Enforced: space promised to volumes but not yet used is not the share's to give.
         let mut promised = 0u64;
         for rec in self.list()? {
-            let used = btrfs::used_bytes(&self.data_path(&rec.id)).unwrap_or(0);
+            let used = self.volume_used(&self.data_path(&rec.id)).unwrap_or(0);
             promised = promised.saturating_add(rec.capacity_bytes.saturating_sub(used));
         }
         Ok(free.saturating_sub(promised))
@@ -636,19 +704,14 @@ impl Share for LocalShare {
 
     fn apply_capacity(&self, rec: &VolumeRecord) -> Result<(), ShareError> {
         self.prove()?;
-        let data = self.data_path(&rec.id);
-        if self.enforced() && btrfs::is_subvolume(&data) {
-            btrfs::limit(&data, rec.capacity_bytes)?;
-        }
-        Ok(())
+        self.limit_volume(&self.data_path(&rec.id), rec.capacity_bytes)
     }
 
     fn capacity_applied(&self, rec: &VolumeRecord) -> bool {
-        let data = self.data_path(&rec.id);
-        if !(self.enforced() && btrfs::is_subvolume(&data)) {
-            return true;
+        match self.volume_limit(&self.data_path(&rec.id)) {
+            None => true,
+            Some(limit) => limit == Some(rec.capacity_bytes),
         }
-        btrfs::limit_bytes(&data) == Some(rec.capacity_bytes)
     }
 
     fn capacity(&self) -> &CapacityMode {
