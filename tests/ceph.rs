@@ -222,12 +222,7 @@ async fn the_default_publish_on_cephfs_takes_a_pods_writes() {
     let ceph = Ceph::start(&root.join("ceph"));
     let share = f.subdir("share");
     let _share = ceph.mount(&share);
-    let d = Driver::start_with_metrics_and(root, &[]);
-    let mut c = d.clients().await;
-    let target = root.join("target");
-    c.create_stage_publish("vol", &f.subdir("staging"), &target, &G.to_string())
-        .await;
-    let _unmount = Unmount(target.clone());
+    let (d, mut c, target, _unmount) = default_publish(root, &f.subdir("staging"), G).await;
     let (mechanism, fallback) = mechanism(&d.metrics_addr(), &target);
     let ran = run_as(
         1000,

@@ -11,6 +11,7 @@ mod common;
 mod driver;
 
 use std::fs;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -45,6 +46,7 @@ fn wait_listening(port: u16, what: &str) {
 struct Samba {
     child: Child,
     port: u16,
+    conf: PathBuf,
 }
 
 /// How Azure Files behaves, as Samba can be told to: no unix extensions (no owners,
@@ -108,15 +110,35 @@ impl Samba {
         use std::io::Write;
         passwd.stdin.take().unwrap().write_all(b"pw\npw\n").unwrap();
         assert!(passwd.wait().unwrap().success(), "smbpasswd");
-        let child = Command::new("smbd")
+        let child = Samba::smbd(&conf);
+        wait_listening(port, "smbd");
+        Samba { child, port, conf }
+    }
+
+    fn smbd(conf: &Path) -> Child {
+        Command::new("smbd")
             .args(["--foreground", "--no-process-group"])
             .arg(format!("--configfile={}", conf.display()))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap();
-        wait_listening(port, "smbd");
-        Samba { child, port }
+            .unwrap()
+    }
+
+    /// Kills the server, every process of it (each connection has its own), as a
+    /// crash or a node's restart would.
+    fn crash(&mut self) {
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-f"])
+            .arg(format!("configfile={}", self.conf.display()))
+            .status();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on its port, with its configuration and state.
+    fn restart(&mut self) {
+        self.child = Samba::smbd(&self.conf);
+        wait_listening(self.port, "smbd");
     }
 }
 
@@ -132,6 +154,11 @@ impl Drop for Samba {
 /// share without unix extensions can hold).
 const DEPLOY_CIFS: &str = "uid=0,gid=0,file_mode=0700,dir_mode=0700,mfsymlinks";
 
+/// The NFS client's options as docs/DEPLOY.md's fstab line has them: NFS 4.2, whose
+/// `user.*` extended attributes keep the views' records, and an attribute cache of
+/// a second, which bounds how soon one node's chmod shows on another.
+const DEPLOY_NFS: &str = "vers=4.2,actimeo=1";
+
 /// Mounts the share of `samba` on `at` with the kernel's CIFS client, SMB 3.1.1, with
 /// the mount options `options`; unmounted on drop.
 fn mount_cifs(samba: &Samba, at: &Path, options: &str) -> Unmount {
@@ -144,21 +171,38 @@ fn mount_cifs(samba: &Samba, at: &Path, options: &str) -> Unmount {
     Unmount(at.to_path_buf())
 }
 
-/// What a share that keeps no records gives a pod through the driver's default
-/// publish, on the mount at `root/share`: a view, never a failed publish, with CIFS
-/// semantics and why in the metric and the log.
-async fn default_publish_on_a_share_without_records(root: &Path, staging: &Path) {
-    let d = Driver::start_with_metrics_and(root, &[]);
-    let mut c = d.clients().await;
-    let target = root.join("target");
-    c.create_stage_publish("vol", staging, &target, &G.to_string())
-        .await;
-    let _unmount = Unmount(target.clone());
-    assert_eq!(
-        mechanism(&d.metrics_addr(), &target),
-        ("fuse-cifs".into(), "share-keeps-no-records".into())
-    );
-    assert_cifs_view_without_records(&target, G);
+/// What a share keeps of a view's records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kept {
+    /// Nothing: no extended attributes (Azure Files).
+    Nothing,
+    /// `user.*` extended attributes, no `trusted.*` (NFS 4.2, Samba's defaults).
+    UserXattrs,
+}
+
+/// What a share gives a pod through the driver's default publish, on the mount at
+/// `root/share`: a view, never a failed publish, with the semantics the share can
+/// hold and why in the metric and the log. Where it keeps `user.*` attributes, a pod
+/// sees its own uid on what it makes, and its chmod holds: git and PostgreSQL run as
+/// the pod's user. Where it keeps none, CIFS semantics without records.
+async fn default_publish_on_a_share(root: &Path, staging: &Path, kept: Kept) {
+    let (d, mut c, target, _unmount) = default_publish(root, staging, G).await;
+    match kept {
+        Kept::Nothing => {
+            assert_eq!(
+                mechanism(&d.metrics_addr(), &target),
+                ("fuse-cifs".into(), "share-keeps-no-records".into())
+            );
+            assert_cifs_view_without_records(&target, G);
+        }
+        Kept::UserXattrs => {
+            assert_eq!(
+                mechanism(&d.metrics_addr(), &target),
+                ("fuse-user-xattr".into(), "share-keeps-user-records".into())
+            );
+            assert_user_records_view(root, &target);
+        }
+    }
     // Symlinks, as the share holds them (SMB with mfsymlinks, NFS).
     let ran = run_as(
         1000,
@@ -227,6 +271,12 @@ async fn default_publish_on_a_share_without_records(root: &Path, staging: &Path)
     // Kernel passthrough where it works (NFS), the view's own reads and writes on SMB,
     // where passthrough failed the two steps above.
     let fstype = sh(&format!("stat -f -c %T {}", data.display()));
+    if kept == Kept::UserXattrs {
+        // The records are on the share, in user.mountgroup.owner; the owner on disk
+        // is the daemon's (nobody, where the server squashes root).
+        let on_disk = sh(&format!("getfattr -d -m - {}/f", data.display()));
+        assert!(on_disk.contains("user.mountgroup.owner"), "{on_disk}");
+    }
     let smb = fstype.contains("smb") || fstype.contains("cifs");
     assert!(
         logs().contains(&format!("passthrough={}", !smb)),
@@ -261,7 +311,7 @@ async fn an_azure_files_like_share_serves_the_default_publish() {
         !refused.status.success(),
         "the share keeps no extended attributes"
     );
-    default_publish_on_a_share_without_records(root, &f.subdir("staging")).await;
+    default_publish_on_a_share(root, &f.subdir("staging"), Kept::Nothing).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -275,7 +325,144 @@ async fn a_share_with_sambas_defaults_serves_the_default_publish() {
     let samba = Samba::start_with(&root.join("samba"), &served, "");
     let share = f.subdir("share");
     let _share = mount_cifs(&samba, &share, DEPLOY_CIFS);
-    default_publish_on_a_share_without_records(root, &f.subdir("staging")).await;
+    default_publish_on_a_share(root, &f.subdir("staging"), Kept::UserXattrs).await;
+}
+
+/// What a view that keeps its records in `user.*` attributes gives pods at `target`:
+/// their own uid on what they make, chmod and chown that hold (and that the kernel
+/// enforces), git and PostgreSQL as the pod's user.
+fn assert_user_records_view(root: &Path, target: &Path) {
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!(
+            "cd {} && echo x > f && mkdir d && echo y > d/g && chmod 600 f && chmod 750 d && cat d/g",
+            target.display()
+        ),
+    );
+    assert!(ran.ok && ran.stdout == "y\n", "{ran:?}");
+    assert_eq!(owner(&target.join("f")), (1000, G, 0o600));
+    let (uid, gid, perm) = owner(&target.join("d"));
+    assert_eq!((uid, gid, perm & 0o777), (1000, G, 0o750));
+    // The chmod holds: another member of the group is kept out of `f`.
+    let ran = run_as(2001, 2001, &[G], &format!("cat {}/f", target.display()));
+    assert!(
+        !ran.ok && ran.stderr.contains("Permission denied"),
+        "{ran:?}"
+    );
+    // Root's chown holds too; another user's is refused.
+    let ran = run_as(
+        2001,
+        2001,
+        &[G],
+        &format!("chmod 666 {}/d/g", target.display()),
+    );
+    assert!(!ran.ok && ran.stderr.contains("not permitted"), "{ran:?}");
+    sh(&format!("chown 2001 {}/d/g", target.display()));
+    assert_eq!(owner(&target.join("d/g")).0, 2001);
+    // git as the pod's user: its templates, its 0444 objects, its chmods.
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!(
+            "cd {} && export HOME=$PWD GIT_CONFIG_NOSYSTEM=1 && git init -q repo && cd repo && echo z > z && git add z && git -c user.email=p@o.d -c user.name=pod commit -qm one && git log --format=%s",
+            target.display()
+        ),
+    );
+    assert!(ran.ok && ran.stdout == "one\n", "{ran:?}");
+    // PostgreSQL as its own user, a member of the pod's group: initdb makes its data
+    // directory 0700, and the server starts only if it is its owner's and 0700.
+    let (pg_uid, pg_gid) = postgres_user();
+    let made = run_as(
+        pg_uid,
+        pg_gid,
+        &[G],
+        &format!(
+            "{} -D {}/pg -A trust -U postgres >/dev/null",
+            postgres_bin("initdb").display(),
+            target.display()
+        ),
+    );
+    assert!(made.ok, "{made:?}");
+    // 0700, with the setgid bit of a directory made in the volume, which PostgreSQL
+    // does not mind.
+    let (uid, gid, perm) = owner(&target.join("pg"));
+    assert_eq!((uid, gid, perm & 0o777), (pg_uid, G, 0o700));
+    let sockets = root.join("pg-sockets");
+    fs::create_dir(&sockets).unwrap();
+    fs::set_permissions(
+        &sockets,
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    postgres_runs(&target.join("pg"), &sockets, &[G]).expect("PostgreSQL on the share");
+}
+
+/// The share's server crashes and comes back: the view does not die with it, its calls
+/// fail or wait while the server is away (as the share's own mount answers them),
+/// and it serves again, the same mount and the same process, once the server is back.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+async fn a_view_outlives_its_share_servers_crash() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let served = f.subdir("served");
+    let mut samba = Samba::start(&root.join("samba"), &served);
+    let share = f.subdir("share");
+    let _share = mount_cifs(&samba, &share, DEPLOY_CIFS);
+    let (_d, mut c, target, _unmount) = default_publish(root, &f.subdir("staging"), G).await;
+    let member = |script: &str| {
+        run_as(
+            1000,
+            1000,
+            &[G],
+            &format!("cd {} && {script}", target.display()),
+        )
+    };
+    let ran = member("echo before > f && exec 3<f && cat f");
+    assert!(ran.ok && ran.stdout == "before\n", "{ran:?}");
+    // The view's mount, by its id: the same one must serve after the crash.
+    let mount_id = || {
+        fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .find(|l| l.split(' ').nth(4) == target.to_str())
+            .and_then(|l| l.split(' ').next().map(str::to_string))
+    };
+    let before = mount_id();
+    assert!(before.is_some());
+    samba.crash();
+    // While the server is away: whatever the CIFS client answers, in bounded time
+    // (a soft mount's error, or the call waits for the reconnection); the view lives.
+    let away = member("timeout -s KILL 120 cat f; echo $?");
+    eprintln!("while the server was away: {away:?}");
+    use mountgroup::sys::mount::{Health, health};
+    assert_eq!(
+        health(&target),
+        Health::Mounted("fuse.mountgroup".into()),
+        "{away:?}"
+    );
+    samba.restart();
+    // Back: the same view serves what was there and takes new writes, once the CIFS
+    // client has reconnected (its echo interval bounds that).
+    eventually(Duration::from_secs(180), "the view serves again", || {
+        let ran = member("cat f && echo after >> f && cat f");
+        ran.ok && ran.stdout.ends_with("before\nafter\n")
+    });
+    assert_eq!(mount_id(), before);
+    assert_eq!(
+        fs::read_to_string(served.join("volumes/vol/f"))
+            .unwrap()
+            .lines()
+            .next(),
+        Some("before")
+    );
+    c.node
+        .node_unpublish_volume(unpublish_req("vol", &target))
+        .await
+        .unwrap();
 }
 
 /// knfsd exporting `export` to 127.0.0.1 (NFS 4 only) with `options`, started as far
@@ -285,10 +472,15 @@ struct Knfsd {
     mountd: Option<Child>,
     started_nfsd: bool,
     var_lib_nfs: Option<Unmount>,
+    /// One knfsd at a time: the machine has one export table and one /var/lib/nfs.
+    _one: std::sync::MutexGuard<'static, ()>,
 }
+
+static KNFSD: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Knfsd {
     fn start(export: &Path, options: &str) -> Knfsd {
+        let one = KNFSD.lock().unwrap_or_else(|e| e.into_inner());
         sh("modprobe nfsd");
         if !Path::new("/proc/fs/nfsd/threads").exists() {
             sh("mount -t nfsd nfsd /proc/fs/nfsd");
@@ -321,20 +513,89 @@ impl Knfsd {
         };
         let threads = fs::read_to_string("/proc/fs/nfsd/threads").unwrap_or_default();
         let started_nfsd = threads.trim() == "0" || threads.trim().is_empty();
-        if started_nfsd {
-            sh("rpc.nfsd --no-nfs-version 3 --no-udp 4");
+        // Started (again, where the machine runs it already) with the shortest grace
+        // period knfsd takes: in its grace period (90 s by default, from its start)
+        // it answers every create "try later", and a driver laying its share out
+        // waits that long.
+        sh(
+            "rpc.nfsd 0 && echo 10 > /proc/fs/nfsd/nfsv4gracetime && echo 10 > /proc/fs/nfsd/nfsv4leasetime && rpc.nfsd --no-nfs-version 3 --no-udp 4",
+        );
+        // A running mountd reads the export table again only when its file is a new
+        // inode (nfs-utils' auth_reload), and a fresh tmpfs numbers its files as the
+        // last test's did: the table is written until its inode is one mountd has not
+        // seen, else it answers with the last test's exports (this one's path:
+        // "No such file or directory"). Then the kernel's caches are flushed.
+        use std::os::unix::fs::MetadataExt;
+        static LAST_ETAB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let etab = || fs::metadata("/var/lib/nfs/etab").map_or(0, |m| m.ino());
+        for _ in 0..20 {
+            sh(&format!(
+                "exportfs -i -o {options} 127.0.0.1:{}",
+                export.display()
+            ));
+            if etab() != LAST_ETAB.load(std::sync::atomic::Ordering::Relaxed) {
+                break;
+            }
         }
-        sh(&format!(
-            "exportfs -i -o {options} 127.0.0.1:{}",
-            export.display()
-        ));
+        LAST_ETAB.store(etab(), std::sync::atomic::Ordering::Relaxed);
+        sh("exportfs -f");
         wait_listening(2049, "nfsd");
         Knfsd {
             export: export.to_path_buf(),
             mountd,
             started_nfsd,
             var_lib_nfs,
+            _one: one,
         }
+    }
+}
+
+/// The kernel's file leases, which knfsd's delegations are, off until dropped.
+struct Leases(String);
+
+impl Leases {
+    fn off() -> Leases {
+        let was = fs::read_to_string("/proc/sys/fs/leases-enable").unwrap();
+        fs::write("/proc/sys/fs/leases-enable", "0").unwrap();
+        Leases(was)
+    }
+}
+
+impl Drop for Leases {
+    fn drop(&mut self) {
+        let _ = fs::write("/proc/sys/fs/leases-enable", self.0.trim());
+    }
+}
+
+/// Mounts `export` of this machine's knfsd on `at` as DEPLOY.md does, with `more`
+/// options. Tried again for a while: a mountd just started answers the kernel's first
+/// questions about the exports late, and the server then answers a mount `ENOENT`.
+fn mount_nfs(export: &Path, at: &Path, more: &str) -> Unmount {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let out = Command::new("mount")
+            .args(["-t", "nfs4", "-o", &format!("{DEPLOY_NFS}{more}")])
+            .arg(format!("127.0.0.1:{}", export.display()))
+            .arg(at)
+            .output()
+            .unwrap();
+        if out.status.success() {
+            return Unmount(at.to_path_buf());
+        }
+        if Instant::now() > deadline {
+            let seen = Command::new("sh")
+                .args(["-c", "exportfs -v; cat /var/lib/nfs/etab; pgrep -a rpc.mountd; cat /proc/fs/nfsd/threads; cat /proc/net/rpc/nfsd.export/content /proc/net/rpc/nfsd.fh/content"])
+                .output()
+                .unwrap();
+            panic!(
+                "mounting {}: {}\nthe server: {}{}",
+                export.display(),
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&seen.stdout),
+                String::from_utf8_lossy(&seen.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
     }
 }
 
@@ -344,6 +605,7 @@ impl Drop for Knfsd {
             .arg("-u")
             .arg(format!("127.0.0.1:{}", self.export.display()))
             .status();
+        let _ = Command::new("exportfs").arg("-f").status();
         if self.started_nfsd {
             let _ = Command::new("rpc.nfsd").arg("0").status();
         }
@@ -366,17 +628,12 @@ async fn a_root_squashed_nfs_export_serves_the_default_publish() {
     chown(&export, 65534, 65534);
     let _knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4242");
     let share = f.subdir("share");
-    sh(&format!(
-        "mount -t nfs4 -o vers=4.2 127.0.0.1:{} {}",
-        export.display(),
-        share.display()
-    ));
-    let _share = Unmount(share.clone());
+    let _share = mount_nfs(&export, &share, "");
     // Root is squashed: what the driver makes is nobody's on the server.
     fs::write(share.join("probe"), "").unwrap();
     assert_eq!(owner(&export.join("probe")).0, 65534);
     fs::remove_file(share.join("probe")).unwrap();
-    default_publish_on_a_share_without_records(root, &f.subdir("staging")).await;
+    default_publish_on_a_share(root, &f.subdir("staging"), Kept::UserXattrs).await;
 }
 
 /// Waits until `check` holds, for at most `limit` (a view's attribute and entry
@@ -387,7 +644,7 @@ fn eventually(limit: Duration, what: &str, check: impl Fn() -> bool) {
         assert!(start.elapsed() < limit, "{what}, after {limit:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    eprintln!("{what}: after {:?}", start.elapsed());
+    progress(&format!("{what}: after {:?}", start.elapsed()));
 }
 
 /// The volumes a driver's controller lists.
@@ -403,31 +660,34 @@ async fn listed(c: &mut Clients) -> Vec<String> {
         .collect()
 }
 
-/// Two nodes, one share: two node plugins, each with its own CIFS mount of the Samba
-/// share (its own connection: `nosharesock`) and its own state, publish one volume
+/// Says how far a test got, on the test program's stderr as it happens (not captured
+/// with the test's output): what a test that hangs in the VM shows of itself.
+fn progress(what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{what}");
+}
+
+/// Two nodes, one share: two node plugins, each with its own mount of the share
+/// (`mount_node`, its own connection) and its own state, publish one volume
 /// (ReadWriteMany) to pods with two fsGroups. What one pod makes, renames or deletes
 /// shows through the other within the views' timeouts; chown and chmod mean the same
-/// on both (no effect: nothing is recorded); the controller of one and the node plugin
-/// of the other agree on the volume and on its deletion.
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
-async fn two_nodes_publish_one_volume_of_an_azure_files_like_share() {
+/// on both (recorded on the share where it keeps `user.*` attributes, else no effect);
+/// the controller of one and the node plugin of the other agree on the volume and on
+/// its deletion.
+async fn two_nodes_publish_one_volume(
+    f: &Fixture,
+    mount_node: &dyn Fn(&Path) -> Unmount,
+    kept: Kept,
+) {
     use mountgroup::csi::pb::volume_capability::access_mode::Mode;
-    let f = Fixture::new();
-    let root = f.dir.path();
-    let served = f.subdir("served");
-    let samba = Samba::start(&root.join("samba"), &served);
     let node = |name: &str| {
         let dir = f.subdir(name);
         fs::create_dir(dir.join("share")).unwrap();
-        let mounted = mount_cifs(
-            &samba,
-            &dir.join("share"),
-            &format!("{DEPLOY_CIFS},nosharesock"),
-        );
+        let mounted = mount_node(&dir.join("share"));
         (dir, mounted)
     };
     let ((a, _a_share), (b, _b_share)) = (node("node-a"), node("node-b"));
+    progress("mounted on both nodes");
     let (da, db) = (
         Driver::start_with_metrics_and(&a, &[]),
         Driver::start_with_metrics_and(&b, &[]),
@@ -438,6 +698,7 @@ async fn two_nodes_publish_one_volume_of_an_azure_files_like_share() {
         .await
         .unwrap();
     assert!(listed(&mut cb).await.contains(&"vol".to_string()));
+    progress("created on A, listed on B");
     let (ta, tb) = (a.join("target"), b.join("target"));
     let (sa, sb) = (a.join("staging"), b.join("staging"));
     for (c, staging, target, group) in [(&mut ca, &sa, &ta, "4242"), (&mut cb, &sb, &tb, "5151")] {
@@ -451,19 +712,29 @@ async fn two_nodes_publish_one_volume_of_an_azure_files_like_share() {
         c.node.node_publish_volume(publish).await.unwrap();
     }
     let (_ua, _ub) = (Unmount(ta.clone()), Unmount(tb.clone()));
-    // The views' attribute and entry timeouts (1 s) over the CIFS client's (actimeo,
-    // 1 s), and a lease break between the two clients: a few seconds, bounded well
-    // above that so that a slow emulated machine does not fail it.
+    progress("published on both");
+    // The views' attribute and entry timeouts (1 s) over the client's (actimeo, 1 s),
+    // and a lease break between the two clients: a few seconds, bounded well above
+    // that so that a slow emulated machine does not fail it.
     let limit = Duration::from_secs(15);
     // A's pod writes; B's pod reads it, with its own group.
-    let ran = run_as(1000, 1000, &[4242], &format!("echo a > {}/f", ta.display()));
+    let ran = run_as(
+        1000,
+        1000,
+        &[4242],
+        &format!("umask 002 && echo a > {}/f", ta.display()),
+    );
     assert!(ran.ok, "{ran:?}");
     eventually(limit, "B sees A's file", || {
         let ran = run_as(2000, 2000, &[5151], &format!("cat {}/f", tb.display()));
         ran.ok && ran.stdout == "a\n"
     });
-    assert_eq!(owner(&ta.join("f")), (0, 4242, 0o664));
-    assert_eq!(owner(&tb.join("f")), (0, 5151, 0o664));
+    let creator = match kept {
+        Kept::Nothing => 0,
+        Kept::UserXattrs => 1000,
+    };
+    assert_eq!(owner(&ta.join("f")), (creator, 4242, 0o664));
+    assert_eq!(owner(&tb.join("f")), (creator, 5151, 0o664));
     // B's pod appends, renames and makes a directory; A sees each.
     let ran = run_as(
         2000,
@@ -473,16 +744,38 @@ async fn two_nodes_publish_one_volume_of_an_azure_files_like_share() {
     );
     assert!(ran.ok, "{ran:?}");
     eventually(limit, "A sees B's directory", || ta.join("d").is_dir());
-    eventually(limit, "A sees B's rename", || {
-        !ta.join("f").exists() && ta.join("g").exists()
-    });
+    let a_share = a.join("share/volumes/vol");
+    let names = |dir: &Path| {
+        (
+            fs::symlink_metadata(dir.join("f"))
+                .map(|m| m.ino())
+                .map_err(|e| e.kind()),
+            fs::symlink_metadata(dir.join("g"))
+                .map(|m| m.ino())
+                .map_err(|e| e.kind()),
+        )
+    };
+    let rename_seen = || {
+        let seen = !ta.join("f").exists() && ta.join("g").exists();
+        if !seen {
+            progress(&format!(
+                "A's view (f, g): {:?}; A's share: {:?}; B's view: {:?}",
+                names(&ta),
+                names(&a_share),
+                names(&tb)
+            ));
+            std::thread::sleep(Duration::from_millis(950));
+        }
+        seen
+    };
+    eventually(limit, "A sees B's rename", rename_seen);
     let seen = || fs::read_to_string(ta.join("g")).unwrap_or_else(|e| e.to_string());
     eventually(
         limit,
         &format!("A sees B's append (A reads {:?})", seen()),
         || seen() == "a\nb\n",
     );
-    // A chmod and chown on A change nothing, on either node.
+    // A chmod and chown on A: recorded, and seen on B; or no effect on either node.
     let ran = run_as(
         0,
         0,
@@ -490,13 +783,27 @@ async fn two_nodes_publish_one_volume_of_an_azure_files_like_share() {
         &format!("chmod 600 {0}/g && chown 7 {0}/g", ta.display()),
     );
     assert!(ran.ok, "{ran:?}");
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(owner(&ta.join("g")), (0, 4242, 0o664));
-    assert_eq!(owner(&tb.join("g")), (0, 5151, 0o664));
+    match kept {
+        Kept::Nothing => {
+            std::thread::sleep(Duration::from_secs(2));
+            assert_eq!(owner(&ta.join("g")), (0, 4242, 0o664));
+            assert_eq!(owner(&tb.join("g")), (0, 5151, 0o664));
+        }
+        Kept::UserXattrs => {
+            assert_eq!(owner(&ta.join("g")), (7, 4242, 0o600));
+            eventually(limit, "B sees A's chmod and chown", || {
+                owner(&tb.join("g")) == (7, 5151, 0o600)
+            });
+            // And the kernel on B enforces it: B's pod reads g no more.
+            let ran = run_as(2000, 2000, &[5151], &format!("cat {}/g", tb.display()));
+            assert!(!ran.ok, "{ran:?}");
+        }
+    }
     // B's pod deletes; A sees it gone.
     let ran = run_as(2000, 2000, &[5151], &format!("rm {}/g", tb.display()));
     assert!(ran.ok, "{ran:?}");
     eventually(limit, "A sees B's delete", || !ta.join("g").exists());
+    progress("deleted on B, gone on A");
     // Unpublished on both, deleted by B's controller: gone for A's too.
     for (c, staging, target) in [(&mut ca, &sa, &ta), (&mut cb, &sb, &tb)] {
         c.node
@@ -516,4 +823,33 @@ async fn two_nodes_publish_one_volume_of_an_azure_files_like_share() {
         .await
         .unwrap();
     assert!(!listed(&mut ca).await.contains(&"vol".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+async fn two_nodes_publish_one_volume_of_an_azure_files_like_share() {
+    let f = Fixture::new();
+    let served = f.subdir("served");
+    let samba = Samba::start(&f.dir.path().join("samba"), &served);
+    let mount = |at: &Path| mount_cifs(&samba, at, &format!("{DEPLOY_CIFS},nosharesock"));
+    two_nodes_publish_one_volume(&f, &mount, Kept::Nothing).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+async fn two_nodes_publish_one_volume_of_a_root_squashed_nfs_export() {
+    let f = Fixture::new();
+    let export = f.subdir("export");
+    chown(&export, 65534, 65534);
+    let _knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4243");
+    // The two nodes are one kernel here, and so one NFS client to the server: it keeps
+    // the delegation its first node got for a file when the other renames it (a
+    // server recalls a delegation from another client only), and a client with a
+    // delegation trusts its names of the file (fs/nfs/dir.c,
+    // nfs_lookup_revalidate_delegated). Two machines are two clients; without
+    // delegations (leases off, for this test) this one behaves as they would.
+    let _leases = Leases::off();
+    // Each node its own client (nosharecache) with DEPLOY.md's attribute cache bound.
+    let mount = |at: &Path| mount_nfs(&export, at, ",nosharecache");
+    two_nodes_publish_one_volume(&f, &mount, Kept::UserXattrs).await;
 }

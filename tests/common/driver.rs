@@ -548,3 +548,20 @@ pub fn sample(text: &str, prefix: &str) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
 }
+
+/// What a pod of the fsGroup `group` gets from the driver's default publish: a driver
+/// on `root/share` (metrics on, no share key), the volume `vol` created, staged at
+/// `staging` and published at `root/target`, which is unmounted on drop.
+pub async fn default_publish(
+    root: &Path,
+    staging: &Path,
+    group: u32,
+) -> (Driver, Clients, PathBuf, super::common::Unmount) {
+    let d = Driver::start_with_metrics_and(root, &[]);
+    let mut c = d.clients().await;
+    let target = root.join("target");
+    c.create_stage_publish("vol", staging, &target, &group.to_string())
+        .await;
+    let unmount = super::common::Unmount(target.clone());
+    (d, c, target, unmount)
+}

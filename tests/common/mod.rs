@@ -362,6 +362,75 @@ pub fn assert_cifs_view_without_records(target: &Path, group: u32) {
     assert!(!ran.ok && ran.stdout == "x\n", "{ran:?}");
 }
 
+/// Debian's PostgreSQL programs (`initdb`, `pg_ctl`), whichever version is installed.
+pub fn postgres_bin(program: &str) -> std::path::PathBuf {
+    let mut found: Vec<_> = fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is installed (scripts/test installs postgresql)")
+        .flatten()
+        .map(|e| e.path().join("bin").join(program))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    found.pop().expect("a PostgreSQL version with its programs")
+}
+
+/// The postgres user's uid and gid (the owner of its home), as Debian's package makes it.
+pub fn postgres_user() -> (u32, u32) {
+    fs::metadata("/var/lib/postgresql")
+        .map(|m| (m.uid(), m.gid()))
+        .unwrap_or((101, 104))
+}
+
+/// Starts PostgreSQL on `data` as the postgres user (with `groups`), asks it one query
+/// and stops it; `Err` with what it said when it does not start.
+pub fn postgres_runs(data: &Path, sockets: &Path, groups: &[u32]) -> Result<(), String> {
+    let pg = postgres_user();
+    let log = sockets.join("pg.log");
+    let start = run_as(
+        pg.0,
+        pg.1,
+        groups,
+        &format!(
+            "{} -D {} -l {} -w -t 30 -o \"-k {} -c listen_addresses='' -p 5499\" start",
+            postgres_bin("pg_ctl").display(),
+            data.display(),
+            log.display(),
+            sockets.display()
+        ),
+    );
+    if !start.ok {
+        return Err(format!(
+            "{start:?} {}",
+            fs::read_to_string(&log).unwrap_or_default()
+        ));
+    }
+    let q = run_as(
+        pg.0,
+        pg.1,
+        groups,
+        &format!(
+            "psql -h {} -p 5499 -d postgres -tAc 'select 6*7'",
+            sockets.display()
+        ),
+    );
+    let stop = run_as(
+        pg.0,
+        pg.1,
+        groups,
+        &format!(
+            "{} -D {} -m fast -w stop",
+            postgres_bin("pg_ctl").display(),
+            data.display()
+        ),
+    );
+    assert!(stop.ok, "{stop:?}");
+    if q.ok && q.stdout.trim() == "42" {
+        Ok(())
+    } else {
+        Err(format!("{q:?}"))
+    }
+}
+
 /// Runs a command and panics with its output unless it succeeds.
 pub fn sh(script: &str) -> String {
     let out = Command::new("sh").args(["-c", script]).output().unwrap();
