@@ -494,23 +494,30 @@ impl Knfsd {
             fs::write(Path::new("/var/lib/nfs").join(table), "").unwrap();
         }
         fs::create_dir("/var/lib/nfs/v4recovery").unwrap();
-        let mountd = if Command::new("pgrep")
+        // A mountd of the test's own, for this test's table: a mountd
+        // that ran before (the machine's, or the last test's) keeps answering with
+        // the exports it read then, and the kernel then finds this test's export
+        // missing ("No such file or directory"). One the machine runs is stopped.
+        let _ = Command::new("pkill").args(["-x", "rpc.mountd"]).status();
+        let gone = Instant::now() + Duration::from_secs(30);
+        while Command::new("pgrep")
             .args(["-x", "rpc.mountd"])
+            .stdout(Stdio::null())
             .status()
             .unwrap()
             .success()
         {
-            None
-        } else {
-            Some(
-                Command::new("rpc.mountd")
-                    .args(["--foreground", "--no-nfs-version", "3"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("nfs-kernel-server is installed (scripts/vm-test installs it)"),
-            )
-        };
+            assert!(Instant::now() < gone, "rpc.mountd does not stop");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mountd = Some(
+            Command::new("rpc.mountd")
+                .args(["--foreground", "--no-nfs-version", "3"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("nfs-kernel-server is installed (scripts/vm-test installs it)"),
+        );
         let threads = fs::read_to_string("/proc/fs/nfsd/threads").unwrap_or_default();
         let started_nfsd = threads.trim() == "0" || threads.trim().is_empty();
         // Started (again, where the machine runs it already) with the shortest grace
@@ -520,24 +527,10 @@ impl Knfsd {
         sh(
             "rpc.nfsd 0 && echo 10 > /proc/fs/nfsd/nfsv4gracetime && echo 10 > /proc/fs/nfsd/nfsv4leasetime && rpc.nfsd --no-nfs-version 3 --no-udp 4",
         );
-        // A running mountd reads the export table again only when its file is a new
-        // inode (nfs-utils' auth_reload), and a fresh tmpfs numbers its files as the
-        // last test's did: the table is written until its inode is one mountd has not
-        // seen, else it answers with the last test's exports (this one's path:
-        // "No such file or directory"). Then the kernel's caches are flushed.
-        use std::os::unix::fs::MetadataExt;
-        static LAST_ETAB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let etab = || fs::metadata("/var/lib/nfs/etab").map_or(0, |m| m.ino());
-        for _ in 0..20 {
-            sh(&format!(
-                "exportfs -i -o {options} 127.0.0.1:{}",
-                export.display()
-            ));
-            if etab() != LAST_ETAB.load(std::sync::atomic::Ordering::Relaxed) {
-                break;
-            }
-        }
-        LAST_ETAB.store(etab(), std::sync::atomic::Ordering::Relaxed);
+        sh(&format!(
+            "exportfs -i -o {options} 127.0.0.1:{}",
+            export.display()
+        ));
         sh("exportfs -f");
         wait_listening(2049, "nfsd");
         Knfsd {
