@@ -698,7 +698,7 @@ impl Node {
                 fuse_idmap: self.fuse_idmap,
             },
             &mut serve::Asking {
-                share: || self.native_share(),
+                share: || self.share.native_capable(),
                 records: || self.share_records(),
                 pod: || self.pods.pod(pod),
             },
@@ -720,19 +720,6 @@ impl Node {
                 (served.mechanism, Some(f.code().to_string()))
             }
         })
-    }
-
-    /// Whether a native view of the share may be mounted here: the share can be, and
-    /// it keeps `trusted.` records, so that no view of it keeps `user.` ones, which a
-    /// pod on a native view could write for the others to trust.
-    fn native_share(&self) -> Result<(), String> {
-        self.share.native_capable()?;
-        match self.share_records() {
-            serve::Records::Trusted => Ok(()),
-            serve::Records::User(why) | serve::Records::None(why) => Err(format!(
-                "{why}: views of the share keep no records a pod on a native view could not write"
-            )),
-        }
     }
 
     /// Which records the share keeps: `trusted.` extended attributes, else `user.`

@@ -319,7 +319,7 @@ pub(super) fn native_or_why(
     if let Some(f) = fuse_only_option(options) {
         return Err(f);
     }
-    node.native_share().map_err(Fallback::Share)?;
+    native_share(node).map_err(Fallback::Share)?;
     match node.pod() {
         Pod::HostUsers => {}
         Pod::UserNamespace => return Err(Fallback::UserNamespacePod),
@@ -330,6 +330,19 @@ pub(super) fn native_or_why(
         disk_group,
         shown: options.group.map_or(disk_group, |g| g.get()),
     })
+}
+
+/// Whether a native view of the share may be mounted on this node: the share can
+/// serve one, and its views keep `trusted.` records, so that none keeps `user.` ones,
+/// which a pod on a native view could write for the others to trust.
+fn native_share(node: &mut dyn Ask) -> Result<(), String> {
+    node.native_share()?;
+    match node.share_records() {
+        Records::Trusted => Ok(()),
+        Records::User(why) | Records::None(why) => Err(format!(
+            "{why}: views of the share keep no records a pod on a native view could not write"
+        )),
+    }
 }
 
 /// What a publish is, for [`decide`].
@@ -503,7 +516,7 @@ pub fn decide(publish: &Publish<'_>, node: &mut impl Ask) -> Result<Served, Refu
                 fallback: None,
             });
         };
-        return Ok(match node.native_share() {
+        return Ok(match native_share(node) {
             Ok(()) => Served {
                 mechanism: recorded,
                 fallback: None,
@@ -929,6 +942,29 @@ mod tests {
             ..fuse_volume(&fsgroup)
         };
         assert_eq!(run(&again, &never), "fuse-user-xattr -");
+        // A share whose views keep user.* records serves no native view, new or
+        // again: a pod on one could write the records the others trust.
+        for recorded in [
+            None,
+            Some(Mechanism::Native {
+                disk_group: G,
+                shown: 4242,
+            }),
+        ] {
+            let p = Publish {
+                recorded,
+                ..new(&fsgroup)
+            };
+            let served = decide(
+                &p,
+                &mut Asking {
+                    share: || Ok(()),
+                    records: user,
+                    pod: host,
+                },
+            );
+            assert_eq!(outcome(served), "fuse-native share", "{recorded:?}");
+        }
         let opened = user_record_options(&fsgroup);
         assert_eq!(opened.ownership, Ownership::EmulateUser);
         assert_eq!(
