@@ -241,6 +241,8 @@ pub struct LocalShare {
     lock: Mutex<()>,
     /// Decided the first time the root proves to be the share.
     capacity: std::sync::OnceLock<CapacityMode>,
+    /// What enforces capacity, decided with it (none where it is advisory).
+    quota: std::sync::OnceLock<Quota>,
     /// Whether the share's file system can be idmapped (why not, if not), asked once.
     idmap: std::sync::OnceLock<Result<(), String>>,
 }
@@ -266,6 +268,7 @@ impl LocalShare {
             init,
             lock: Mutex::new(()),
             capacity: std::sync::OnceLock::new(),
+            quota: std::sync::OnceLock::new(),
             idmap: std::sync::OnceLock::new(),
         };
         match share.prove() {
@@ -332,12 +335,12 @@ impl LocalShare {
         let root = &self.root;
         let capacity = if btrfs::is_btrfs(root) {
             match btrfs::enable_quota(root) {
-                Ok(()) => CapacityMode::Enforced,
+                Ok(()) => self.enforced_by(Quota::Btrfs),
                 Err(e) => CapacityMode::Advisory(format!("btrfs quotas cannot be enabled: {e}")),
             }
         } else if cephfs::is_cephfs(root) {
             match cephfs::can_limit(&root.join("volumes")) {
-                Ok(()) => CapacityMode::Enforced,
+                Ok(()) => self.enforced_by(Quota::CephFs),
                 Err(e) => CapacityMode::Advisory(format!("CephFS quotas cannot be set: {e}")),
             }
         } else {
@@ -348,10 +351,9 @@ impl LocalShare {
         };
         match &capacity {
             CapacityMode::Enforced => {
-                let by = if btrfs::is_btrfs(root) {
-                    "btrfs quota groups"
-                } else {
-                    "CephFS directory quotas"
+                let by = match self.quota.get() {
+                    Some(Quota::CephFs) => "CephFS directory quotas",
+                    _ => "btrfs quota groups",
                 };
                 tracing::info!(share = %root.display(), "capacity enforced by {by}")
             }
@@ -366,15 +368,15 @@ impl LocalShare {
         self.capacity.get() == Some(&CapacityMode::Enforced)
     }
 
+    /// Capacity enforced by `quota`, which is recorded with it.
+    fn enforced_by(&self, quota: Quota) -> CapacityMode {
+        let _ = self.quota.set(quota);
+        CapacityMode::Enforced
+    }
+
     /// What enforces capacity, where it is.
     fn quota(&self) -> Option<Quota> {
-        if !self.enforced() {
-            None
-        } else if btrfs::is_btrfs(&self.root) {
-            Some(Quota::Btrfs)
-        } else {
-            Some(Quota::CephFs)
-        }
+        self.quota.get().copied().filter(|_| self.enforced())
     }
 
     /// Makes a volume's directory at `data` (a btrfs subvolume where capacity is

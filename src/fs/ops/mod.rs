@@ -652,36 +652,28 @@ impl ViewFs {
     /// # Errors
     /// The error of `statvfs`.
     pub fn statfs(&self) -> FsResult<FsStat> {
-        let mut st = file::statvfs(self.inodes.root().fd()?.as_fd())?;
-        if let Some(dir) = &self.qgroup {
-            match crate::sys::btrfs::qgroup_usage(dir) {
-                Ok(crate::sys::btrfs::QgroupUsage {
-                    limit: Some(limit),
-                    used,
-                }) => {
-                    let unit = u64::from(st.frsize.max(1));
-                    st.blocks = limit / unit;
-                    st.bfree = limit.saturating_sub(used) / unit;
-                    st.bavail = st.bfree;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "quota group unreadable; whole file system reported")
-                }
+        let root = self.inodes.root().fd()?;
+        let mut st = file::statvfs(root.as_fd())?;
+        // The volume's quota, as its limit and the bytes it holds.
+        let quota = if let Some(dir) = &self.qgroup {
+            crate::sys::btrfs::qgroup_usage(dir)
+                .map(|q| q.limit.map(|limit| (limit, q.used)))
+                .map_err(|e| e.to_string())
+        } else if self.cephfs {
+            file::ceph_quota(root.as_fd()).map_err(|e| e.to_string())
+        } else {
+            Ok(None)
+        };
+        match quota {
+            Ok(Some((limit, used))) => {
+                let unit = u64::from(st.frsize.max(1));
+                st.blocks = limit / unit;
+                st.bfree = limit.saturating_sub(used) / unit;
+                st.bavail = st.bfree;
             }
-        }
-        if self.cephfs {
-            match file::ceph_quota(self.inodes.root().fd()?.as_fd()) {
-                Ok(Some((limit, used))) => {
-                    let unit = u64::from(st.frsize.max(1));
-                    st.blocks = limit / unit;
-                    st.bfree = limit.saturating_sub(used) / unit;
-                    st.bavail = st.bfree;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "CephFS quota unreadable; whole file system reported")
-                }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::debug!(%error, "the volume's quota is unreadable; whole file system reported")
             }
         }
         Ok(st)
