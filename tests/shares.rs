@@ -9,15 +9,17 @@
 mod common;
 #[path = "common/driver.rs"]
 mod driver;
+#[path = "common/nodes.rs"]
+mod nodes;
 
 use std::fs;
-use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use driver::*;
+use nodes::*;
 
 const G: u32 = 4242;
 
@@ -629,195 +631,6 @@ async fn a_root_squashed_nfs_export_serves_the_default_publish() {
     default_publish_on_a_share(root, &f.subdir("staging"), Kept::UserXattrs).await;
 }
 
-/// Waits until `check` holds, for at most `limit` (a view's attribute and entry
-/// timeouts: what another node's change takes to show).
-fn eventually(limit: Duration, what: &str, check: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < limit, "{what}, after {limit:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    progress(&format!("{what}: after {:?}", start.elapsed()));
-}
-
-/// The volumes a driver's controller lists.
-async fn listed(c: &mut Clients) -> Vec<String> {
-    c.controller
-        .list_volumes(mountgroup::csi::pb::ListVolumesRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .entries
-        .iter()
-        .map(|e| e.volume.as_ref().unwrap().volume_id.clone())
-        .collect()
-}
-
-/// Says how far a test got, on the test program's stderr as it happens (not captured
-/// with the test's output): what a test that hangs in the VM shows of itself.
-fn progress(what: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "{what}");
-}
-
-/// Two nodes, one share: two node plugins, each with its own mount of the share
-/// (`mount_node`, its own connection) and its own state, publish one volume
-/// (ReadWriteMany) to pods with two fsGroups. What one pod makes, renames or deletes
-/// shows through the other within the views' timeouts; chown and chmod mean the same
-/// on both (recorded on the share where it keeps `user.*` attributes, else no effect);
-/// the controller of one and the node plugin of the other agree on the volume and on
-/// its deletion.
-async fn two_nodes_publish_one_volume(
-    f: &Fixture,
-    mount_node: &dyn Fn(&Path) -> Unmount,
-    kept: Kept,
-) {
-    use mountgroup::csi::pb::volume_capability::access_mode::Mode;
-    let node = |name: &str| {
-        let dir = f.subdir(name);
-        fs::create_dir(dir.join("share")).unwrap();
-        let mounted = mount_node(&dir.join("share"));
-        (dir, mounted)
-    };
-    let ((a, _a_share), (b, _b_share)) = (node("node-a"), node("node-b"));
-    progress("mounted on both nodes");
-    let (da, db) = (
-        Driver::start_with_metrics_and(&a, &[]),
-        Driver::start_with_metrics_and(&b, &[]),
-    );
-    let (mut ca, mut cb) = (da.clients().await, db.clients().await);
-    ca.controller
-        .create_volume(create_req("vol", 1 << 30))
-        .await
-        .unwrap();
-    assert!(listed(&mut cb).await.contains(&"vol".to_string()));
-    progress("created on A, listed on B");
-    let (ta, tb) = (a.join("target"), b.join("target"));
-    let (sa, sb) = (a.join("staging"), b.join("staging"));
-    for (c, staging, target, group) in [(&mut ca, &sa, &ta, "4242"), (&mut cb, &sb, &tb, "5151")] {
-        fs::create_dir_all(staging).unwrap();
-        c.node
-            .node_stage_volume(stage_req("vol", staging))
-            .await
-            .unwrap();
-        let mut publish = publish_req("vol", staging, target, group);
-        publish.volume_capability = Some(mount_cap(&[], group, Mode::MultiNodeMultiWriter));
-        c.node.node_publish_volume(publish).await.unwrap();
-    }
-    let (_ua, _ub) = (Unmount(ta.clone()), Unmount(tb.clone()));
-    progress("published on both");
-    // The views' attribute and entry timeouts (1 s) over the client's (actimeo, 1 s),
-    // and a lease break between the two clients: a few seconds, bounded well above
-    // that so that a slow emulated machine does not fail it.
-    let limit = Duration::from_secs(15);
-    // A's pod writes; B's pod reads it, with its own group.
-    let ran = run_as(
-        1000,
-        1000,
-        &[4242],
-        &format!("umask 002 && echo a > {}/f", ta.display()),
-    );
-    assert!(ran.ok, "{ran:?}");
-    eventually(limit, "B sees A's file", || {
-        let ran = run_as(2000, 2000, &[5151], &format!("cat {}/f", tb.display()));
-        ran.ok && ran.stdout == "a\n"
-    });
-    let creator = match kept {
-        Kept::Nothing => 0,
-        Kept::UserXattrs => 1000,
-    };
-    assert_eq!(owner(&ta.join("f")), (creator, 4242, 0o664));
-    assert_eq!(owner(&tb.join("f")), (creator, 5151, 0o664));
-    // B's pod appends, renames and makes a directory; A sees each.
-    let ran = run_as(
-        2000,
-        2000,
-        &[5151],
-        &format!("cd {} && echo b >> f && mv f g && mkdir d", tb.display()),
-    );
-    assert!(ran.ok, "{ran:?}");
-    eventually(limit, "A sees B's directory", || ta.join("d").is_dir());
-    let a_share = a.join("share/volumes/vol");
-    let names = |dir: &Path| {
-        (
-            fs::symlink_metadata(dir.join("f"))
-                .map(|m| m.ino())
-                .map_err(|e| e.kind()),
-            fs::symlink_metadata(dir.join("g"))
-                .map(|m| m.ino())
-                .map_err(|e| e.kind()),
-        )
-    };
-    let rename_seen = || {
-        let seen = !ta.join("f").exists() && ta.join("g").exists();
-        if !seen {
-            progress(&format!(
-                "A's view (f, g): {:?}; A's share: {:?}; B's view: {:?}",
-                names(&ta),
-                names(&a_share),
-                names(&tb)
-            ));
-            std::thread::sleep(Duration::from_millis(950));
-        }
-        seen
-    };
-    eventually(limit, "A sees B's rename", rename_seen);
-    let seen = || fs::read_to_string(ta.join("g")).unwrap_or_else(|e| e.to_string());
-    eventually(
-        limit,
-        &format!("A sees B's append (A reads {:?})", seen()),
-        || seen() == "a\nb\n",
-    );
-    // A chmod and chown on A: recorded, and seen on B; or no effect on either node.
-    let ran = run_as(
-        0,
-        0,
-        &[],
-        &format!("chmod 600 {0}/g && chown 7 {0}/g", ta.display()),
-    );
-    assert!(ran.ok, "{ran:?}");
-    match kept {
-        Kept::Nothing => {
-            std::thread::sleep(Duration::from_secs(2));
-            assert_eq!(owner(&ta.join("g")), (0, 4242, 0o664));
-            assert_eq!(owner(&tb.join("g")), (0, 5151, 0o664));
-        }
-        Kept::UserXattrs => {
-            assert_eq!(owner(&ta.join("g")), (7, 4242, 0o600));
-            eventually(limit, "B sees A's chmod and chown", || {
-                owner(&tb.join("g")) == (7, 5151, 0o600)
-            });
-            // And the kernel on B enforces it: B's pod reads g no more.
-            let ran = run_as(2000, 2000, &[5151], &format!("cat {}/g", tb.display()));
-            assert!(!ran.ok, "{ran:?}");
-        }
-    }
-    // B's pod deletes; A sees it gone.
-    let ran = run_as(2000, 2000, &[5151], &format!("rm {}/g", tb.display()));
-    assert!(ran.ok, "{ran:?}");
-    eventually(limit, "A sees B's delete", || !ta.join("g").exists());
-    progress("deleted on B, gone on A");
-    // Unpublished on both, deleted by B's controller: gone for A's too.
-    for (c, staging, target) in [(&mut ca, &sa, &ta), (&mut cb, &sb, &tb)] {
-        c.node
-            .node_unpublish_volume(unpublish_req("vol", target))
-            .await
-            .unwrap();
-        c.node
-            .node_unstage_volume(unstage_req("vol", staging))
-            .await
-            .unwrap();
-    }
-    cb.controller
-        .delete_volume(mountgroup::csi::pb::DeleteVolumeRequest {
-            volume_id: "vol".into(),
-            secrets: Default::default(),
-        })
-        .await
-        .unwrap();
-    assert!(!listed(&mut ca).await.contains(&"vol".to_string()));
-}
-
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 async fn two_nodes_publish_one_volume_of_an_azure_files_like_share() {
@@ -825,7 +638,7 @@ async fn two_nodes_publish_one_volume_of_an_azure_files_like_share() {
     let served = f.subdir("served");
     let samba = Samba::start(&f.dir.path().join("samba"), &served);
     let mount = |at: &Path| mount_cifs(&samba, at, &format!("{DEPLOY_CIFS},nosharesock"));
-    two_nodes_publish_one_volume(&f, &mount, Kept::Nothing).await;
+    two_nodes_publish_one_volume(&f, &mount, "fuse-cifs", Owners::NoEffect).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -844,5 +657,5 @@ async fn two_nodes_publish_one_volume_of_a_root_squashed_nfs_export() {
     let _leases = Leases::off();
     // Each node its own client (nosharecache) with DEPLOY.md's attribute cache bound.
     let mount = |at: &Path| mount_nfs(&export, at, ",nosharecache");
-    two_nodes_publish_one_volume(&f, &mount, Kept::UserXattrs).await;
+    two_nodes_publish_one_volume(&f, &mount, "fuse-user-xattr", Owners::Held).await;
 }
