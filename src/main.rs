@@ -396,9 +396,15 @@ fn native_mount(
         );
         return ExitCode::from(2);
     }
-    if let Err(why) = mountgroup::share::native_inert(source) {
-        eprintln!("mountgroup: --native: {why}");
-        return ExitCode::from(2);
+    // What the driver asks of a share before it makes native volumes on it.
+    for check in [
+        mountgroup::share::idmappable,
+        mountgroup::share::native_inert,
+    ] {
+        if let Err(why) = check(source) {
+            eprintln!("mountgroup: --native: {why}");
+            return ExitCode::from(2);
+        }
     }
     if let Err(e) = mountgroup::transport::check_mountpoint(mountpoint) {
         eprintln!("mountgroup: {e}");

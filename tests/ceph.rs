@@ -8,14 +8,15 @@
 //! --systemd ceph --ignored`); scripts/vm-test installs Ceph 16.2 and makes the forky
 //! root.
 
+#[path = "common/ceph.rs"]
+mod ceph;
 mod common;
 #[path = "common/driver.rs"]
 mod driver;
-#[path = "common/ceph.rs"]
-mod ceph;
 #[path = "common/nodes.rs"]
 mod nodes;
 
+use std::fs;
 use std::path::Path;
 
 use ceph::*;
@@ -69,6 +70,27 @@ async fn the_default_publish_on_cephfs_takes_a_pods_writes() {
         .node_unpublish_volume(unpublish_req("vol", &target))
         .await
         .unwrap();
+    // `mountgroup mount --native` asks the same of its source, and refuses by name
+    // what would answer a pod's every create `EIO`.
+    let source = share.join("direct");
+    fs::create_dir(&source).unwrap();
+    chown(&source, 0, 2_000_000_000);
+    let mnt = f.subdir("direct-mnt");
+    let out = std::process::Command::new(BIN)
+        .args(["mount", "--native"])
+        .arg(&source)
+        .arg(&mnt)
+        .args(["-o", "gid=4242"])
+        .output()
+        .unwrap();
+    let _never = Unmount(mnt.clone());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(2)
+            && stderr.contains("nothing can be made through an idmapped mount"),
+        "{out:?}"
+    );
+    assert!(!is_mounted(&mnt));
 
     // Capacity: a CephFS quota on each volume's directory, which the client enforces.
     assert!(

@@ -428,17 +428,7 @@ impl LocalShare {
     /// idmapped and released once (Linux 5.12+ on ext4, xfs and btrfs, tmpfs from 6.3;
     /// not CIFS, not NFS).
     pub fn idmappable(&self) -> Result<(), String> {
-        self.idmap
-            .get_or_init(|| {
-                let identity = crate::sys::process::IDENTITY_MAP;
-                let ns = crate::sys::process::user_namespace(identity, identity)
-                    .map_err(|e| format!("a user namespace cannot be made: {e}"))?;
-                let ns = std::os::fd::AsFd::as_fd(&ns);
-                crate::sys::mount::can_idmap(&self.root, ns)
-                    .map_err(|e| format!("the share's file system cannot be idmapped ({e}): native views need one that can (ext4, xfs or btrfs on Linux 5.12+, tmpfs on 6.3+; not CIFS, not NFS)"))?;
-                crate::sys::mount::idmapped_creates(&self.root, ns).map_err(|e| format!("the share's file system can be idmapped, but nothing can be made through an idmapped mount of it ({e}): a pod's every create would fail so. CephFS answers EIO where its MDS does not take a creation's owner from the client (CEPHFS_FEATURE_HAS_OWNER_UIDGID, which Ceph 16.2's MDS lacks)"))
-            })
-            .clone()
+        self.idmap.get_or_init(|| idmappable(&self.root)).clone()
     }
 
     /// Whether a native view of a volume of this share may be mounted here, or why not:
@@ -473,6 +463,35 @@ impl LocalShare {
             why: e.to_string(),
         })?;
         write_atomically(&self.meta_path(&rec.id), &body).map_err(io(what))
+    }
+}
+
+/// Whether native views of `dir` would work: a clone of its mount can be idmapped,
+/// and a directory can be made and removed through it (not so on CephFS where the
+/// MDS does not take a creation's owner from the client). Asked once per share by
+/// the driver, and by `mountgroup mount --native` of its source.
+///
+/// # Errors
+/// Why not, naming what would work.
+pub fn idmappable(dir: &Path) -> Result<(), String> {
+    let identity = crate::sys::process::IDENTITY_MAP;
+    let ns = crate::sys::process::user_namespace(identity, identity)
+        .map_err(|e| format!("a user namespace cannot be made: {e}"))?;
+    let ns = std::os::fd::AsFd::as_fd(&ns);
+    crate::sys::mount::can_idmap(dir, ns).map_err(|e| {
+        format!(
+            "the file system of {} cannot be idmapped ({e}): native views need one that can (ext4, xfs or btrfs on Linux 5.12+, tmpfs on 6.3+, CephFS on 6.7+; not CIFS, not NFS)",
+            dir.display()
+        )
+    })?;
+    match crate::sys::mount::idmapped_creates(dir, ns) {
+        // Mounted read-only (`mountgroup mount --native` of such a source): no view of
+        // it makes anything.
+        Ok(()) | Err(Errno(libc::EROFS)) => Ok(()),
+        Err(e) => Err(format!(
+            "the file system of {} can be idmapped, but nothing can be made through an idmapped mount of it ({e}): a pod's every create would fail so. CephFS answers EIO where its MDS does not take a creation's owner from the client (CEPHFS_FEATURE_HAS_OWNER_UIDGID, which Ceph 16.2's MDS lacks; Ceph 19 and later have it)",
+            dir.display()
+        )),
     }
 }
 
