@@ -356,4 +356,3 @@ impl Drop for Ceph {
         }
     }
 }
-
