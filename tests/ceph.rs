@@ -25,6 +25,27 @@ use driver::*;
 use nodes::*;
 
 const G: u32 = 4242;
+const MIB: u64 = 1 << 20;
+
+/// The volume `small` (8 MiB) created, staged and published for the fsGroup `G` at
+/// the fixture's `small`, unmounted on drop.
+async fn publish_small(c: &mut Clients, f: &Fixture) -> (std::path::PathBuf, Unmount) {
+    let staging = f.subdir("staging-small");
+    let small = f.dir.path().join("small");
+    c.controller
+        .create_volume(create_req("small", (8 * MIB) as i64))
+        .await
+        .unwrap();
+    c.node
+        .node_stage_volume(stage_req("small", &staging))
+        .await
+        .unwrap();
+    c.node
+        .node_publish_volume(publish_req("small", &staging, &small, &G.to_string()))
+        .await
+        .unwrap();
+    (small.clone(), Unmount(small))
+}
 
 /// The default publish on CephFS: the share can be idmapped, but a Pacific MDS does
 /// not take a creation's owner from the client, so that every create through an
@@ -109,22 +130,7 @@ async fn the_default_publish_on_cephfs_takes_a_pods_writes() {
         .to_string()
     };
     assert_eq!(quota("vol"), (1u64 << 30).to_string());
-    const MIB: u64 = 1 << 20;
-    let staging = f.subdir("staging-small");
-    let small = root.join("small");
-    c.controller
-        .create_volume(create_req("small", (8 * MIB) as i64))
-        .await
-        .unwrap();
-    c.node
-        .node_stage_volume(stage_req("small", &staging))
-        .await
-        .unwrap();
-    c.node
-        .node_publish_volume(publish_req("small", &staging, &small, &G.to_string()))
-        .await
-        .unwrap();
-    let _small = Unmount(small.clone());
+    let (small, _small) = publish_small(&mut c, &f).await;
     assert_eq!(quota("small"), (8 * MIB).to_string());
     let df_total = |p: &Path| {
         let s = rustix::fs::statvfs(p).unwrap();
@@ -228,22 +234,7 @@ async fn a_newer_mds_gets_native_views_whose_creations_work() {
 
     // A quota through a native view: the kernel client enforces the volume
     // directory's, below the view's bind mount.
-    const MIB: u64 = 1 << 20;
-    let staging = f.subdir("staging-small");
-    let small = root.join("small");
-    c.controller
-        .create_volume(create_req("small", (8 * MIB) as i64))
-        .await
-        .unwrap();
-    c.node
-        .node_stage_volume(stage_req("small", &staging))
-        .await
-        .unwrap();
-    c.node
-        .node_publish_volume(publish_req("small", &staging, &small, &G.to_string()))
-        .await
-        .unwrap();
-    let _small = Unmount(small.clone());
+    let (small, _small) = publish_small(&mut c, &f).await;
     assert_eq!(mechanism(&d.metrics_addr(), &small).0, "native");
     let ran = run_as(
         1000,
