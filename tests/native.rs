@@ -945,3 +945,30 @@ async fn a_restored_postgres_data_directory_starts_on_a_native_view() {
         .expect_err("PostgreSQL on a group view");
     assert!(refused.contains("invalid permissions"), "{refused}");
 }
+
+/// `mountgroup mount --native` asks its source what the driver asks a share: that a
+/// directory can be made through an idmapped clone of it. A source on a read-only
+/// file system can take none and needs none (no view of it makes anything): it is
+/// served.
+#[test]
+fn a_native_mount_of_a_read_only_source_is_served() {
+    let f = Fixture::new();
+    let share = native_share(f.dir.path());
+    let source = share.0.join("vol");
+    fs::create_dir(&source).unwrap();
+    chown(&source, 0, 2_000_000_000);
+    chmod(&source, 0o2775);
+    remount(&share, "remount,ro,nosuid,nodev");
+    let mnt = f.subdir("read-only-view");
+    let out = Command::new(BIN)
+        .args(["mount", "--native"])
+        .arg(&source)
+        .arg(&mnt)
+        .args(["-o", "gid=4242"])
+        .output()
+        .unwrap();
+    let _view = Unmount(mnt.clone());
+    assert!(out.status.success(), "{out:?}");
+    assert!(is_idmapped(&mnt));
+    assert_eq!(owner(&mnt).1, 4242);
+}
