@@ -27,6 +27,25 @@ use nodes::*;
 const G: u32 = 4242;
 const MIB: u64 = 1 << 20;
 
+/// A pod's 64 MiB write into `dir`, a volume of 8 MiB, fails with `EDQUOT` (the
+/// client learns the directory's size from the MDS as it goes, so a little more than
+/// the quota may pass first).
+fn assert_quota_refuses_64_mib(dir: &Path) {
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!(
+            "dd if=/dev/zero of={}/big bs=1M count=64 conv=fsync status=none",
+            dir.display()
+        ),
+    );
+    assert!(
+        !ran.ok && ran.stderr.contains("Disk quota exceeded"),
+        "{ran:?}"
+    );
+}
+
 /// The volume `small` (8 MiB) created, staged and published for the fsGroup `G` at
 /// the fixture's `small`, unmounted on drop.
 async fn publish_small(c: &mut Clients, f: &Fixture) -> (std::path::PathBuf, Unmount) {
@@ -137,21 +156,8 @@ async fn the_default_publish_on_cephfs_takes_a_pods_writes() {
         s.f_blocks * s.f_frsize
     };
     assert_eq!(df_total(&small), 8 * MIB, "df in the view shows the quota");
-    // A write past it fails with EDQUOT (the client learns the directory's size from
-    // the MDS as it goes, so a little more than the quota may pass first).
-    let ran = run_as(
-        1000,
-        1000,
-        &[G],
-        &format!(
-            "dd if=/dev/zero of={}/big bs=1M count=64 conv=fsync status=none",
-            small.display()
-        ),
-    );
-    assert!(
-        !ran.ok && ran.stderr.contains("Disk quota exceeded"),
-        "{ran:?}"
-    );
+    // A write past it fails.
+    assert_quota_refuses_64_mib(&small);
     // Expanded: the quota follows, and the view shows it.
     let range = Some(mountgroup::csi::pb::CapacityRange {
         required_bytes: (128 * MIB) as i64,
@@ -236,19 +242,7 @@ async fn a_newer_mds_gets_native_views_whose_creations_work() {
     // directory's, below the view's bind mount.
     let (small, _small) = publish_small(&mut c, &f).await;
     assert_eq!(mechanism(&d.metrics_addr(), &small).0, "native");
-    let ran = run_as(
-        1000,
-        1000,
-        &[G],
-        &format!(
-            "dd if=/dev/zero of={}/big bs=1M count=64 conv=fsync status=none",
-            small.display()
-        ),
-    );
-    assert!(
-        !ran.ok && ran.stderr.contains("Disk quota exceeded"),
-        "{ran:?}"
-    );
+    assert_quota_refuses_64_mib(&small);
     c.node
         .node_unpublish_volume(unpublish_req("small", &small))
         .await
