@@ -226,11 +226,18 @@ fn a_user_other_than_root_reaches_no_control_socket() {
         &view_args(ctl.to_str().unwrap(), "gid=2000"),
     )
     .unwrap();
-    // The view binds its control socket once it serves.
+    // The view binds its control socket once it serves: under a staged name
+    // (`*.new<pid>`), renamed onto `*.sock`. Only the final name is waited for; the
+    // staged one may be gone by the time it is connected to.
     let deadline = Instant::now() + Duration::from_secs(20);
     let sockets = loop {
         let found: Vec<_> = fs::read_dir(&ctl)
-            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+                    .collect()
+            })
             .unwrap_or_default();
         if !found.is_empty() || Instant::now() > deadline {
             break found;
