@@ -16,6 +16,7 @@ mod driver;
 #[path = "common/nodes.rs"]
 mod nodes;
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 
@@ -270,4 +271,69 @@ async fn two_nodes_publish_one_volume_of_cephfs_through_fuse_views() {
 #[ignore = "needs the ceph module and Ceph 20: the VM tier runs it (scripts/vm-test 6.12 --systemd ceph --ignored)"]
 async fn two_nodes_publish_one_volume_of_cephfs_through_native_views() {
     two_nodes_on(Release::newer(), "native").await;
+}
+
+/// scripts/pjdfstest's run of `view` on `dir` (`--share`): its summary line and the
+/// tests that failed. No failure is taken as known (`--known-as cephfs`, which the
+/// known-failures file does not name): the caller compares. The run's output goes to
+/// the tier's log directory.
+fn pjdfstest_on(dir: &Path, view: &str, work: &Path) -> (String, BTreeSet<String>) {
+    fs::create_dir(dir).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let ran = std::process::Command::new(repo.join("scripts/pjdfstest"))
+        .args(["--view", view, "--known-as", "cephfs", "--no-build"])
+        .arg("--share")
+        .arg(dir)
+        .arg("--work")
+        .arg(work)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&ran.stdout).into_owned();
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&ran.stderr));
+    if let Some(out) = std::env::var_os("MOUNTGROUP_VM_OUT") {
+        let _ = fs::copy(
+            work.join(format!("{view}.out")),
+            Path::new(&out).join(format!("pjdfstest-cephfs-{view}.out")),
+        );
+    }
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("scripts/pjdfstest: {view}: ")))
+        .unwrap_or_else(|| panic!("pjdfstest gave no summary for the {view} run"))
+        .to_string();
+    let failed = stdout
+        .lines()
+        .skip_while(|l| !l.contains("NEW failures"))
+        .skip(1)
+        .filter_map(|l| l.strip_prefix("  "))
+        .map(str::to_string)
+        .collect();
+    (summary, failed)
+}
+
+/// pjdfstest on a native view of CephFS 20.2, as CI runs it on ext4
+/// (docs/PJDFSTEST.md), against pjdfstest on the raw mount in the same cluster: a
+/// native view is the kernel client's own file system, idmapped, so it fails no test
+/// the raw mount passes. (CephFS's own failures, the raw mount's, are its own:
+/// docs/PJDFSTEST.md lists them.) scripts/vm-test installs pjdfstest and builds the
+/// release binary before the VM, whose root is read-only.
+#[test]
+#[ignore = "needs the ceph module and Ceph 20: the VM tier runs it (scripts/vm-test 6.12 --systemd ceph --ignored)"]
+fn native_views_on_cephfs_pass_pjdfstest_as_the_raw_mount_does() {
+    let f = Fixture::new();
+    let ceph = Ceph::start(&f.dir.path().join("ceph"), Release::newer());
+    let share = f.subdir("share");
+    let _share = ceph.mount(&share);
+    // A unix socket's path has at most 107 bytes, and pjdfstest binds its sockets
+    // by their whole path: the view's mount point is no longer than the raw
+    // directory's path, so that neither run loses its socket tests to the length.
+    let work = f.subdir("w");
+    let (raw, raw_failed) = pjdfstest_on(&share.join("raw"), "raw", &work);
+    let (native, native_failed) = pjdfstest_on(&share.join("native"), "native", &work);
+    assert!(native.contains(" 398 tests"), "{native}");
+    let only_native: Vec<_> = native_failed.difference(&raw_failed).collect();
+    assert!(
+        only_native.is_empty(),
+        "failed on the native view, passed on the raw mount: {only_native:?}\n{raw}\n{native}"
+    );
 }
