@@ -1,0 +1,306 @@
+//! Share servers of a test's own on the machine's loopback, as the users' shares are
+//! served: Samba (configured as Azure Files, or with its defaults) and knfsd (NFS 4).
+//! Used by tests/shares.rs and tests/shares_bench.rs, which the VM tier runs.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::common::*;
+
+/// A free TCP port of 127.0.0.1: each test's Samba has its own (not 445, which a
+/// Samba the machine runs may hold), since tests run in parallel.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until something listens on `port` of 127.0.0.1.
+pub fn wait_listening(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "{what} never listened on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A Samba server of the test's own (its configuration, state and password database
+/// under `dir`), serving `served` as the share `vol` to the user root (password
+/// `pw`).
+pub struct Samba {
+    pub child: Child,
+    pub port: u16,
+    pub conf: PathBuf,
+}
+
+/// How Azure Files behaves, as Samba can be told to: no unix extensions (no owners,
+/// modes or symlinks of the client's), no extended attributes, no DOS attributes.
+pub const AZURE_FILES: &str = "  unix extensions = no
+  ea support = no
+  store dos attributes = no
+  map archive = no
+";
+
+impl Samba {
+    /// [`Samba::start_with`] configured as Azure Files.
+    pub fn start(dir: &Path, served: &Path) -> Samba {
+        Samba::start_with(dir, served, AZURE_FILES)
+    }
+
+    /// A Samba server with Samba's defaults but what `global` adds.
+    pub fn start_with(dir: &Path, served: &Path, global: &str) -> Samba {
+        let port = free_port();
+        for sub in ["private", "state", "lock", "cache", "pid"] {
+            fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        let d = dir.display();
+        let conf = dir.join("smb.conf");
+        fs::write(
+            &conf,
+            format!(
+                "[global]
+  server role = standalone server
+  smb ports = {port}
+  interfaces = lo
+  bind interfaces only = yes
+  disable netbios = yes
+  pid directory = {d}/pid
+  lock directory = {d}/lock
+  state directory = {d}/state
+  cache directory = {d}/cache
+  private dir = {d}/private
+  passdb backend = tdbsam:{d}/private/passdb.tdb
+  log file = {d}/smbd.log
+  load printers = no
+  printcap name = /dev/null
+  disable spoolss = yes
+{global}[vol]
+  path = {}
+  read only = no
+  force user = root
+",
+                served.display()
+            ),
+        )
+        .unwrap();
+        let mut passwd = Command::new("smbpasswd")
+            .arg("-c")
+            .arg(&conf)
+            .args(["-a", "-s", "root"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("Samba is installed (scripts/vm-test installs it)");
+        use std::io::Write;
+        passwd.stdin.take().unwrap().write_all(b"pw\npw\n").unwrap();
+        assert!(passwd.wait().unwrap().success(), "smbpasswd");
+        let child = Samba::smbd(&conf);
+        wait_listening(port, "smbd");
+        Samba { child, port, conf }
+    }
+
+    fn smbd(conf: &Path) -> Child {
+        Command::new("smbd")
+            .args(["--foreground", "--no-process-group"])
+            .arg(format!("--configfile={}", conf.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Kills the server, every process of it (each connection has its own), as a
+    /// crash or a node's restart would.
+    pub fn crash(&mut self) {
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-f"])
+            .arg(format!("configfile={}", self.conf.display()))
+            .status();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on its port, with its configuration and state.
+    pub fn restart(&mut self) {
+        self.child = Samba::smbd(&self.conf);
+        wait_listening(self.port, "smbd");
+    }
+}
+
+impl Drop for Samba {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The CIFS mount options of docs/DEPLOY.md's fstab line for the share (as Azure
+/// Files' own documentation mounts it: `mfsymlinks` keeps symlinks as files, which a
+/// share without unix extensions can hold).
+pub const DEPLOY_CIFS: &str = "uid=0,gid=0,file_mode=0700,dir_mode=0700,mfsymlinks";
+
+/// The NFS client's options as docs/DEPLOY.md's fstab line has them: NFS 4.2, whose
+/// `user.*` extended attributes keep the views' records, and an attribute cache of
+/// a second, which bounds how soon one node's chmod shows on another.
+pub const DEPLOY_NFS: &str = "vers=4.2,actimeo=1";
+
+/// Mounts the share of `samba` on `at` with the kernel's CIFS client, SMB 3.1.1, with
+/// the mount options `options`; unmounted on drop.
+pub fn mount_cifs(samba: &Samba, at: &Path, options: &str) -> Unmount {
+    let port = samba.port;
+    sh("modprobe cifs");
+    sh(&format!(
+        "mount -t cifs //127.0.0.1/vol {} -o ip=127.0.0.1,port={port},username=root,password=pw,vers=3.1.1,{options}",
+        at.display()
+    ));
+    Unmount(at.to_path_buf())
+}
+
+/// knfsd exporting `export` to 127.0.0.1 (NFS 4 only) with `options`, started as far
+/// as this machine does not run it already; what the test started is stopped on drop.
+pub struct Knfsd {
+    export: PathBuf,
+    mountd: Option<Child>,
+    started_nfsd: bool,
+    var_lib_nfs: Option<Unmount>,
+    /// One knfsd at a time: the machine has one export table and one /var/lib/nfs.
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+pub static KNFSD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+impl Knfsd {
+    pub fn start(export: &Path, options: &str) -> Knfsd {
+        let one = KNFSD.lock().unwrap_or_else(|e| e.into_inner());
+        sh("modprobe nfsd");
+        if !Path::new("/proc/fs/nfsd/threads").exists() {
+            sh("mount -t nfsd nfsd /proc/fs/nfsd");
+        }
+        // exportfs and mountd keep the export table in /var/lib/nfs: a tmpfs of the
+        // test's own there, so that nothing of it reaches the machine's root (the VM's
+        // is this machine's).
+        sh("mount -t tmpfs tmpfs /var/lib/nfs");
+        let var_lib_nfs = Some(Unmount(PathBuf::from("/var/lib/nfs")));
+        for table in ["etab", "rmtab"] {
+            fs::write(Path::new("/var/lib/nfs").join(table), "").unwrap();
+        }
+        fs::create_dir("/var/lib/nfs/v4recovery").unwrap();
+        // A mountd of the test's own, for this test's table: a mountd
+        // that ran before (the machine's, or the last test's) keeps answering with
+        // the exports it read then, and the kernel then finds this test's export
+        // missing ("No such file or directory"). One the machine runs is stopped.
+        let _ = Command::new("pkill").args(["-x", "rpc.mountd"]).status();
+        let gone = Instant::now() + Duration::from_secs(30);
+        while Command::new("pgrep")
+            .args(["-x", "rpc.mountd"])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+        {
+            assert!(Instant::now() < gone, "rpc.mountd does not stop");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mountd = Some(
+            Command::new("rpc.mountd")
+                .args(["--foreground", "--no-nfs-version", "3"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("nfs-kernel-server is installed (scripts/vm-test installs it)"),
+        );
+        let threads = fs::read_to_string("/proc/fs/nfsd/threads").unwrap_or_default();
+        let started_nfsd = threads.trim() == "0" || threads.trim().is_empty();
+        // Started (again, where the machine runs it already) with the shortest grace
+        // period knfsd takes: in its grace period (90 s by default, from its start)
+        // it answers every create "try later", and a driver laying its share out
+        // waits that long.
+        sh(
+            "rpc.nfsd 0 && echo 10 > /proc/fs/nfsd/nfsv4gracetime && echo 10 > /proc/fs/nfsd/nfsv4leasetime && rpc.nfsd --no-nfs-version 3 --no-udp 4",
+        );
+        sh(&format!(
+            "exportfs -i -o {options} 127.0.0.1:{}",
+            export.display()
+        ));
+        sh("exportfs -f");
+        wait_listening(2049, "nfsd");
+        Knfsd {
+            export: export.to_path_buf(),
+            mountd,
+            started_nfsd,
+            var_lib_nfs,
+            _one: one,
+        }
+    }
+}
+
+/// The kernel's file leases, which knfsd's delegations are, off until dropped.
+pub struct Leases(String);
+
+impl Leases {
+    pub fn off() -> Leases {
+        let was = fs::read_to_string("/proc/sys/fs/leases-enable").unwrap();
+        fs::write("/proc/sys/fs/leases-enable", "0").unwrap();
+        Leases(was)
+    }
+}
+
+impl Drop for Leases {
+    fn drop(&mut self) {
+        let _ = fs::write("/proc/sys/fs/leases-enable", self.0.trim());
+    }
+}
+
+/// Mounts `export` of this machine's knfsd on `at` as DEPLOY.md does, with `more`
+/// options. Tried again for a while: a mountd just started answers the kernel's first
+/// questions about the exports late, and the server then answers a mount `ENOENT`.
+pub fn mount_nfs(export: &Path, at: &Path, more: &str) -> Unmount {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let out = Command::new("mount")
+            .args(["-t", "nfs4", "-o", &format!("{DEPLOY_NFS}{more}")])
+            .arg(format!("127.0.0.1:{}", export.display()))
+            .arg(at)
+            .output()
+            .unwrap();
+        if out.status.success() {
+            return Unmount(at.to_path_buf());
+        }
+        if Instant::now() > deadline {
+            let seen = Command::new("sh")
+                .args(["-c", "exportfs -v; cat /var/lib/nfs/etab; pgrep -a rpc.mountd; cat /proc/fs/nfsd/threads; cat /proc/net/rpc/nfsd.export/content /proc/net/rpc/nfsd.fh/content"])
+                .output()
+                .unwrap();
+            panic!(
+                "mounting {}: {}\nthe server: {}{}",
+                export.display(),
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&seen.stdout),
+                String::from_utf8_lossy(&seen.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+impl Drop for Knfsd {
+    fn drop(&mut self) {
+        let _ = Command::new("exportfs")
+            .arg("-u")
+            .arg(format!("127.0.0.1:{}", self.export.display()))
+            .status();
+        let _ = Command::new("exportfs").arg("-f").status();
+        if self.started_nfsd {
+            let _ = Command::new("rpc.nfsd").arg("0").status();
+        }
+        if let Some(m) = &mut self.mountd {
+            let _ = m.kill();
+            let _ = m.wait();
+        }
+        self.var_lib_nfs.take();
+    }
+}
