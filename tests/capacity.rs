@@ -28,6 +28,11 @@ struct BtrfsImage {
 
 impl BtrfsImage {
     fn new(dir: &Path) -> BtrfsImage {
+        BtrfsImage::mounted(dir, "loop")
+    }
+
+    /// Mounted with `options` (`loop` among them).
+    fn mounted(dir: &Path, options: &str) -> BtrfsImage {
         let img = dir.join("share.img");
         let mnt = dir.join("share");
         fs::create_dir_all(&mnt).unwrap();
@@ -45,7 +50,7 @@ impl BtrfsImage {
         ok(Command::new("mkfs.btrfs").arg("-q").arg(&img));
         ok(Command::new("mount")
             .arg("-o")
-            .arg("loop")
+            .arg(options)
             .arg(&img)
             .arg(&mnt));
         BtrfsImage { mnt }
@@ -199,17 +204,7 @@ async fn quota_holds_through_passthrough_and_grows_online() {
     // btrfs updates quota-group usage when a transaction commits.
     sh(&format!("sync -f {}", image.mnt.display()));
     // Stats report the quota, not the whole file system.
-    let stats = c
-        .node
-        .node_get_volume_stats(stats_req("pvc-quota", &target))
-        .await
-        .unwrap()
-        .into_inner();
-    let bytes = stats
-        .usage
-        .iter()
-        .find(|u| u.unit == pb::volume_usage::Unit::Bytes as i32)
-        .unwrap();
+    let bytes = stats_bytes(&mut c, "pvc-quota", &target).await;
     assert_eq!(bytes.total, (20 * MIB) as i64);
     assert!(bytes.used >= (14 * MIB) as i64, "{bytes:?}");
     // GetCapacity: the image minus what volumes were promised and have not used.
@@ -241,6 +236,57 @@ async fn quota_holds_through_passthrough_and_grows_online() {
         !image.mnt.join("volumes/pvc-quota").exists(),
         "the subvolume is gone"
     );
+}
+
+/// A native view of a volume on btrfs (a share mounted nosuid,nodev): the quota
+/// holds for the pod's writes, and NodeGetVolumeStats reports the volume's capacity
+/// and usage. The pod's own `df` shows the share's file system: a bind mount's statfs
+/// is its superblock's (docs/CAPACITY.md).
+#[tokio::test(flavor = "multi_thread")]
+async fn native_views_hold_and_report_the_quota() {
+    let f = Fixture::new();
+    let image = BtrfsImage::mounted(f.dir.path(), "loop,nosuid,nodev");
+    let d = Driver::start_with(f.dir.path(), image.mnt.clone(), &[]);
+    let key = d.key();
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    let target = f.dir.path().join("target");
+    let mut req = create_req("pvc-native", (10 * MIB) as i64);
+    req.secrets = secrets(&key);
+    c.controller.create_volume(req).await.unwrap();
+    let mut req = stage_req("pvc-native", &staging);
+    req.secrets = secrets(&key);
+    c.node.node_stage_volume(req).await.unwrap();
+    c.node
+        .node_publish_volume(publish_req("pvc-native", &staging, &target, "3000"))
+        .await
+        .unwrap();
+    // Native: the target is the btrfs itself, bind-mounted, not a FUSE view.
+    use mountgroup::sys::mount::{Health, health};
+    assert_eq!(
+        health(&target),
+        Health::Mounted("btrfs".into()),
+        "{}",
+        d.log_text()
+    );
+    let (written, err) = fill(&target.join("big"), 11);
+    let err = err.expect("a write past the capacity fails");
+    assert_eq!(err.raw_os_error(), Some(libc::EDQUOT), "{err}");
+    assert!((9..=10).contains(&written), "{written} MiB written");
+    assert_eq!(df_total(&target), df_total(&image.mnt), "the share's statfs");
+    sh(&format!("sync -f {}", image.mnt.display()));
+    let bytes = stats_bytes(&mut c, "pvc-native", &target).await;
+    assert_eq!(bytes.total, (10 * MIB) as i64, "{bytes:?}");
+    assert!(bytes.used >= (9 * MIB) as i64, "{bytes:?}");
+    assert!(bytes.available <= MIB as i64, "{bytes:?}");
+    c.node
+        .node_unpublish_volume(unpublish_req("pvc-native", &target))
+        .await
+        .unwrap();
+    c.node
+        .node_unstage_volume(unstage_req("pvc-native", &staging))
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -463,17 +509,7 @@ async fn without_quota_support_capacity_is_advisory_and_stats_truthful() {
     let (written, err) = fill(&target.join("f"), 2);
     assert!(err.is_none() && written == 2);
     // The statistics are the file system's own, not an invented capacity.
-    let stats = c
-        .node
-        .node_get_volume_stats(stats_req("adv", &target))
-        .await
-        .unwrap()
-        .into_inner();
-    let bytes = stats
-        .usage
-        .iter()
-        .find(|u| u.unit == pb::volume_usage::Unit::Bytes as i32)
-        .unwrap();
+    let bytes = stats_bytes(&mut c, "adv", &target).await;
     assert_eq!(bytes.total as u64, df_total(&share));
     let cap = c
         .controller

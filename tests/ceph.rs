@@ -244,6 +244,19 @@ async fn a_newer_mds_gets_native_views_whose_creations_work() {
     let (small, _small) = publish_small(&mut c, &f).await;
     assert_eq!(mechanism(&d.metrics_addr(), &small).0, "native");
     assert_quota_refuses_64_mib(&small);
+    // Stats are the volume's: the native view's own statfs is the share mount's.
+    // The MDS propagates a directory's recursive size (`ceph.dir.rbytes`) to it a
+    // little after the writes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let bytes = loop {
+        let bytes = stats_bytes(&mut c, "small", &small).await;
+        if bytes.used as u64 >= 7 * MIB || std::time::Instant::now() > deadline {
+            break bytes;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    assert_eq!(bytes.total as u64, 8 * MIB, "{bytes:?}");
+    assert!(bytes.used as u64 >= 7 * MIB, "{bytes:?}");
     c.node
         .node_unpublish_volume(unpublish_req("small", &small))
         .await

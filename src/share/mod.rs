@@ -186,6 +186,11 @@ pub trait Share: Send + Sync {
     fn capacity_applied(&self, rec: &VolumeRecord) -> bool;
     /// How capacity is held.
     fn capacity(&self) -> &CapacityMode;
+    /// The enforced limit of a volume's directory and the bytes it holds, where
+    /// capacity is enforced and both can be read: what its pods' `df` would show if
+    /// their mount's `statfs` asked the volume, which a native view's does not (it is
+    /// the share's file system's).
+    fn volume_bytes(&self, id: &VolumeId) -> Option<(u64, u64)>;
     /// Whether a native view of its volumes may be mounted on this node, or why not.
     fn native_capable(&self) -> Result<(), String>;
     /// Whether the share's file system keeps extended attributes named like `name`
@@ -737,6 +742,12 @@ impl Share for LocalShare {
 
     fn capacity(&self) -> &CapacityMode {
         self.capacity.get().unwrap_or(&NOT_THERE)
+    }
+
+    fn volume_bytes(&self, id: &VolumeId) -> Option<(u64, u64)> {
+        let data = self.data_path(id);
+        let limit = self.volume_limit(&data)??;
+        Some((limit, self.volume_used(&data)?))
     }
 
     fn native_capable(&self) -> Result<(), String> {

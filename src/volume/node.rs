@@ -1075,7 +1075,8 @@ impl Node {
                 None
             }
         };
-        let (bytes, inodes) = match usage {
+        let measured_fs = usage.is_some();
+        let (mut bytes, inodes) = match usage {
             Some(s) => {
                 let frsize = u64::from(s.frsize);
                 (
@@ -1093,6 +1094,22 @@ impl Node {
             }
             None => (Usage::default(), Usage::default()),
         };
+        // Where the share enforces the volume's capacity, its bytes are the quota's,
+        // whatever serves it: a FUSE view's statfs answers with the quota, but a native
+        // view's is the share's file system's (a bind mount's superblock), so kubelet
+        // would report the whole share as the volume.
+        if !secret_view && let Some((limit, used)) = self.share.volume_bytes(id) {
+            bytes = Usage {
+                total: limit,
+                // No more than the file system has left, where it could be measured.
+                available: if measured_fs {
+                    limit.saturating_sub(used).min(bytes.available)
+                } else {
+                    limit.saturating_sub(used)
+                },
+                used,
+            };
+        }
         Ok(VolumeStats {
             bytes,
             inodes,

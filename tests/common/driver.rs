@@ -406,6 +406,19 @@ pub fn stats_req(id: &str, path: &Path) -> pb::NodeGetVolumeStatsRequest {
     }
 }
 
+/// The bytes NodeGetVolumeStats reports for the volume `id` at `target`.
+pub async fn stats_bytes(c: &mut Clients, id: &str, target: &Path) -> pb::VolumeUsage {
+    c.node
+        .node_get_volume_stats(stats_req(id, target))
+        .await
+        .unwrap()
+        .into_inner()
+        .usage
+        .into_iter()
+        .find(|u| u.unit == pb::volume_usage::Unit::Bytes as i32)
+        .unwrap()
+}
+
 pub fn unstage_req(id: &str, staging: &Path) -> pb::NodeUnstageVolumeRequest {
     pb::NodeUnstageVolumeRequest {
         volume_id: id.into(),
