@@ -3,7 +3,7 @@
 //! client as every node of a Rook cluster mounts it. Two releases: Debian 12's 16.2,
 //! whose MDS does not take a creation's owner from the client (no native views:
 //! creations through an idmapped mount fail), and Debian forky's 20.2, whose MDS does
-//! (`CEPHFS_FEATURE_HAS_OWNER_UIDGID`, Ceph 19 and later). It needs the ceph module,
+//! (`CEPHFS_FEATURE_HAS_OWNER_UIDGID`: Ceph 19 and later, backported to Reef and Quincy). It needs the ceph module,
 //! which the development machine lacks: the VM tier runs it (`scripts/vm-test 6.12
 //! --systemd ceph --ignored`); scripts/vm-test installs Ceph 16.2 and makes the forky
 //! root.

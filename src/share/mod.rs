@@ -494,7 +494,7 @@ pub fn idmappable(dir: &Path) -> Result<(), String> {
         // it makes anything.
         Ok(()) | Err(Errno(libc::EROFS)) => Ok(()),
         Err(e) => Err(format!(
-            "the file system of {} can be idmapped, but nothing can be made through an idmapped mount of it ({e}): a pod's every create would fail so. CephFS answers EIO where its MDS does not take a creation's owner from the client (CEPHFS_FEATURE_HAS_OWNER_UIDGID, which Ceph 16.2's MDS lacks; Ceph 19 and later have it)",
+            "the file system of {} can be idmapped, but nothing can be made through an idmapped mount of it ({e}): a pod's every create would fail so. CephFS answers EIO where its MDS does not take a creation's owner from the client (CEPHFS_FEATURE_HAS_OWNER_UIDGID, which Ceph 16.2's MDS lacks; Ceph 19 and later have it, and Reef and Quincy point releases with its backport)",
             dir.display()
         )),
     }
