@@ -153,13 +153,10 @@ async fn default_publish_on_a_share(root: &Path, staging: &Path, kept: Kept) {
 async fn an_azure_files_like_share_serves_the_default_publish() {
     let f = Fixture::new();
     let root = f.dir.path();
-    let served = f.subdir("served");
-    let samba = Samba::start(&root.join("samba"), &served);
-    let share = f.subdir("share");
-    let _share = mount_cifs(&samba, &share, DEPLOY_CIFS);
+    let s = SambaShare::start(&f, AZURE_FILES);
     let refused = Command::new("setfattr")
         .args(["-n", "user.x", "-v", "1"])
-        .arg(&share)
+        .arg(&s.share)
         .output()
         .unwrap();
     assert!(
@@ -174,13 +171,77 @@ async fn an_azure_files_like_share_serves_the_default_publish() {
 async fn a_share_with_sambas_defaults_serves_the_default_publish() {
     let f = Fixture::new();
     let root = f.dir.path();
-    let served = f.subdir("served");
     // Samba's defaults: extended attributes (user.* only, through SMB), DOS attributes
     // stored in them; SMB3 has no unix extensions without Samba's POSIX extensions.
-    let samba = Samba::start_with(&root.join("samba"), &served, "");
-    let share = f.subdir("share");
-    let _share = mount_cifs(&samba, &share, DEPLOY_CIFS);
+    let _s = SambaShare::start(&f, "");
     default_publish_on_a_share(root, &f.subdir("staging"), Kept::UserXattrs).await;
+}
+
+/// A PersistentVolume's CIFS mount options (as Azure Files users give azurefile-csi's
+/// StorageClasses `uid=`, `file_mode=` and `dir_mode=`) on the Azure-like share: the
+/// request's CIFS semantics keep records by default, which this share cannot hold, so
+/// the view serves the request's owner and modes without records, says why, and
+/// chmod and chown succeed with no effect, as on the kernel's CIFS client.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+async fn cifs_mount_options_on_an_azure_files_like_share() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let _s = SambaShare::start(&f, AZURE_FILES);
+    let d = Driver::start_with_metrics_and(root, &[]);
+    let mut c = d.clients().await;
+    let staging = f.subdir("staging");
+    let target = root.join("target");
+    c.controller
+        .create_volume(create_req("vol", 1 << 30))
+        .await
+        .unwrap();
+    c.node
+        .node_stage_volume(stage_req("vol", &staging))
+        .await
+        .unwrap();
+    let flags = ["uid=1000", "file_mode=0640", "dir_mode=0750"];
+    c.node
+        .node_publish_volume(publish_flags(
+            "vol",
+            &staging,
+            &target,
+            &flags,
+            &G.to_string(),
+            false,
+        ))
+        .await
+        .unwrap();
+    let _unmount = Unmount(target.clone());
+    assert_eq!(
+        mechanism(&d.metrics_addr(), &target),
+        ("fuse-cifs".into(), "share-keeps-no-records".into())
+    );
+    let as_user = |uid: u32, groups: &[u32], script: &str| {
+        run_as(uid, uid, groups, &format!("cd {} && {script}", target.display()))
+    };
+    let ran = as_user(1000, &[G], "echo x > f && mkdir d && echo y > d/g && cat d/g");
+    assert!(ran.ok && ran.stdout == "y\n", "{ran:?}");
+    assert_eq!(owner(&target.join("f")), (1000, G, 0o640));
+    assert_eq!(owner(&target.join("d")), (1000, G, 0o750));
+    assert_eq!(owner(&target.join("d/g")), (1000, G, 0o640));
+    // Another member of the group reads, as 0640 says, and cannot write.
+    let ran = as_user(1001, &[G], "cat f && echo z >> f");
+    assert!(!ran.ok && ran.stdout == "x\n", "{ran:?}");
+    // Someone outside it cannot read.
+    assert!(!as_user(2001, &[], "cat f").ok);
+    // chmod and chown: success, no effect.
+    let ran = as_user(0, &[], "chmod 666 f && chown 7:7 f");
+    assert!(ran.ok, "{ran:?}");
+    assert_eq!(owner(&target.join("f")), (1000, G, 0o640));
+    c.node
+        .node_unpublish_volume(unpublish_req("vol", &target))
+        .await
+        .unwrap();
+    c.node
+        .node_unstage_volume(unstage_req("vol", &staging))
+        .await
+        .unwrap();
 }
 
 /// What a view that keeps its records in `user.*` attributes gives pods at `target`:
@@ -263,10 +324,7 @@ fn assert_user_records_view(root: &Path, target: &Path) {
 async fn a_view_outlives_its_share_servers_crash() {
     let f = Fixture::new();
     let root = f.dir.path();
-    let served = f.subdir("served");
-    let mut samba = Samba::start(&root.join("samba"), &served);
-    let share = f.subdir("share");
-    let _share = mount_cifs(&samba, &share, DEPLOY_CIFS);
+    let mut s = SambaShare::start(&f, AZURE_FILES);
     let (_d, mut c, target, _unmount) = default_publish(root, &f.subdir("staging"), G).await;
     let member = |script: &str| {
         run_as(
@@ -288,7 +346,7 @@ async fn a_view_outlives_its_share_servers_crash() {
     };
     let before = mount_id();
     assert!(before.is_some());
-    samba.crash();
+    s.samba.crash();
     // While the server is away: whatever the CIFS client answers, in bounded time
     // (a soft mount's error, or the call waits for the reconnection); the view lives.
     let away = member("timeout -s KILL 120 cat f; echo $?");
@@ -299,7 +357,7 @@ async fn a_view_outlives_its_share_servers_crash() {
         Health::Mounted("fuse.mountgroup".into()),
         "{away:?}"
     );
-    samba.restart();
+    s.samba.restart();
     // Back: the same view serves what was there and takes new writes, once the CIFS
     // client has reconnected (its echo interval bounds that).
     eventually(Duration::from_secs(180), "the view serves again", || {
@@ -308,7 +366,7 @@ async fn a_view_outlives_its_share_servers_crash() {
     });
     assert_eq!(mount_id(), before);
     assert_eq!(
-        fs::read_to_string(served.join("volumes/vol/f"))
+        fs::read_to_string(s.served.join("volumes/vol/f"))
             .unwrap()
             .lines()
             .next(),

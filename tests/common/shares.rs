@@ -148,6 +148,30 @@ pub const DEPLOY_CIFS: &str = "uid=0,gid=0,file_mode=0700,dir_mode=0700,mfsymlin
 /// a second, which bounds how soon one node's chmod shows on another.
 pub const DEPLOY_NFS: &str = "vers=4.2,actimeo=1";
 
+/// A Samba server of a fixture's own, serving the fixture's `served` directory
+/// ([`Samba::start_with`] with `global`), and its share mounted at the fixture's
+/// `share` as docs/DEPLOY.md mounts it; unmounted, then stopped, on drop.
+pub struct SambaShare {
+    _mount: Unmount,
+    pub samba: Samba,
+    pub share: PathBuf,
+    pub served: PathBuf,
+}
+
+impl SambaShare {
+    pub fn start(f: &Fixture, global: &str) -> SambaShare {
+        let served = f.subdir("served");
+        let samba = Samba::start_with(&f.dir.path().join("samba"), &served, global);
+        let share = f.subdir("share");
+        SambaShare {
+            _mount: mount_cifs(&samba, &share, DEPLOY_CIFS),
+            samba,
+            share,
+            served,
+        }
+    }
+}
+
 /// Mounts the share of `samba` on `at` with the kernel's CIFS client, SMB 3.1.1, with
 /// the mount options `options`; unmounted on drop.
 pub fn mount_cifs(samba: &Samba, at: &Path, options: &str) -> Unmount {
