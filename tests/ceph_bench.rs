@@ -13,44 +13,25 @@
 //! several times dearer than on hardware, and the cluster's network is the VM's
 //! loopback: the ratios are the run's, not a node's.
 
+#[path = "common/bench.rs"]
+mod bench;
 #[path = "common/ceph.rs"]
 mod ceph;
 mod common;
 
-use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
+use bench::*;
 use ceph::*;
 use common::*;
 
-/// One release at a time: a run beside another would time both.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn bench_on(release: Release, name: &str) {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    assert!(
-        repo.join("target/release/mountgroup").exists(),
-        "bench/run times the release binary: cargo build --release first"
-    );
-    let out = PathBuf::from(
-        std::env::var_os("MOUNTGROUP_VM_OUT")
-            .expect("run in the VM tier, which names its log directory (MOUNTGROUP_VM_OUT)"),
-    )
-    .join(format!("bench-cephfs-{name}"));
     let f = Fixture::new();
     let ceph = Ceph::start(&f.dir.path().join("ceph"), release);
     let share = f.subdir("share");
     let _share = ceph.mount(&share);
-    let ran = Command::new(repo.join("bench/run"))
-        .arg("--no-build")
-        .arg("--work")
-        .arg(share.join("bench"))
-        .arg("--out")
-        .arg(&out)
-        .args([
-            "--skip-mount-cost",
+    bench_run(
+        &share.join("bench"),
+        &format!("cephfs-{name}"),
+        &[
             // The metadata jobs: the data jobs' 512 MiB files, one per target, would
             // fill the OSD's memstore (2 GiB) and take the better part of an hour
             // under TCG.
@@ -62,13 +43,7 @@ fn bench_on(release: Release, name: &str) {
             "300",
             "--dir-files",
             "2000",
-        ])
-        .status()
-        .unwrap();
-    assert!(ran.success(), "bench/run: {ran}");
-    eprintln!(
-        "{}",
-        fs::read_to_string(out.join("results.md")).unwrap_or_default()
+        ],
     );
 }
 
