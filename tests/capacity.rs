@@ -273,7 +273,11 @@ async fn native_views_hold_and_report_the_quota() {
     let err = err.expect("a write past the capacity fails");
     assert_eq!(err.raw_os_error(), Some(libc::EDQUOT), "{err}");
     assert!((9..=10).contains(&written), "{written} MiB written");
-    assert_eq!(df_total(&target), df_total(&image.mnt), "the share's statfs");
+    assert_eq!(
+        df_total(&target),
+        df_total(&image.mnt),
+        "the share's statfs"
+    );
     sh(&format!("sync -f {}", image.mnt.display()));
     let bytes = stats_bytes(&mut c, "pvc-native", &target).await;
     assert_eq!(bytes.total, (10 * MIB) as i64, "{bytes:?}");

@@ -218,9 +218,18 @@ async fn cifs_mount_options_on_an_azure_files_like_share() {
         ("fuse-cifs".into(), "share-keeps-no-records".into())
     );
     let as_user = |uid: u32, groups: &[u32], script: &str| {
-        run_as(uid, uid, groups, &format!("cd {} && {script}", target.display()))
+        run_as(
+            uid,
+            uid,
+            groups,
+            &format!("cd {} && {script}", target.display()),
+        )
     };
-    let ran = as_user(1000, &[G], "echo x > f && mkdir d && echo y > d/g && cat d/g");
+    let ran = as_user(
+        1000,
+        &[G],
+        "echo x > f && mkdir d && echo y > d/g && cat d/g",
+    );
     assert!(ran.ok && ran.stdout == "y\n", "{ran:?}");
     assert_eq!(owner(&target.join("f")), (1000, G, 0o640));
     assert_eq!(owner(&target.join("d")), (1000, G, 0o750));
