@@ -708,13 +708,15 @@ fn listings_show_files_created_behind_the_views_back() {
 #[test]
 fn a_walk_stats_what_it_lists_without_a_lookup_per_entry_and_a_listing_looks_nothing_up() {
     let f = Fixture::new();
-    for d in ["a", "b", "names"] {
+    for d in ["a", "b", "c", "d", "names"] {
         fs::create_dir(f.src.join(d)).unwrap();
         for i in 0..800 {
             fs::write(f.src.join(d).join(format!("f{i:03}")), "").unwrap();
         }
     }
-    let (_m, metrics) = mount_counted(&f, &format!("gid={G}"));
+    // Long timeouts: what the walk's second directory saves must not expire while a
+    // slow machine (TCG) walks it.
+    let (_m, metrics) = mount_counted(&f, &format!("gid={G},attr_timeout=60,entry_timeout=60"));
     let walk = |d: &str| {
         // Like find: the whole directory is read first, then every entry stated (a stat
         // between reads would make the kernel itself ask for attributes next).
@@ -757,17 +759,28 @@ fn a_walk_stats_what_it_lists_without_a_lookup_per_entry_and_a_listing_looks_not
     // back to back: the counters are written once a second, and waiting for them
     // between the walks could outlast the walk window, which the listing of "b" would
     // then rightly treat as no walk.
-    let before = count(&metrics, "lookup");
-    walk("a");
-    walk("b");
-    let walks = count(&metrics, "lookup") - before;
+    let walks = |first: &str, second: &str| {
+        let before = count(&metrics, "lookup");
+        walk(first);
+        walk(second);
+        count(&metrics, "lookup") - before
+    };
     // "a": its directory and each entry. "b": its directory and its probes, one entry
     // in 256, each a LOOKUP round trip when stated (one in 16 would be 50). The rest
     // of the margin is for directories revalidated during a slow walk.
     let for_a = 801;
+    let limit = for_a + 800 / 32;
+    let mut made = walks("a", "b");
+    if made > limit {
+        // Once more on two other directories: a VM under TCG can stall for longer
+        // than the walk window (a second) between the walk's probes and its next
+        // listing, which then rightly is no walk's (CI saw 1607 lookups on 5.15).
+        eprintln!("{made} lookups for the walks of a and b; again on c and d");
+        made = walks("c", "d");
+    }
     assert!(
-        walks <= for_a + 800 / 32,
-        "{walks} lookups for two walks of 800 listed entries, the first {for_a}"
+        made <= limit,
+        "{made} lookups for two walks of 800 listed entries, the first {for_a}"
     );
 }
 
