@@ -182,12 +182,5 @@ async fn the_default_publish_on_a_share_that_keeps_no_records_serves_cifs_semant
     );
     assert_cifs_view_without_records(&target, G);
 
-    c.node
-        .node_unpublish_volume(unpublish_req("vol", &target))
-        .await
-        .unwrap();
-    c.node
-        .node_unstage_volume(unstage_req("vol", &staging))
-        .await
-        .unwrap();
+    c.unpublish_unstage("vol", &target, &staging).await;
 }

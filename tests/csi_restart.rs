@@ -184,14 +184,7 @@ async fn views_survive_a_killed_driver_and_dead_views_come_back() {
         .node_unpublish_volume(unpublish_req("restart", &alive))
         .await
         .unwrap();
-    c.node
-        .node_unpublish_volume(unpublish_req("restart", &doomed))
-        .await
-        .unwrap();
-    c.node
-        .node_unstage_volume(unstage_req("restart", &staging))
-        .await
-        .unwrap();
+    c.unpublish_unstage("restart", &doomed, &staging).await;
     c.controller
         .delete_volume(mountgroup::csi::pb::DeleteVolumeRequest {
             volume_id: "restart".into(),

@@ -44,6 +44,13 @@ pub enum InodeKey {
 }
 
 impl InodeKey {
+    /// The device the inode is on.
+    pub fn dev(&self) -> u64 {
+        match self {
+            InodeKey::Handle { dev, .. } | InodeKey::Number { dev, .. } => *dev,
+        }
+    }
+
     /// Its identity as plain data (a snapshot's, a journal's).
     pub fn snapshot(&self) -> KeySnapshot {
         match self {
@@ -520,6 +527,19 @@ impl InodeTable {
         }
     }
 
+    /// The handle of what the single name `name` in `dir` is now, as
+    /// [`InodeTable::handle_of`] would name it once opened (a hint: nothing is opened).
+    pub fn handle_of_child(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &std::ffi::OsStr,
+    ) -> Option<FileHandle> {
+        match self.shared.mount_fd {
+            Some(_) => handle::of_child(dir, name).ok(),
+            None => None,
+        }
+    }
+
     /// [`InodeTable::lookup`] with the handle of `fd` taken already (`None`: it has
     /// none), as the walk-ahead takes it off the walker's path (`fs/ahead.rs`).
     pub fn lookup_handled(&self, fd: OwnedFd, st: &Stat, handle: Option<FileHandle>) -> Arc<Inode> {
@@ -698,6 +718,27 @@ impl InodeTable {
                 self.shared.sweep();
                 crate::sys::process::trim_heap();
             }
+        }
+    }
+
+    /// Whether the view holds the inode `key` names open (a handle of it, or a release
+    /// the kernel has sent and the view not yet answered).
+    pub fn held_open(&self, key: &InodeKey) -> bool {
+        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
+        maps.by_key
+            .get(key)
+            .and_then(|id| maps.by_id.get(id))
+            .is_some_and(|inode| lock(&inode.data).strong_count() > 0)
+    }
+
+    /// Closes the cached descriptor of the inode named by `handle` on `dev`, if the
+    /// table reaches it by handle: a later use opens it again from the handle. An
+    /// inode without a handle keeps its descriptor; an open file keeps its own.
+    pub fn let_go(&self, dev: u64, handle: FileHandle) {
+        let key = InodeKey::Handle { dev, handle };
+        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(inode) = maps.by_key.get(&key).and_then(|id| maps.by_id.get(id)) {
+            inode.uncache();
         }
     }
 

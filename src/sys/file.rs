@@ -370,15 +370,39 @@ pub fn set_noatime(fd: BorrowedFd<'_>) -> SysResult<()> {
 /// # Errors
 /// The error of `openat(2)`, `EEXIST` when the name exists.
 pub fn create_file(dir: BorrowedFd<'_>, name: &OsStr, perm: u32) -> SysResult<OwnedFd> {
+    create_with(dir, name, perm, OFlags::EXCL)
+}
+
+/// [`create_file`] without `O_EXCL`, for a name nobody else can make (a random name
+/// the views reserve): an exclusive create costs NFS a `SETATTR` after its `OPEN`
+/// (fs/nfs/nfs4proc.c, `nfs4_exclusive_attrset`), a server round trip per create.
+/// What it opens must be a new file: an empty regular file with one link, or
+/// `EEXIST`.
+///
+/// # Errors
+/// The error of `openat(2)` or `statx(2)`; `EEXIST` for anything but a new file.
+pub fn create_fresh(dir: BorrowedFd<'_>, name: &OsStr, perm: u32) -> SysResult<OwnedFd> {
+    let fd = create_with(dir, name, perm, OFlags::empty())?;
+    // Only what the check needs: what the create's reply brought, no round trip.
+    let sx = rustix::fs::statx(
+        &fd,
+        c"",
+        AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+        StatxFlags::TYPE | StatxFlags::NLINK | StatxFlags::SIZE,
+    )
+    .map_err(failed("statx"))?;
+    let regular = Kind::from_mode(u32::from(sx.stx_mode)) == Some(Kind::Regular);
+    if !regular || sx.stx_nlink != 1 || sx.stx_size != 0 {
+        return Err(Errno::EEXIST);
+    }
+    Ok(fd)
+}
+
+fn create_with(dir: BorrowedFd<'_>, name: &OsStr, perm: u32, extra: OFlags) -> SysResult<OwnedFd> {
     rustix::fs::openat(
         dir,
         name,
-        OFlags::CREATE
-            | OFlags::EXCL
-            | OFlags::RDWR
-            | OFlags::NOFOLLOW
-            | OFlags::CLOEXEC
-            | OFlags::NOCTTY,
+        OFlags::CREATE | extra | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
         Mode::from_raw_mode(perm & PERM_MASK),
     )
     .map_err(failed("openat"))
@@ -753,6 +777,14 @@ const SMB_MAGICS: [i64; 2] = [0xFF53_4D42, 0xFE53_4D42];
 /// Whether `fd` is on a file system of the kernel's SMB client (CIFS, SMB2/3).
 pub fn is_smb(fd: BorrowedFd<'_>) -> bool {
     rustix::fs::fstatfs(fd).is_ok_and(|s| SMB_MAGICS.contains(&{ s.f_type }))
+}
+
+/// `NFS_SUPER_MAGIC` (include/uapi/linux/magic.h): the kernel's NFS client.
+const NFS_MAGIC: i64 = 0x6969;
+
+/// Whether `fd` is on a file system of the kernel's NFS client.
+pub fn is_nfs(fd: BorrowedFd<'_>) -> bool {
+    rustix::fs::fstatfs(fd).is_ok_and(|s| { s.f_type } == NFS_MAGIC)
 }
 
 /// `CEPH_SUPER_MAGIC` (include/uapi/linux/magic.h): the kernel's CephFS client.

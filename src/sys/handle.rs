@@ -49,20 +49,44 @@ const MAX_HANDLE_SZ: usize = 128;
 /// `EOPNOTSUPP` where the file system has no handles (most FUSE backends, some
 /// network file systems), otherwise the error of the call.
 pub fn of(fd: BorrowedFd<'_>) -> SysResult<FileHandle> {
+    name_to_handle(fd, c"", libc::AT_EMPTY_PATH)
+}
+
+/// `name_to_handle_at(2)` of what the single name `name` in `dir` is now, without
+/// following a symlink and without opening it: a hint only (which inode to let go
+/// of), never a way to reach one.
+///
+/// # Errors
+/// `EINVAL` for a name that is not one entry; otherwise as [`of`].
+pub fn of_child(dir: BorrowedFd<'_>, name: &std::ffi::OsStr) -> SysResult<FileHandle> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
+        return Err(super::Errno::EINVAL);
+    }
+    let name = std::ffi::CString::new(bytes).map_err(|_| super::Errno::EINVAL)?;
+    name_to_handle(dir, &name, 0)
+}
+
+fn name_to_handle(
+    dir: BorrowedFd<'_>,
+    path: &std::ffi::CStr,
+    flags: libc::c_int,
+) -> SysResult<FileHandle> {
     let mut words = vec![0u32; 2 + MAX_HANDLE_SZ / 4].into_boxed_slice();
     words[0] = MAX_HANDLE_SZ as u32;
     let mut mount_id: libc::c_int = 0;
     // SAFETY: `words` is a u32-aligned `struct file_handle` whose `handle_bytes` says
     // how many bytes follow the 8-byte header, and the buffer has exactly that many;
-    // the path is an empty C string and `mount_id` a valid out pointer.
+    // the path is a NUL-terminated C string and `mount_id` a valid out pointer.
     #[allow(unsafe_code)]
     let rc = unsafe {
         libc::name_to_handle_at(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
+            dir.as_raw_fd(),
+            path.as_ptr(),
             words.as_mut_ptr().cast::<libc::file_handle>(),
             &mut mount_id,
-            libc::AT_EMPTY_PATH,
+            flags,
         )
     };
     if rc < 0 {

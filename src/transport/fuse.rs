@@ -135,6 +135,18 @@ pub struct FuseView {
     warnings: RateLimit,
     /// Whether INIT asks for FUSE over io_uring (`transport=ring`).
     ring: bool,
+    /// Whether a create with `O_EXCL` is answered without kernel passthrough (the
+    /// source is on the kernel's SMB client). The kernel opens the backing file again
+    /// for every passthrough open, with the caller's open flags as they are before
+    /// the open completes, `O_CREAT|O_EXCL` still among them (fs/fuse/passthrough.c
+    /// `fuse_passthrough_open`, `backing_file_open`). The NFS and CephFS clients drop
+    /// those flags in their `open`; the SMB client does not: it asks the server to
+    /// create the file that the view has just created (fs/smb/client/file.c
+    /// `cifs_convert_flags`, `FILE_CREATE`), the server answers that it exists, and
+    /// the caller's open failed with `EIO`. Such a handle is served by the view, in
+    /// the kernel's direct I/O so that later opens of the file can still use
+    /// passthrough (fs/fuse/iomode.c).
+    exclusive_creates_served: bool,
 }
 
 /// How many unexpected failures a view logs per [`WARN_WINDOW`] before it only counts
@@ -232,7 +244,15 @@ impl FuseView {
             stats: Arc::new(ViewStats::default()),
             warnings: RateLimit::new(WARN_BURST, WARN_WINDOW),
             ring: false,
+            exclusive_creates_served: false,
         }
+    }
+
+    /// Answers creates with `O_EXCL` without kernel passthrough
+    /// ([`FuseView::exclusive_creates_served`]'s reason).
+    pub fn serve_exclusive_creates(mut self, serve: bool) -> FuseView {
+        self.exclusive_creates_served = serve;
+        self
     }
 
     /// Asks for FUSE over io_uring at INIT (`transport=ring`); the connection then holds
@@ -295,6 +315,7 @@ impl FuseView {
             stats: Arc::clone(&self.stats),
             warnings: RateLimit::new(WARN_BURST, WARN_WINDOW),
             ring: self.ring,
+            exclusive_creates_served: self.exclusive_creates_served,
         }
     }
 
@@ -829,6 +850,7 @@ impl Filesystem for FuseView {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let create_flags = flags;
         self.answer(
             Op::Create,
             parent.0,
@@ -856,12 +878,26 @@ impl Filesystem for FuseView {
                  direct,
              }| {
                 let fa = self.fattr(&attr);
-                let flags = open_flags(direct);
+                // Not where another open bound the inode to a backing file already (a
+                // resent create that found the file): the kernel would refuse the open.
+                let served = self.exclusive_creates_served
+                    && create_flags & libc::O_EXCL != 0
+                    && !data.has_passthrough();
+                let flags = if served && !direct {
+                    FopenFlags::FOPEN_DIRECT_IO
+                } else {
+                    open_flags(direct)
+                };
                 // Both times, as a lookup's: the kernel keeps the attributes for the
                 // entry's attr_valid and the name for its entry_valid (fs/fuse/dir.c
                 // fuse_create_open: fuse_iget with entry_attr_timeout, then
                 // fuse_change_entry_timeout).
-                match self.backing(attr.ino, &data) {
+                let backing = if served {
+                    None
+                } else {
+                    self.backing(attr.ino, &data)
+                };
+                match backing {
                     Some(id) => reply.created_passthrough_raw(
                         &self.attr_ttl,
                         &self.entry_ttl,

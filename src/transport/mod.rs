@@ -211,30 +211,27 @@ pub fn build(
     root: OwnedFd,
     options: &ViewOptions,
 ) -> Result<fuse::FuseView, MountError> {
-    // Kernel passthrough over the SMB client failed what a pod does (measured on
-    // Linux 6.12 with Samba 4.17, tests/shares.rs): a file created without write bits
-    // on a share that stores DOS attributes, and SQLite's WAL and shared memory,
-    // answered EIO or "unable to open database file"; through the view they work.
-    let passthrough = match options.passthrough {
-        Passthrough::Auto if crate::sys::file::is_smb(root.as_fd()) => {
-            tracing::info!(
-                "the source is on the kernel's SMB client: reads and writes go through the view, not kernel passthrough, which fails some creates there (passthrough=on forces it)"
-            );
-            Passthrough::Off
-        }
-        p => p,
-    };
+    // Over the SMB client, creates with O_EXCL are served by the view
+    // (`FuseView::serve_exclusive_creates`): the kernel's passthrough open of them
+    // fails there.
+    let smb = crate::sys::file::is_smb(root.as_fd());
+    if smb && options.passthrough != Passthrough::Off {
+        tracing::info!(
+            "the source is on the kernel's SMB client: files created with O_EXCL are read and written through the view while their creator holds them open, everything else through kernel passthrough"
+        );
+    }
     let fs = ops::ViewFs::new(root, options).map_err(|e| MountError::Source {
         path: source.into(),
         errno: Errno(e.errno()),
     })?;
     Ok(fuse::FuseView::new(
         fs,
-        passthrough,
+        options.passthrough,
         options.kernel_permission_checks(),
         options.attr_timeout,
         options.entry_timeout,
-    ))
+    )
+    .serve_exclusive_creates(smb))
 }
 
 /// Unmounts a view on drop (and on request), lazily: the mount leaves the namespace at

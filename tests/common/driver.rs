@@ -475,6 +475,19 @@ impl Clients {
             .unwrap();
     }
 
+    /// Unpublishes `vol` from `target` and unstages it from `staging`, as kubelet does
+    /// when the last pod using it goes.
+    pub async fn unpublish_unstage(&mut self, vol: &str, target: &Path, staging: &Path) {
+        self.node
+            .node_unpublish_volume(unpublish_req(vol, target))
+            .await
+            .unwrap();
+        self.node
+            .node_unstage_volume(unstage_req(vol, staging))
+            .await
+            .unwrap();
+    }
+
     /// The node's advertised RPC capabilities.
     pub async fn node_capabilities(&mut self) -> Vec<i32> {
         self.node

@@ -196,14 +196,7 @@ pub async fn two_nodes_publish_one_volume(
     progress("deleted on B, gone on A");
     // Unpublished on both, deleted by B's controller: gone for A's too.
     for (c, staging, target) in [(&mut ca, &sa, &ta), (&mut cb, &sb, &tb)] {
-        c.node
-            .node_unpublish_volume(unpublish_req("vol", target))
-            .await
-            .unwrap();
-        c.node
-            .node_unstage_volume(unstage_req("vol", staging))
-            .await
-            .unwrap();
+        c.unpublish_unstage("vol", target, staging).await;
     }
     cb.controller
         .delete_volume(mountgroup::csi::pb::DeleteVolumeRequest {

@@ -328,3 +328,46 @@ impl Drop for Knfsd {
         self.var_lib_nfs.take();
     }
 }
+
+/// The NFS client's count of each request it sent to the server for the mount at `at`
+/// (`/proc/self/mountstats`, its per-op statistics: fs/nfs/super.c `nfs_show_stats`,
+/// net/sunrpc/stats.c `rpc_clnt_show_stats`): what a view costs the server, counted
+/// rather than timed.
+pub fn nfs_requests(at: &Path) -> std::collections::HashMap<String, u64> {
+    let stats = std::fs::read_to_string("/proc/self/mountstats").unwrap();
+    let mounted_on = format!(" mounted on {} ", at.display());
+    let mut counts = std::collections::HashMap::new();
+    let mut ours = false;
+    let mut per_op = false;
+    for line in stats.lines() {
+        if line.starts_with("device ") {
+            ours = line.contains(&mounted_on);
+            per_op = false;
+        } else if ours && line.contains("per-op statistics") {
+            per_op = true;
+        } else if ours && per_op {
+            if let Some((op, rest)) = line.trim().split_once(':') {
+                if let Some(Ok(n)) = rest.split_whitespace().next().map(str::parse::<u64>) {
+                    counts.insert(op.to_string(), n);
+                }
+            }
+        }
+    }
+    assert!(!counts.is_empty(), "no NFS statistics for {}", at.display());
+    counts
+}
+
+/// What `during` sent the server of the NFS mount at `at`: each request's count.
+pub fn nfs_requests_of(at: &Path, during: impl FnOnce()) -> std::collections::HashMap<String, u64> {
+    let before = nfs_requests(at);
+    during();
+    let after = nfs_requests(at);
+    after
+        .into_iter()
+        .map(|(op, n)| {
+            let was = before.get(&op).copied().unwrap_or(0);
+            (op, n - was)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}

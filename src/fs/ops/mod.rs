@@ -18,12 +18,12 @@ use dashmap::DashMap;
 use crate::config::ViewOptions;
 use crate::sys::Errno;
 use crate::sys::file::{self, Access, Flush, FsStat, Kind, Remove, SetTime, Stat, Time};
-use crate::sys::handle::FileHandle;
+use crate::sys::handle::{self, FileHandle};
 
 use crate::sys::{dir, xattr};
 
 use super::error::{FsError, FsResult};
-use super::inode::{DataFile, Inode, InodeTable};
+use super::inode::{DataFile, Inode, InodeKey, InodeTable};
 use super::record::{self, RECORD_XATTR, Record};
 use super::view::{self, Caller, Creator, Owner, OwnerChange, Policy};
 
@@ -203,6 +203,18 @@ pub struct ViewFs {
     qgroup: Option<std::path::PathBuf>,
     /// The root is on CephFS: statfs reports its directory quota, where it has one.
     cephfs: bool,
+    /// The root is on NFS, whose client removes a name that a descriptor holds by
+    /// renaming it (`.nfsXXXX`) and removing it when the descriptor closes
+    /// (fs/nfs/dir.c `nfs_unlink`, `nfs_sillyrename`): three server requests for one.
+    /// The view lets go of its own descriptor of what it removes or replaces first.
+    silly_renames: bool,
+    /// The root is on the kernel's SMB client, where removing a name that an open
+    /// handle holds only marks the file "delete pending" on the server: the name stays
+    /// until the last handle closes, and a create of it fails meanwhile (`ENOENT`).
+    /// The view holds a file open until it has answered the kernel's asynchronous
+    /// RELEASE, after the caller's `close` returned, so such a name is renamed out of
+    /// the way first (`namespace.rs`, `unlink`).
+    delete_pends: bool,
     /// Where changes to the handles are journaled, when a keeper holds the view
     /// (`fs/journal.rs`).
     journal: super::journal::JournalSlot,
@@ -257,9 +269,13 @@ impl ViewFs {
             tracing::info!(qgroup = %q.display(), "statfs follows the volume's btrfs quota group");
         }
         let cephfs = file::is_cephfs(root.as_fd());
+        let silly_renames = file::is_nfs(root.as_fd());
+        let delete_pends = file::is_smb(root.as_fd());
         Ok(ViewFs {
             qgroup,
             cephfs,
+            silly_renames,
+            delete_pends,
             policy: Policy::from_options(options),
             record_xattr: record::record_xattr(options.ownership).unwrap_or(RECORD_XATTR),
             readonly: options.readonly,

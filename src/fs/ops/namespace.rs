@@ -34,9 +34,14 @@ fn refuse_reserved(name: &OsStr) -> FsResult<()> {
 
 /// A fresh reserved name for an entry under construction.
 fn staging_name() -> std::ffi::OsString {
+    reserved_name("new")
+}
+
+/// A fresh reserved name for `what`: the prefix, `what`, and 128 random bits.
+fn reserved_name(what: &str) -> std::ffi::OsString {
     let n = crate::sys::process::random_u128();
     let mut name = RESERVED_NAME_PREFIX.to_vec();
-    name.extend_from_slice(format!("new.{n:032x}").as_bytes());
+    name.extend_from_slice(format!("{what}.{n:032x}").as_bytes());
     std::ffi::OsString::from_vec(name)
 }
 
@@ -113,13 +118,14 @@ impl ViewFs {
                 Ok((fd, extra, None))
             }
             Placement::Staged => {
+                let parent_shown = self.inherited(parent)?;
                 let temp = staging_name();
                 let made = make(dir, &temp)?;
                 // What another view can do now: only the final name is within reach.
                 #[cfg(test)]
                 race_hook::run(dir, name);
                 let result = open(dir, &temp, made).and_then(|(fd, extra)| {
-                    let record = self.adopt(parent, &fd, new, creator)?;
+                    let record = self.adopt(parent, parent_shown, &fd, new, creator)?;
                     self.put_in_place(dir, &temp, name)?;
                     Ok((fd, extra, record))
                 });
@@ -159,6 +165,7 @@ impl ViewFs {
         }
         let pfd = parent.fd()?;
         let dir = pfd.as_fd();
+        let parent_shown = self.inherited(parent)?;
         let data_fd = match file::create_unnamed(dir, disk_perm) {
             Ok(fd) => fd,
             Err(Errno::EOPNOTSUPP | Errno::EISDIR | Errno::EINVAL) => {
@@ -171,7 +178,7 @@ impl ViewFs {
             Err(e) => return Err(e.into()),
         };
         let path_fd = file::reopen(data_fd.as_fd(), Kind::Regular, Access::Path)?;
-        let record = self.adopt(parent, &path_fd, new, creator)?;
+        let record = self.adopt(parent, parent_shown, &path_fd, new, creator)?;
         // What another view can do now: only the final name is within reach.
         #[cfg(test)]
         race_hook::run(dir, name);
@@ -212,13 +219,32 @@ impl ViewFs {
         }
     }
 
+    /// What a new entry inherits from its parent: the parent's presented owner, read
+    /// before the entry is made. Made first, the entry would change the parent, and a
+    /// network file system (NFS) would then ask its server for the parent's attributes
+    /// again, a round trip per create; read here, they come from the cache the
+    /// kernel's permission check of the create has just filled.
+    fn inherited(&self, parent: &Arc<Inode>) -> FsResult<Owner> {
+        match self.policy {
+            // Only fsgroup inherits from the parent; spare the stat otherwise.
+            Policy::FsGroup { emulate: true, .. } => self.shown(parent),
+            _ => Ok(Owner {
+                uid: 0,
+                gid: 0,
+                perm: 0,
+            }),
+        }
+    }
+
     /// Gives a new entry its ownership through the descriptor that reaches it: in a
     /// plain view, the disk's (created by root, handed to the caller as far as the
     /// backend allows); in a recording view, its record, which it returns (a new
-    /// entry has no other, so it need not be read back).
+    /// entry has no other, so it need not be read back). `parent_shown` is what
+    /// [`ViewFs::inherited`] read before the entry was made.
     fn adopt(
         &self,
         parent: &Arc<Inode>,
+        parent_shown: Owner,
         fd: &OwnedFd,
         new: NewEntry,
         creator: Creator,
@@ -228,15 +254,6 @@ impl ViewFs {
                 .give_to_creator(parent, fd, new, creator)
                 .map(|()| None),
             _ => {
-                // Only fsgroup inherits from the parent; spare the stat otherwise.
-                let parent_shown = match self.policy {
-                    Policy::FsGroup { emulate: true, .. } => self.shown(parent)?,
-                    _ => Owner {
-                        uid: 0,
-                        gid: 0,
-                        perm: 0,
-                    },
-                };
                 match view::new_entry_record(
                     &self.policy,
                     creator,
@@ -327,7 +344,15 @@ impl ViewFs {
                 name,
                 new,
                 creator,
-                |dir, n| file::create_file(dir, n, disk_perm),
+                // A reserved name is the daemon's alone: no view lets anyone make
+                // one, and it is random, so no writer of the share can guess it.
+                |dir, n| {
+                    if is_reserved_name(n.as_bytes()) {
+                        file::create_fresh(dir, n, disk_perm)
+                    } else {
+                        file::create_file(dir, n, disk_perm)
+                    }
+                },
                 |_, _, data_fd| {
                     let path_fd = file::reopen(data_fd.as_fd(), Kind::Regular, Access::Path)?;
                     Ok((path_fd, data_fd))
@@ -548,7 +573,67 @@ impl ViewFs {
             return Err(FsError::Os(Errno::ENOENT));
         }
         let p = self.dir(parent)?;
-        Ok(file::unlink(p.fd()?.as_fd(), name, what)?)
+        let pfd = p.fd()?;
+        if what == Remove::NonDirectory {
+            self.let_go_of(&p, pfd.as_fd(), name);
+            if self.delete_pends && self.holds_open(pfd.as_fd(), name) {
+                return self.unlink_held(pfd.as_fd(), name);
+            }
+        }
+        Ok(file::unlink(pfd.as_fd(), name, what)?)
+    }
+
+    /// Whether the view holds open what `name` in `dir` is now (a hint: the name is
+    /// read, not opened).
+    fn holds_open(&self, dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> bool {
+        let Ok(st) = file::stat_child(dir, name) else {
+            return false;
+        };
+        let key = match self.inodes.handle_of_child(dir, name) {
+            Some(handle) => InodeKey::Handle {
+                dev: st.dev,
+                handle,
+            },
+            None => InodeKey::Number {
+                dev: st.dev,
+                ino: st.ino,
+            },
+        };
+        self.inodes.held_open(&key)
+    }
+
+    /// Removes `name`, which the view holds open, where removing an open file leaves
+    /// its name until the last handle closes (`delete_pends`): renamed first to a
+    /// reserved name (hidden from every view, and random), so that the name is free at
+    /// once, as the caller, who has closed the file or holds it open, expects of an
+    /// unlink; the reserved name goes when the view lets the file go.
+    fn unlink_held(&self, dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> FsResult<()> {
+        let hidden = reserved_name("gone");
+        file::rename(dir, name, dir, &hidden, 0)?;
+        match file::unlink(dir, &hidden, Remove::NonDirectory) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Put the name back: the caller's unlink failed, as it would have.
+                let _ = file::rename(dir, &hidden, dir, name, 0);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Before `name` in `dir` is removed or replaced: closes the view's cached
+    /// descriptor of what it names, where the backing client would otherwise keep the
+    /// name alive for it (NFS, `silly_renames`). What the kernel still holds of the
+    /// inode is reached again through its handle (`ESTALE` once it is gone, as a
+    /// removed file is); an open file keeps its own descriptor, and the client keeps
+    /// its name as it would without the view.
+    fn let_go_of(&self, parent: &Inode, dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) {
+        if !self.silly_renames {
+            return;
+        }
+        // A view crosses no mount, so what the name holds is on its parent's device.
+        if let Ok(handle) = handle::of_child(dir, name) {
+            self.inodes.let_go(parent.key.dev(), handle);
+        }
     }
 
     /// Renames, with `RENAME_NOREPLACE`/`RENAME_EXCHANGE`.
@@ -571,13 +656,47 @@ impl ViewFs {
         refuse_reserved(new_name)?;
         let p = self.dir(parent)?;
         let np = self.dir(new_parent)?;
+        let npfd = np.fd()?;
+        if flags & libc::RENAME_EXCHANGE == 0 {
+            // What the new name held until now is removed by the rename.
+            self.let_go_of(&np, npfd.as_fd(), new_name);
+        }
+        let pfd = p.fd()?;
+        if self.delete_pends && flags == 0 && self.holds_open(npfd.as_fd(), new_name) {
+            return self.rename_onto_held(pfd.as_fd(), name, npfd.as_fd(), new_name);
+        }
         Ok(file::rename(
-            p.fd()?.as_fd(),
+            pfd.as_fd(),
             name,
-            np.fd()?.as_fd(),
+            npfd.as_fd(),
             new_name,
             flags,
         )?)
+    }
+
+    /// Renames `name` onto `new_name`, whose file the view holds open, where the
+    /// server refuses to replace an open file (`delete_pends`: the SMB client then
+    /// removes the target itself, which leaves it "delete pending", and the rename
+    /// fails with `ENOENT`): the held file is moved to a reserved name first, the
+    /// rename made, and the held file removed. Between the two renames `new_name` is
+    /// absent: not atomic, where without it the rename fails.
+    fn rename_onto_held(
+        &self,
+        dir: std::os::fd::BorrowedFd<'_>,
+        name: &OsStr,
+        new_dir: std::os::fd::BorrowedFd<'_>,
+        new_name: &OsStr,
+    ) -> FsResult<()> {
+        let hidden = reserved_name("gone");
+        file::rename(new_dir, new_name, new_dir, &hidden, 0)?;
+        if let Err(e) = file::rename(dir, name, new_dir, new_name, 0) {
+            let _ = file::rename(new_dir, &hidden, new_dir, new_name, 0);
+            return Err(e.into());
+        }
+        // The rename is made; the old file goes when the view lets it go, or stays
+        // under a name no view shows if the server refuses to remove it now.
+        let _ = file::unlink(new_dir, &hidden, Remove::NonDirectory);
+        Ok(())
     }
 }
 
