@@ -211,22 +211,30 @@ pub fn build(
     root: OwnedFd,
     options: &ViewOptions,
 ) -> Result<fuse::FuseView, MountError> {
-    // Over the SMB client, creates with O_EXCL are served by the view
-    // (`FuseView::serve_exclusive_creates`): the kernel's passthrough open of them
-    // fails there.
+    // Over the SMB client, kernel passthrough is not the default: with it every open
+    // file is opened twice on the server (the view's descriptor and the kernel's
+    // backing open), and sequential reads through such a view were measured at 0.11
+    // of the raw mount (buffered writes at 1.07, random writes at 1.69; one round,
+    // docs/BENCHMARKS.md), a cost whose cause is not known yet. `passthrough=on`
+    // forces it; creates with O_EXCL are then served by the view
+    // (`FuseView::serve_exclusive_creates`), whose passthrough open fails there.
     let smb = crate::sys::file::is_smb(root.as_fd());
-    if smb && options.passthrough != Passthrough::Off {
-        tracing::info!(
-            "the source is on the kernel's SMB client: files created with O_EXCL are read and written through the view while their creator holds them open, everything else through kernel passthrough"
-        );
-    }
+    let passthrough = match options.passthrough {
+        Passthrough::Auto if smb => {
+            tracing::info!(
+                "the source is on the kernel's SMB client: reads and writes go through the view, not kernel passthrough, which slowed sequential reads there (passthrough=on forces it)"
+            );
+            Passthrough::Off
+        }
+        p => p,
+    };
     let fs = ops::ViewFs::new(root, options).map_err(|e| MountError::Source {
         path: source.into(),
         errno: Errno(e.errno()),
     })?;
     Ok(fuse::FuseView::new(
         fs,
-        options.passthrough,
+        passthrough,
         options.kernel_permission_checks(),
         options.attr_timeout,
         options.entry_timeout,
