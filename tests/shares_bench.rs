@@ -8,7 +8,8 @@
 //!   cargo build --release && VM_TEST_LIMIT=3600 scripts/vm-test 6.12 --systemd shares_bench --ignored
 //!
 //! Each share's results go to the tier's log directory, `bench-azure-files/` and
-//! `bench-nfs/`; docs/BENCHMARKS.md (*On the users' shares*) has them. The servers
+//! `bench-nfs/` (and, with a network's latency on the loopback, `bench-*-latency/`);
+//! docs/BENCHMARKS.md (*On the users' shares*) has them. The servers
 //! keep the files in the VM's memory (a tmpfs), so the data jobs' files are 64 MiB,
 //! and a read is the server's page cache over the VM's loopback: TCG makes every
 //! CPU-bound step (a FUSE round trip, the daemon's work, the server's) several times
@@ -26,28 +27,67 @@ use bench::*;
 use common::*;
 use shares::*;
 
-/// bench/run on `share` with the views' options `view_options`.
-fn bench_on(share: &Path, name: &str, view_options: &str) {
-    bench_run(
-        &share.join("bench"),
-        name,
-        &[
-            "--view-options",
-            view_options,
-            "--file-mib",
-            "64",
-            "--rounds",
-            "3",
-            "--runtime",
-            "5",
-            "--nrfiles",
-            "300",
-            "--dir-files",
-            "2000",
-            "--walk-files",
-            "2000",
-        ],
-    );
+/// bench/run on `share` with the views' options `view_options`, and `more` arguments.
+fn bench_on(share: &Path, name: &str, view_options: &str, more: &[&str]) {
+    let mut args = vec![
+        "--view-options",
+        view_options,
+        "--file-mib",
+        "64",
+        "--rounds",
+        "3",
+        "--runtime",
+        "5",
+        "--nrfiles",
+        "300",
+        "--dir-files",
+        "2000",
+        "--walk-files",
+        "2000",
+    ];
+    args.extend_from_slice(more);
+    bench_run(&share.join("bench"), name, &args);
+}
+
+/// The default publish's view options on the Azure-like share: a CIFS view without
+/// records (`unrecorded_options` in src/volume/serve.rs).
+const AZURE_VIEW: &str = "uid=0,file_mode=0664,dir_mode=0775,ownership=off";
+
+/// A root-squashed knfsd export (its directory `nobody`'s) mounted as docs/DEPLOY.md
+/// mounts NFS 4.2: the server and the mount, and the mount point.
+fn nfs_share(f: &Fixture) -> (Knfsd, Unmount, std::path::PathBuf) {
+    let export = f.subdir("export");
+    chown(&export, 65534, 65534);
+    let knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4244");
+    let share = f.subdir("share");
+    let mount = mount_nfs(&export, &share, "");
+    (knfsd, mount, share)
+}
+
+/// A network's latency on the VM's loopback while it lives (netem): every request to
+/// the share's server waits `one_way` each way, as between machines, not only the
+/// server's own work.
+struct Latency;
+
+impl Latency {
+    fn on(one_way: &str) -> Latency {
+        let added = std::process::Command::new("tc")
+            .args([
+                "qdisc", "add", "dev", "lo", "root", "netem", "delay", one_way,
+            ])
+            .status()
+            .unwrap();
+        assert!(added.success(), "tc qdisc add ... netem: {added}");
+        Latency
+    }
+}
+
+impl Drop for Latency {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("tc")
+            .args(["qdisc", "del", "dev", "lo", "root"])
+            .status();
+    }
 }
 
 /// Samba as Azure Files, mounted as docs/DEPLOY.md does: the share keeps no records,
@@ -58,11 +98,7 @@ fn bench_on(share: &Path, name: &str, view_options: &str) {
 fn bench_views_on_an_azure_files_like_share() {
     let f = Fixture::new();
     let s = SambaShare::start(&f, AZURE_FILES);
-    bench_on(
-        &s.share,
-        "azure-files",
-        "uid=0,file_mode=0664,dir_mode=0775,ownership=off",
-    );
+    bench_on(&s.share, "azure-files", AZURE_VIEW, &[]);
 }
 
 /// knfsd with root_squash, NFS 4.2 mounted as docs/DEPLOY.md does: records in
@@ -71,10 +107,26 @@ fn bench_views_on_an_azure_files_like_share() {
 #[ignore = "a benchmark job for the VM tier (see the top of this file)"]
 fn bench_views_on_a_root_squashed_nfs_export() {
     let f = Fixture::new();
-    let export = f.subdir("export");
-    chown(&export, 65534, 65534);
-    let _knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4244");
-    let share = f.subdir("share");
-    let _share = mount_nfs(&export, &share, "");
-    bench_on(&share, "nfs", "ownership=emulate-user");
+    let (_knfsd, _mount, share) = nfs_share(&f);
+    bench_on(&share, "nfs", "ownership=emulate-user", &[]);
+}
+
+/// The metadata jobs and the request count on both shares with a 1 ms round trip on
+/// the VM's loopback (0.5 ms each way, netem), as between nodes of one zone: there a
+/// request to the server costs what it would on a network, and the FUSE round trips
+/// that TCG makes dear weigh less against it.
+#[test]
+#[ignore = "a benchmark job for the VM tier (see the top of this file)"]
+fn bench_views_on_the_shares_with_network_latency() {
+    let metadata = ["--jobs", "create,stat,delete,readdir,walk,walk-8k,requests"];
+    {
+        let f = Fixture::new();
+        let s = SambaShare::start(&f, AZURE_FILES);
+        let _latency = Latency::on("500us");
+        bench_on(&s.share, "azure-files-latency", AZURE_VIEW, &metadata);
+    }
+    let f = Fixture::new();
+    let (_knfsd, _mount, share) = nfs_share(&f);
+    let _latency = Latency::on("500us");
+    bench_on(&share, "nfs-latency", "ownership=emulate-user", &metadata);
 }
