@@ -226,6 +226,12 @@ pub fn build(
             );
             Passthrough::Off
         }
+        Passthrough::On if smb => {
+            tracing::info!(
+                "the source is on the kernel's SMB client: files created with O_EXCL are read and written through the view while their creator holds them open (the SMB client fails their passthrough open), everything else through kernel passthrough"
+            );
+            Passthrough::On
+        }
         p => p,
     };
     let fs = ops::ViewFs::new(root, options).map_err(|e| MountError::Source {

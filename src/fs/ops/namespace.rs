@@ -586,6 +586,10 @@ impl ViewFs {
     /// Whether the view holds open what `name` in `dir` is now (a hint: the name is
     /// read, not opened).
     fn holds_open(&self, dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> bool {
+        // Nothing open, nothing held: spare the share the stat of the name.
+        if self.handles.is_empty() {
+            return false;
+        }
         let Ok(st) = file::stat_child(dir, name) else {
             return false;
         };
