@@ -317,6 +317,44 @@ fn a_removed_name_is_free_at_once_on_an_azure_files_like_share() {
     drop(m);
 }
 
+/// Without passthrough (the default on SMB) a file created with `O_EXCL` is cached as
+/// any other: its creator's reads of what it wrote come from the page cache, not
+/// from the view (the view's direct I/O for such creates is for passthrough only).
+#[test]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+fn an_exclusive_create_is_cached_without_passthrough_on_smb() {
+    use std::os::unix::fs::FileExt;
+    let f = Fixture::new();
+    let s = SambaShare::start(&f, AZURE_FILES);
+    let metrics = f.dir.path().join("metrics.json");
+    let m = Mounted::start(
+        &s.share,
+        &f.mnt,
+        &[
+            "-o",
+            "gid=4242,mode=cifs,uid=0,file_mode=0664,dir_mode=0775,ownership=off",
+            "--metrics-file",
+            metrics.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(m.mountpoint.join("new"))
+        .unwrap();
+    file.write_all_at(&[7; 4096], 0).unwrap();
+    let before = count(&metrics, "read");
+    let mut buf = [0; 4096];
+    for _ in 0..3 {
+        file.read_exact_at(&mut buf, 0).unwrap();
+    }
+    assert_eq!(count(&metrics, "read"), before, "reads reached the view");
+    drop(file);
+    drop(m);
+}
+
 /// PostgreSQL on the Azure-like share, as its users run it on Azure Files: a
 /// PersistentVolume whose CIFS mount options make the database's user the owner of
 /// everything and directories 0700 (azurefile-csi's documented `mountOptions` for a

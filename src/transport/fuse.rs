@@ -881,6 +881,7 @@ impl Filesystem for FuseView {
                 // Not where another open bound the inode to a backing file already (a
                 // resent create that found the file): the kernel would refuse the open.
                 let served = self.exclusive_creates_served
+                    && self.passthrough()
                     && create_flags & libc::O_EXCL != 0
                     && !data.has_passthrough();
                 let flags = if served && !direct {
