@@ -18,7 +18,7 @@ use dashmap::DashMap;
 use crate::config::ViewOptions;
 use crate::sys::Errno;
 use crate::sys::file::{self, Access, Flush, FsStat, Kind, Remove, SetTime, Stat, Time};
-use crate::sys::handle::{self, FileHandle};
+use crate::sys::handle::FileHandle;
 
 use crate::sys::{dir, xattr};
 

@@ -618,7 +618,9 @@ impl ViewFs {
             Ok(()) => Ok(()),
             Err(e) => {
                 // Put the name back: the caller's unlink failed, as it would have.
-                let _ = file::rename(dir, &hidden, dir, name, 0);
+                if let Err(back) = file::rename(dir, &hidden, dir, name, 0) {
+                    left_hidden(back, &hidden);
+                }
                 Err(e.into())
             }
         }
@@ -635,7 +637,7 @@ impl ViewFs {
             return;
         }
         // A view crosses no mount, so what the name holds is on its parent's device.
-        if let Ok(handle) = handle::of_child(dir, name) {
+        if let Some(handle) = self.inodes.handle_of_child(dir, name) {
             self.inodes.let_go(parent.key.dev(), handle);
         }
     }
@@ -694,14 +696,28 @@ impl ViewFs {
         let hidden = reserved_name("gone");
         file::rename(new_dir, new_name, new_dir, &hidden, 0)?;
         if let Err(e) = file::rename(dir, name, new_dir, new_name, 0) {
-            let _ = file::rename(new_dir, &hidden, new_dir, new_name, 0);
+            if let Err(back) = file::rename(new_dir, &hidden, new_dir, new_name, 0) {
+                left_hidden(back, &hidden);
+            }
             return Err(e.into());
         }
         // The rename is made; the old file goes when the view lets it go, or stays
         // under a name no view shows if the server refuses to remove it now.
-        let _ = file::unlink(new_dir, &hidden, Remove::NonDirectory);
+        if let Err(e) = file::unlink(new_dir, &hidden, Remove::NonDirectory) {
+            left_hidden(e, &hidden);
+        }
         Ok(())
     }
+}
+
+/// Says that a file stays on the share under the reserved name `hidden`, which no view
+/// shows: a step that moved it aside (`delete_pends`) could not be undone or finished.
+fn left_hidden(e: Errno, hidden: &OsStr) {
+    tracing::warn!(
+        error = %e,
+        name = ?hidden,
+        "a file the view moved aside stays on the share under this reserved name, which no view shows; rename or remove it on the share"
+    );
 }
 
 /// What a create is asked to make.
