@@ -338,6 +338,8 @@ impl ViewFs {
                 .transpose(),
             Placement::Direct => None,
         };
+        let unnamed =
+            unnamed.map(|m| m.map(|(path_fd, data_fd, record)| (path_fd, data_fd, record, None)));
         let made = unnamed.unwrap_or_else(|| {
             self.make_entry(
                 &p,
@@ -352,14 +354,21 @@ impl ViewFs {
                     } else {
                         file::create_file(dir, n, disk_perm)
                     }
+                    .map(|fd| (fd, None))
                 },
-                |_, _, data_fd| {
+                // The attributes are read while the create's reply has them: the
+                // record and the rename into place that follow change the file's
+                // ctime only, and a network file system (NFS) would ask its server
+                // for all of them again after those, a round trip per create.
+                |_, _, (data_fd, _)| {
                     let path_fd = file::reopen(data_fd.as_fd(), Kind::Regular, Access::Path)?;
-                    Ok((path_fd, data_fd))
+                    let st = file::stat(path_fd.as_fd())?;
+                    Ok((path_fd, (data_fd, Some(st))))
                 },
             )
+            .map(|(path_fd, (data_fd, st), record)| (path_fd, data_fd, record, st))
         });
-        let (path_fd, data_fd, record) = match made {
+        let (path_fd, data_fd, record, st) = match made {
             Ok(m) => m,
             Err(FsError::Os(Errno::EEXIST)) if flags & libc::O_EXCL == 0 => {
                 return match existing {
@@ -369,7 +378,10 @@ impl ViewFs {
             }
             Err(e) => return Err(e),
         };
-        let st = file::stat(path_fd.as_fd())?;
+        let st = match st {
+            Some(st) => st,
+            None => file::stat(path_fd.as_fd())?,
+        };
         let inode = self.inodes.lookup(path_fd, &st);
         self.no_atime(&data_fd, Kind::Regular);
         let data = Arc::new(DataFile::new(data_fd, true, &self.journal));
