@@ -123,8 +123,8 @@ async fn default_publish_on_a_share(root: &Path, staging: &Path, kept: Kept) {
         raw(&data, "raw-ro", "os.O_WRONLY | os.O_CREAT | os.O_EXCL"),
         logs()
     );
-    // Kernel passthrough where it is the default (NFS), the view's own reads and
-    // writes on SMB (`passthrough=auto`; src/transport/mod.rs says why).
+    // Kernel passthrough on every share (`passthrough=auto`), on SMB but for the
+    // handles of creates with O_EXCL (src/transport/mod.rs says why).
     let fstype = sh(&format!("stat -f -c %T {}", data.display()));
     if kept == Kept::UserXattrs {
         // The records are on the share, in user.mountgroup.owner; the owner on disk
@@ -133,8 +133,10 @@ async fn default_publish_on_a_share(root: &Path, staging: &Path, kept: Kept) {
         assert!(on_disk.contains("user.mountgroup.owner"), "{on_disk}");
     }
     let smb = fstype.contains("smb") || fstype.contains("cifs");
-    assert!(
-        logs().contains(&format!("passthrough={}", !smb)),
+    assert!(logs().contains("passthrough=true"), "{}", logs());
+    assert_eq!(
+        logs().contains("files created with O_EXCL are read and written through the view"),
+        smb,
         "{}",
         logs()
     );
@@ -265,11 +267,11 @@ fn a_removed_name_is_free_at_once_on_an_azure_files_like_share() {
     let m = Mounted::start(
         &s.share,
         &f.mnt,
-        // With kernel passthrough, as `passthrough=on` gives it: the create below
-        // (O_EXCL) is served by the view, whose passthrough open the SMB client fails.
+        // With kernel passthrough (the default): the create below (O_EXCL) is served
+        // by the view, whose passthrough open the SMB client fails.
         &[
             "-o",
-            "gid=4242,mode=cifs,uid=0,file_mode=0664,dir_mode=0775,ownership=off,passthrough=on",
+            "gid=4242,mode=cifs,uid=0,file_mode=0664,dir_mode=0775,ownership=off",
         ],
     )
     .unwrap();
@@ -317,7 +319,7 @@ fn a_removed_name_is_free_at_once_on_an_azure_files_like_share() {
     drop(m);
 }
 
-/// Without passthrough (the default on SMB) a file created with `O_EXCL` is cached as
+/// Without passthrough (`passthrough=off`) a file created with `O_EXCL` is cached as
 /// any other: its creator's reads of what it wrote come from the page cache, not
 /// from the view (the view's direct I/O for such creates is for passthrough only).
 #[test]
@@ -332,7 +334,7 @@ fn an_exclusive_create_is_cached_without_passthrough_on_smb() {
         &f.mnt,
         &[
             "-o",
-            "gid=4242,mode=cifs,uid=0,file_mode=0664,dir_mode=0775,ownership=off",
+            "gid=4242,mode=cifs,uid=0,file_mode=0664,dir_mode=0775,ownership=off,passthrough=off",
             "--metrics-file",
             metrics.to_str().unwrap(),
         ],

@@ -211,29 +211,18 @@ pub fn build(
     root: OwnedFd,
     options: &ViewOptions,
 ) -> Result<fuse::FuseView, MountError> {
-    // Over the SMB client, kernel passthrough is not the default: with it every open
-    // file is opened twice on the server (the view's descriptor and the kernel's
-    // backing open), and sequential reads through such a view were measured at 0.11
-    // of the raw mount (buffered writes at 1.07, random writes at 1.69; one round,
-    // docs/BENCHMARKS.md), a cost whose cause is not known yet. `passthrough=on`
-    // forces it; creates with O_EXCL are then served by the view
-    // (`FuseView::serve_exclusive_creates`), whose passthrough open fails there.
+    // Over the SMB client, creates with O_EXCL are served by the view
+    // (`FuseView::serve_exclusive_creates`): the kernel's passthrough open of such a
+    // file fails there. Everything else uses passthrough as anywhere: three
+    // interleaved rounds on an Azure-like share put its reads and writes at 0.93-1.13
+    // of the raw mount, against 0.04-0.83 through the view (docs/BENCHMARKS.md).
     let smb = crate::sys::file::is_smb(root.as_fd());
-    let passthrough = match options.passthrough {
-        Passthrough::Auto if smb => {
-            tracing::info!(
-                "the source is on the kernel's SMB client: reads and writes go through the view, not kernel passthrough, which slowed sequential reads there (passthrough=on forces it)"
-            );
-            Passthrough::Off
-        }
-        Passthrough::On if smb => {
-            tracing::info!(
-                "the source is on the kernel's SMB client: files created with O_EXCL are read and written through the view while their creator holds them open (the SMB client fails their passthrough open), everything else through kernel passthrough"
-            );
-            Passthrough::On
-        }
-        p => p,
-    };
+    if smb && options.passthrough != Passthrough::Off {
+        tracing::info!(
+            "the source is on the kernel's SMB client: files created with O_EXCL are read and written through the view while their creator holds them open (the SMB client fails their passthrough open), everything else through kernel passthrough"
+        );
+    }
+    let passthrough = options.passthrough;
     let fs = ops::ViewFs::new(root, options).map_err(|e| MountError::Source {
         path: source.into(),
         errno: Errno(e.errno()),
