@@ -5,10 +5,14 @@
 //! gives on that share (tests/shares.rs checks which). A job, not a test of
 //! behaviour, run by hand:
 //!
-//!   cargo build --release && VM_TEST_LIMIT=3600 scripts/vm-test 6.12 --systemd shares_bench --ignored
+//!   cargo build --release && VM_TEST_LIMIT=3600 scripts/vm-test 6.12 --systemd shares_bench "--ignored JOB"
+//!
+//! JOB a part of a job's name (`azure_files`, `nfs_export`, `network_latency`,
+//! `at_a_distance`): one at a time, each takes about 25 minutes under TCG.
 //!
 //! Each share's results go to the tier's log directory, `bench-azure-files/` and
-//! `bench-nfs/` (and, with a network's latency on the loopback, `bench-*-latency/`);
+//! `bench-nfs/` (and, with a network's latency on the loopback, `bench-*-latency/` and
+//! `bench-*-distant/`);
 //! docs/BENCHMARKS.md (*On the users' shares*) has them. The servers
 //! keep the files in the VM's memory (a tmpfs), so the data jobs' files are 64 MiB,
 //! and a read is the server's page cache over the VM's loopback: TCG makes every
@@ -118,15 +122,47 @@ fn bench_views_on_a_root_squashed_nfs_export() {
 #[test]
 #[ignore = "a benchmark job for the VM tier (see the top of this file)"]
 fn bench_views_on_the_shares_with_network_latency() {
-    let metadata = ["--jobs", "create,stat,delete,readdir,walk,walk-8k,requests"];
+    latency_job("500us", "-latency", &[]);
+}
+
+/// The same with a 10 ms round trip (5 ms each way), a share farther away or busier:
+/// there a FUSE round trip under TCG, about a millisecond, weighs a tenth of a
+/// request, so the ratios come near what the request counts say (fewer files and
+/// rounds, so that it ends within the tier's hour).
+#[test]
+#[ignore = "a benchmark job for the VM tier (see the top of this file)"]
+fn bench_views_on_the_shares_at_a_distance() {
+    let fewer = [
+        "--rounds",
+        "2",
+        "--nrfiles",
+        "100",
+        "--dir-files",
+        "500",
+        "--walk-files",
+        "500",
+    ];
+    latency_job("5ms", "-distant", &fewer);
+}
+
+/// The metadata jobs and the request count on both shares with `one_way` on the VM's
+/// loopback, the results under `bench-{share}{suffix}/`; `more` overrides the counts.
+fn latency_job(one_way: &str, suffix: &str, more: &[&str]) {
+    let mut args = vec!["--jobs", "create,stat,delete,readdir,walk,walk-8k,requests"];
+    args.extend_from_slice(more);
     {
         let f = Fixture::new();
         let s = SambaShare::start(&f, AZURE_FILES);
-        let _latency = Latency::on("500us");
-        bench_on(&s.share, "azure-files-latency", AZURE_VIEW, &metadata);
+        let _latency = Latency::on(one_way);
+        bench_on(&s.share, &format!("azure-files{suffix}"), AZURE_VIEW, &args);
     }
     let f = Fixture::new();
     let (_knfsd, _mount, share) = nfs_share(&f);
-    let _latency = Latency::on("500us");
-    bench_on(&share, "nfs-latency", "ownership=emulate-user", &metadata);
+    let _latency = Latency::on(one_way);
+    bench_on(
+        &share,
+        &format!("nfs{suffix}"),
+        "ownership=emulate-user",
+        &args,
+    );
 }
