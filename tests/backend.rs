@@ -184,3 +184,38 @@ async fn the_default_publish_on_a_share_that_keeps_no_records_serves_cifs_semant
 
     c.unpublish_unstage("vol", &target, &staging).await;
 }
+
+/// A plain view on a backend without unnamed files (`O_TMPFILE`; bindfs here, NFS and
+/// CephFS for real) makes a new entry under a reserved name and chowns it to its
+/// creator before it gets its name: the attributes the view answers the create with
+/// are those after the chown, so the creator sees itself as the owner at once, not
+/// the daemon until the kernel's cache of them expires.
+#[test]
+fn a_plain_views_new_file_shows_its_creator_at_once_on_a_backend_without_tmpfile() {
+    let f = Fixture::new();
+    let real = f.subdir("real");
+    chmod(&real, 0o777);
+    let status = std::process::Command::new("bindfs")
+        .arg(&real)
+        .arg(&f.src)
+        .status()
+        .expect("bindfs is installed (.ci/run installs it)");
+    assert!(status.success(), "bindfs mount");
+    let _guard = BindfsGuard(f.src.clone());
+    let m = f.mount("");
+    let ran = run_as(
+        1000,
+        1000,
+        &[],
+        &format!(": > {0}/new && stat -c '%u %g' {0}/new", f.mnt.display()),
+    );
+    assert!(ran.ok, "{ran:?}");
+    assert_eq!(ran.stdout, "1000 1000\n", "as the view answered the create");
+    assert_eq!(owner(&real.join("new")).0, 1000, "on the disk");
+    // The backend has no unnamed files: what ran above is the staged create.
+    assert!(
+        m.log_text().contains("cannot make unnamed files"),
+        "{}",
+        m.log_text()
+    );
+}

@@ -356,14 +356,19 @@ impl ViewFs {
                     }
                     .map(|fd| (fd, None))
                 },
-                // The attributes are read while the create's reply has them: the
-                // record and the rename into place that follow change the file's
-                // ctime only, and a network file system (NFS) would ask its server
-                // for all of them again after those, a round trip per create.
+                // Where the file's ownership goes into a record, its attributes are
+                // read while the create's reply has them: the record and the rename
+                // into place that follow change the file's ctime only, and a network
+                // file system (NFS) would ask its server for all of them again after
+                // those, a round trip per create. A plain view chowns the file to its
+                // creator afterwards, so it reads them after that.
                 |_, _, (data_fd, _)| {
                     let path_fd = file::reopen(data_fd.as_fd(), Kind::Regular, Access::Path)?;
-                    let st = file::stat(path_fd.as_fd())?;
-                    Ok((path_fd, (data_fd, Some(st))))
+                    let st = match self.policy {
+                        Policy::Plain { .. } => None,
+                        _ => Some(file::stat(path_fd.as_fd())?),
+                    };
+                    Ok((path_fd, (data_fd, st)))
                 },
             )
             .map(|(path_fd, (data_fd, st), record)| (path_fd, data_fd, record, st))
