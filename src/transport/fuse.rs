@@ -646,6 +646,11 @@ impl Filesystem for FuseView {
             ring = self.ring,
             "FUSE session initialised"
         );
+        if self.exclusive_creates_served && self.passthrough() {
+            tracing::info!(
+                "the source is on the kernel's SMB client: files created with O_EXCL are read and written through the view while their creator holds them open (the SMB client fails their passthrough open), everything else through kernel passthrough"
+            );
+        }
         Ok(())
     }
 

@@ -217,19 +217,13 @@ pub fn build(
     // interleaved rounds on an Azure-like share put its reads and writes at 0.93-1.13
     // of the raw mount, against 0.04-0.83 through the view (docs/BENCHMARKS.md).
     let smb = crate::sys::file::is_smb(root.as_fd());
-    if smb && options.passthrough != Passthrough::Off {
-        tracing::info!(
-            "the source is on the kernel's SMB client: files created with O_EXCL are read and written through the view while their creator holds them open (the SMB client fails their passthrough open), everything else through kernel passthrough"
-        );
-    }
-    let passthrough = options.passthrough;
     let fs = ops::ViewFs::new(root, options).map_err(|e| MountError::Source {
         path: source.into(),
         errno: Errno(e.errno()),
     })?;
     Ok(fuse::FuseView::new(
         fs,
-        passthrough,
+        options.passthrough,
         options.kernel_permission_checks(),
         options.attr_timeout,
         options.entry_timeout,
