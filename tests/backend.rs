@@ -29,19 +29,28 @@ impl Drop for BindfsGuard {
     }
 }
 
+/// Mounts `real` on `at` with bindfs and `options`; unmounted when the guard drops.
+fn bindfs(options: &[&str], real: &std::path::Path, at: &std::path::Path) -> BindfsGuard {
+    let status = std::process::Command::new("bindfs")
+        .args(options)
+        .arg(real)
+        .arg(at)
+        .status()
+        .expect("bindfs is installed (scripts/test and .ci/run install it)");
+    assert!(status.success(), "bindfs mount");
+    BindfsGuard(at.to_path_buf())
+}
+
 fn refusing_backend(f: &Fixture) -> Refusing {
     let real = f.subdir("real");
     fs::write(real.join("a.txt"), "a\n").unwrap();
     chown(&real.join("a.txt"), 1234, 1234);
     chmod(&real.join("a.txt"), 0o644);
-    let status = std::process::Command::new("bindfs")
-        .args(["--chown-deny", "--chgrp-deny", "--chmod-deny"])
-        .arg(&real)
-        .arg(&f.src)
-        .status()
-        .expect("bindfs is installed (.ci/run installs it)");
-    assert!(status.success(), "bindfs mount");
-    let guard = BindfsGuard(f.src.clone());
+    let guard = bindfs(
+        &["--chown-deny", "--chgrp-deny", "--chmod-deny"],
+        &real,
+        &f.src,
+    );
     // The backend really refuses: the precondition of everything below.
     assert!(
         std::os::unix::fs::chown(f.src.join("a.txt"), Some(1), None).is_err(),
@@ -144,19 +153,16 @@ async fn the_default_publish_on_a_share_that_keeps_no_records_serves_cifs_semant
     let root = f.dir.path();
     let real = f.subdir("real");
     let share = f.subdir("share");
-    let status = std::process::Command::new("bindfs")
-        .args([
+    let _share = bindfs(
+        &[
             "--xattr-none",
             "--chown-ignore",
             "--chgrp-ignore",
             "--chmod-ignore",
-        ])
-        .arg(&real)
-        .arg(&share)
-        .status()
-        .expect("bindfs is installed (scripts/test installs it)");
-    assert!(status.success(), "bindfs mount");
-    let _share = BindfsGuard(share.clone());
+        ],
+        &real,
+        &share,
+    );
     let refused = std::process::Command::new("setfattr")
         .args(["-n", "trusted.x", "-v", "1"])
         .arg(&share)
@@ -195,13 +201,7 @@ fn a_plain_views_new_file_shows_its_creator_at_once_on_a_backend_without_tmpfile
     let f = Fixture::new();
     let real = f.subdir("real");
     chmod(&real, 0o777);
-    let status = std::process::Command::new("bindfs")
-        .arg(&real)
-        .arg(&f.src)
-        .status()
-        .expect("bindfs is installed (.ci/run installs it)");
-    assert!(status.success(), "bindfs mount");
-    let _guard = BindfsGuard(f.src.clone());
+    let _guard = bindfs(&[], &real, &f.src);
     let m = f.mount("");
     let ran = run_as(
         1000,
