@@ -576,9 +576,11 @@ fn a_view_spares_the_nfs_server_what_it_can() {
     let count =
         |of: &std::collections::HashMap<String, u64>, op: &str| of.get(op).copied().unwrap_or(0);
     assert_eq!(count(&created, "SETATTR"), 0, "{created:?}");
-    // One a create (the kernel's check of the parent; the new file's attributes are
-    // read while the create's reply has them, before the record and the rename);
-    // a few more where a delegation's return made the client ask again.
+    // One a create: the kernel's check of the parent, whose attributes FUSE drops
+    // after each create in it (fs/fuse/dir.c `fuse_dir_changed`) and asks for again
+    // in `fuse_permission`; the new file's attributes are read while the create's
+    // reply has them, before the record and the rename. A few more where a
+    // delegation's return made the client ask again.
     assert!(count(&created, "GETATTR") <= N + N / 4, "{created:?}");
     assert_eq!(count(&created, "SETXATTR"), N, "a record each: {created:?}");
     // Every file looked up again (the view holds a descriptor of each), then removed:

@@ -338,8 +338,13 @@ impl ViewFs {
                 .transpose(),
             Placement::Direct => None,
         };
-        let unnamed =
-            unnamed.map(|m| m.map(|(path_fd, data_fd, record)| (path_fd, data_fd, record, None)));
+        // Where the file's ownership goes into a record, its attributes are read while
+        // the create's reply has them: the record and the rename into place that
+        // follow change its ctime only, and an NFS client would ask its server for all
+        // of them again after those, a GETATTR per create (counted in tests/shares.rs,
+        // `a_view_spares_the_nfs_server_what_it_can`). A plain view chowns the file to
+        // its creator afterwards, so it reads them after that.
+        let mut early = None;
         let made = unnamed.unwrap_or_else(|| {
             self.make_entry(
                 &p,
@@ -354,26 +359,17 @@ impl ViewFs {
                     } else {
                         file::create_file(dir, n, disk_perm)
                     }
-                    .map(|fd| (fd, None))
                 },
-                // Where the file's ownership goes into a record, its attributes are
-                // read while the create's reply has them: the record and the rename
-                // into place that follow change the file's ctime only, and a network
-                // file system (NFS) would ask its server for all of them again after
-                // those, a round trip per create. A plain view chowns the file to its
-                // creator afterwards, so it reads them after that.
-                |_, _, (data_fd, _)| {
+                |_, _, data_fd| {
                     let path_fd = file::reopen(data_fd.as_fd(), Kind::Regular, Access::Path)?;
-                    let st = match self.policy {
-                        Policy::Plain { .. } => None,
-                        _ => Some(file::stat(path_fd.as_fd())?),
-                    };
-                    Ok((path_fd, (data_fd, st)))
+                    if !matches!(self.policy, Policy::Plain { .. }) {
+                        early = Some(file::stat(path_fd.as_fd())?);
+                    }
+                    Ok((path_fd, data_fd))
                 },
             )
-            .map(|(path_fd, (data_fd, st), record)| (path_fd, data_fd, record, st))
         });
-        let (path_fd, data_fd, record, st) = match made {
+        let (path_fd, data_fd, record) = match made {
             Ok(m) => m,
             Err(FsError::Os(Errno::EEXIST)) if flags & libc::O_EXCL == 0 => {
                 return match existing {
@@ -383,7 +379,7 @@ impl ViewFs {
             }
             Err(e) => return Err(e),
         };
-        let st = match st {
+        let st = match early {
             Some(st) => st,
             None => file::stat(path_fd.as_fd())?,
         };
