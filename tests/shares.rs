@@ -15,6 +15,7 @@ mod nodes;
 mod shares;
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -615,6 +616,49 @@ fn a_view_spares_the_nfs_server_what_it_can() {
         "nothing left behind on the share: {left:?}"
     );
     drop(m);
+
+    // A tree made around the driver keeps no records, and the NFS client keeps no
+    // answer that an attribute is absent, only values and lists of names
+    // (fs/nfs/nfs42xattr.c). Once a view found none on an entry it asks for the list
+    // next time, which the client keeps: a walk again asks the server for neither.
+    // This view lets the kernel cache nothing, so every walk's lookups reach it.
+    let around = share.join("around");
+    fs::create_dir(&around).unwrap();
+    for i in 0..N {
+        fs::write(around.join(format!("a{i}")), "").unwrap();
+    }
+    let at = f.subdir("around-view");
+    let uncached = "gid=4242,ownership=emulate-user,attr_timeout=0,entry_timeout=0";
+    let v = Mounted::start(&around, &at, &["-o", uncached]).unwrap();
+    let walk = || {
+        for e in fs::read_dir(&at).unwrap() {
+            fs::symlink_metadata(e.unwrap().path()).unwrap();
+        }
+    };
+    let walks: Vec<_> = (0..3).map(|_| nfs_requests_of(&share, walk)).collect();
+    eprintln!("three walks of {N} files made around the driver: {walks:?}");
+    let asked = |of: &std::collections::HashMap<String, u64>| {
+        count(of, "GETXATTR") + count(of, "LISTXATTRS")
+    };
+    assert!(asked(&walks[0]) >= N, "the first walk reads: {walks:?}");
+    assert_eq!(asked(&walks[2]), 0, "{walks:?}");
+    // The list kept is the client's, and goes when the file changes: a chmod through
+    // another node (its own client) is seen here within the attribute timeout.
+    let share2 = f.subdir("share2");
+    let _share2 = mount_nfs(&export, &share2, ",nosharecache");
+    let at2 = f.subdir("around-view2");
+    let v2 = Mounted::start(&share2.join("around"), &at2, &["-o", uncached]).unwrap();
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let before = mode(&at.join("a0"));
+    fs::set_permissions(at2.join("a0"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_ne!(before, 0o600);
+    eventually(
+        Duration::from_secs(5),
+        "the other node's chmod is seen",
+        || mode(&at.join("a0")) == 0o600,
+    );
+    drop(v2);
+    drop(v);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -262,6 +262,9 @@ pub struct Inode {
     journaled: AtomicBool,
     /// The shared I/O descriptor while any handle is open.
     pub data: Mutex<Weak<DataFile>>,
+    /// Its last read found no ownership record (where the view reads records by their
+    /// list first for such entries: [`crate::fs::ViewFs`] `records_listed`).
+    pub no_record: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -441,6 +444,7 @@ impl InodeTable {
             lookups: AtomicU64::new(1),
             journaled: AtomicBool::new(true),
             data: Mutex::new(Weak::new()),
+            no_record: AtomicBool::new(false),
         });
         let mut maps = Maps {
             by_id: HashMap::new(),
@@ -615,6 +619,7 @@ impl InodeTable {
             // table (`journal_to` holds the lock).
             journaled: AtomicBool::new(self.journal.get().is_none()),
             data: Mutex::new(Weak::new()),
+            no_record: AtomicBool::new(false),
         });
         maps.by_id.insert(id, Arc::clone(&inode));
         maps.by_key.insert(key, id);
@@ -843,6 +848,7 @@ impl InodeTable {
                 // Restored before any journal: the journal's first write holds it.
                 journaled: AtomicBool::new(true),
                 data: Mutex::new(Weak::new()),
+                no_record: AtomicBool::new(false),
             });
             maps.by_id.insert(s.id, inode);
             maps.by_key.insert(key, s.id);

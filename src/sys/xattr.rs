@@ -128,6 +128,31 @@ pub fn list(fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
     }
 }
 
+/// Lists of names up to this size are read in one call, with a buffer: the NFS client
+/// keeps a list only when it was asked for with one (fs/nfs/nfs4proc.c
+/// `nfs4_listxattr_nfs4_user`).
+const LIST_FIRST_TRY: usize = 1024;
+
+/// Whether the inode has an extended attribute named `name`, from the list of its
+/// names rather than a read of the value. On NFS a list costs the server less than a
+/// read that finds nothing: the client keeps the list, where it keeps no answer that a
+/// name is absent (fs/nfs/nfs42xattr.c), and the kernel checks no permission before a
+/// list (`vfs_listxattr`), where a read of a `user.` name needs read permission,
+/// which the client asks the server for (fs/xattr.c `xattr_permission`).
+///
+/// # Errors
+/// The error of `listxattr(2)`.
+pub fn has(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<bool> {
+    let path = ProcPath::new(fd);
+    let mut small = [0u8; LIST_FIRST_TRY];
+    let named = |all: &[u8]| all.split(|b| *b == 0).any(|n| n == name.to_bytes());
+    match rustix::fs::listxattr(path.as_cstr(), &mut small[..]) {
+        Ok(n) => Ok(named(&small[..n])),
+        Err(rustix::io::Errno::RANGE) => Ok(named(&list(fd)?)),
+        Err(e) => Err(failed("listxattr")(e)),
+    }
+}
+
 /// Sets an extended attribute; `flags` are `XATTR_CREATE`/`XATTR_REPLACE`.
 ///
 /// # Errors
@@ -184,5 +209,28 @@ mod tests {
                 "{len} bytes"
             );
         }
+    }
+
+    #[test]
+    fn a_name_is_found_in_lists_longer_than_the_first_try() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"").unwrap();
+        let root = file::open_root(dir.path()).unwrap();
+        let f = file::open_child(root.as_fd(), std::ffi::OsStr::new("f"), None).unwrap();
+        assert!(!has(f.as_fd(), c"user.wanted").unwrap());
+        set(f.as_fd(), c"user.wanted", b"1", 0).unwrap();
+        assert!(has(f.as_fd(), c"user.wanted").unwrap());
+        assert!(
+            !has(f.as_fd(), c"user.want").unwrap(),
+            "a prefix is not the name"
+        );
+        // Names before it past the first read's buffer: the list is read whole.
+        for i in 0..LIST_FIRST_TRY / 64 + 1 {
+            let name = std::ffi::CString::new(format!("user.{i:0>58}")).unwrap();
+            set(f.as_fd(), &name, b"", 0).unwrap();
+        }
+        assert!(list(f.as_fd()).unwrap().len() > LIST_FIRST_TRY);
+        assert!(has(f.as_fd(), c"user.wanted").unwrap());
+        assert!(!has(f.as_fd(), c"user.absent").unwrap());
     }
 }

@@ -208,6 +208,13 @@ pub struct ViewFs {
     /// (fs/nfs/dir.c `nfs_unlink`, `nfs_sillyrename`): three server requests for one.
     /// The view lets go of its own descriptor of what it removes or replaces first.
     silly_renames: bool,
+    /// The root is on NFS, where an entry's record is looked for in the list of its
+    /// attribute names first when its last read found none: the client keeps the list,
+    /// and no answer that a name is absent, so a read found nothing on every lookup of
+    /// an entry made around the driver (a server request each), where a list kept
+    /// costs none until the file changes. Entries with a record are read at once (the
+    /// client keeps the value).
+    records_listed: bool,
     /// The root is on the kernel's SMB client, where removing a name that an open
     /// handle holds only marks the file "delete pending" on the server: the name stays
     /// until the last handle closes, and a create of it fails meanwhile (`ENOENT`).
@@ -269,12 +276,13 @@ impl ViewFs {
             tracing::info!(qgroup = %q.display(), "statfs follows the volume's btrfs quota group");
         }
         let cephfs = file::is_cephfs(root.as_fd());
-        let silly_renames = file::is_nfs(root.as_fd());
+        let nfs = file::is_nfs(root.as_fd());
         let delete_pends = file::is_smb(root.as_fd());
         Ok(ViewFs {
             qgroup,
             cephfs,
-            silly_renames,
+            silly_renames: nfs,
+            records_listed: nfs,
             delete_pends,
             policy: Policy::from_options(options),
             record_xattr: record::record_xattr(options.ownership).unwrap_or(RECORD_XATTR),
@@ -428,11 +436,22 @@ impl ViewFs {
     }
 
     pub(super) fn record_for(&self, inode: &Arc<Inode>) -> FsResult<Option<Record>> {
-        if self.policy.reads_record(inode.kind) {
-            self.read_record(inode.fd()?.as_fd(), inode.kind)
-        } else {
-            Ok(None)
+        if !self.policy.reads_record(inode.kind) {
+            return Ok(None);
         }
+        let fd = inode.fd()?;
+        if !self.records_listed {
+            return self.read_record(fd.as_fd(), inode.kind);
+        }
+        if inode.no_record.load(Ordering::Relaxed)
+            && record::holds(self.record_xattr, inode.kind)
+            && xattr::has(fd.as_fd(), self.record_xattr) == Ok(false)
+        {
+            return Ok(None);
+        }
+        let rec = self.read_record(fd.as_fd(), inode.kind)?;
+        inode.no_record.store(rec.is_none(), Ordering::Relaxed);
+        Ok(rec)
     }
 
     pub(super) fn attr(&self, inode: &Arc<Inode>, st: &Stat) -> FsResult<Attr> {
