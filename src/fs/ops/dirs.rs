@@ -98,8 +98,6 @@ const AHEAD_BATCHES: usize = 16;
 
 /// Entries a walk's listing looks up at a time, ahead of handing them over.
 const LOOK_AHEAD: usize = 256;
-/// Fewer lookups than this per thread are not worth another thread.
-const PARALLEL_MIN: usize = 32;
 
 /// `.` or `..`, which a listing hands over without a lookup.
 fn is_dot(name: &[u8]) -> bool {
@@ -397,7 +395,10 @@ impl ViewFs {
                 .map(|e| self.lookup_entry(dir, OsStr::from_bytes(&e.name)))
                 .collect()
         };
-        let threads = self.lookup_threads.min(names.len() / PARALLEL_MIN).max(1);
+        let threads = self
+            .lookup_threads
+            .min(names.len() / self.lookups_per_thread)
+            .max(1);
         let results: Vec<FsResult<Attr>> = if threads == 1 {
             look(&names)
         } else {

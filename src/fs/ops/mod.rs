@@ -239,8 +239,13 @@ pub struct ViewFs {
     /// `fuse_passthrough_open`, `backing_file_open`). The backing mount's own atime
     /// rule applies otherwise, so a view cannot be stricter than it.
     noatime: (bool, bool),
-    /// Threads a walk's listing spreads its lookups over (`dirs.rs`): the cores, up to 4.
+    /// Threads a walk's listing spreads its lookups over (`dirs.rs`), and the fewest
+    /// lookups worth another one: on a local disk the cores, up to 4, with 32 lookups
+    /// each at least; on a network share ([`file::is_network`]) 16, with 4 each, as a
+    /// lookup there waits on the server's round trips (on NFS a record's read is two
+    /// requests of its own for an inode the client has not seen), not on a core.
     lookup_threads: usize,
+    lookups_per_thread: usize,
     /// Who serves the I/O of files opened with `O_DIRECT` (`direct_io=`).
     direct_io: crate::config::DirectIo,
 }
@@ -278,6 +283,7 @@ impl ViewFs {
         let cephfs = file::is_cephfs(root.as_fd());
         let nfs = file::is_nfs(root.as_fd());
         let delete_pends = file::is_smb(root.as_fd());
+        let network = file::is_network(root.as_fd());
         Ok(ViewFs {
             qgroup,
             cephfs,
@@ -311,7 +317,12 @@ impl ViewFs {
                     as usize,
             ),
             pending_dir_bytes: Arc::default(),
-            lookup_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+            lookup_threads: if network {
+                16
+            } else {
+                std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+            },
+            lookups_per_thread: if network { 4 } else { 32 },
             direct_io: options.direct_io,
             noatime: (
                 options.vfs.atime == crate::config::Atime::Never,
