@@ -263,7 +263,7 @@ pub struct Inode {
     /// The shared I/O descriptor while any handle is open.
     pub data: Mutex<Weak<DataFile>>,
     /// Its last read found no ownership record (where the view reads records by their
-    /// list first for such entries: [`crate::fs::ViewFs`] `records_listed`).
+    /// list first for such entries: [`crate::fs::ops::ViewFs`], `records_listed`).
     pub no_record: AtomicBool,
 }
 
