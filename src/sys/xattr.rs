@@ -191,14 +191,20 @@ pub fn probe(fd: BorrowedFd<'_>, name: &CStr) -> SysResult<()> {
 mod tests {
     use super::*;
     use crate::sys::file;
-    use std::os::fd::AsFd;
+    use std::os::fd::{AsFd, OwnedFd};
 
-    #[test]
-    fn values_of_every_size_read_back_whole_through_an_o_path_descriptor() {
+    /// An empty file in a new temporary directory, reached by an `O_PATH` descriptor.
+    fn a_file() -> (tempfile::TempDir, OwnedFd) {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("f"), b"").unwrap();
         let root = file::open_root(dir.path()).unwrap();
         let f = file::open_child(root.as_fd(), std::ffi::OsStr::new("f"), None).unwrap();
+        (dir, f)
+    }
+
+    #[test]
+    fn values_of_every_size_read_back_whole_through_an_o_path_descriptor() {
+        let (_dir, f) = a_file();
         assert_eq!(get(f.as_fd(), c"user.absent").unwrap(), None);
         for len in [0, 1, FIRST_TRY - 1, FIRST_TRY, FIRST_TRY + 1, 4000] {
             let value: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
@@ -213,10 +219,7 @@ mod tests {
 
     #[test]
     fn a_name_is_found_in_lists_longer_than_the_first_try() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("f"), b"").unwrap();
-        let root = file::open_root(dir.path()).unwrap();
-        let f = file::open_child(root.as_fd(), std::ffi::OsStr::new("f"), None).unwrap();
+        let (_dir, f) = a_file();
         assert!(!has(f.as_fd(), c"user.wanted").unwrap());
         set(f.as_fd(), c"user.wanted", b"1", 0).unwrap();
         assert!(has(f.as_fd(), c"user.wanted").unwrap());
