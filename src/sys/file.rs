@@ -795,14 +795,6 @@ pub fn is_cephfs(fd: BorrowedFd<'_>) -> bool {
     rustix::fs::fstatfs(fd).is_ok_and(|s| { s.f_type } == CEPH_MAGIC)
 }
 
-/// Whether `fd` is on a network file system whose every request to the server is a
-/// round trip: the kernel's NFS, SMB or CephFS client.
-pub fn is_network(fd: BorrowedFd<'_>) -> bool {
-    rustix::fs::fstatfs(fd).is_ok_and(|s| {
-        [NFS_MAGIC, CEPH_MAGIC].contains(&{ s.f_type }) || SMB_MAGICS.contains(&{ s.f_type })
-    })
-}
-
 /// A CephFS directory's quota (`ceph.quota.max_bytes`, 0: none).
 pub const CEPH_QUOTA_MAX_BYTES: &std::ffi::CStr = c"ceph.quota.max_bytes";
 /// A CephFS directory's recursive size, as the MDS accounts it.

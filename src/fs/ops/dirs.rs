@@ -98,6 +98,14 @@ const AHEAD_BATCHES: usize = 16;
 
 /// Entries a walk's listing looks up at a time, ahead of handing them over.
 const LOOK_AHEAD: usize = 256;
+/// Fewer lookups than this per thread are not worth another thread, on a local disk.
+pub(super) const LOOKUPS_PER_THREAD: usize = 32;
+/// Threads a listing's lookups are spread over on a network share, and the fewest
+/// lookups worth another one there: a lookup waits on the server's round trips (on
+/// NFS a record's read is two requests of its own for an inode the client has not
+/// seen), not on a core.
+pub(super) const NETWORK_LOOKUP_THREADS: usize = 16;
+pub(super) const NETWORK_LOOKUPS_PER_THREAD: usize = 4;
 
 /// `.` or `..`, which a listing hands over without a lookup.
 fn is_dot(name: &[u8]) -> bool {

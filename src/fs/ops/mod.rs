@@ -240,10 +240,8 @@ pub struct ViewFs {
     /// rule applies otherwise, so a view cannot be stricter than it.
     noatime: (bool, bool),
     /// Threads a walk's listing spreads its lookups over (`dirs.rs`), and the fewest
-    /// lookups worth another one: on a local disk the cores, up to 4, with 32 lookups
-    /// each at least; on a network share ([`file::is_network`]) 16, with 4 each, as a
-    /// lookup there waits on the server's round trips (on NFS a record's read is two
-    /// requests of its own for an inode the client has not seen), not on a core.
+    /// lookups worth another one: on a local disk the cores, up to 4; on a network
+    /// share (NFS, SMB, CephFS) [`dirs::NETWORK_LOOKUP_THREADS`].
     lookup_threads: usize,
     lookups_per_thread: usize,
     /// Who serves the I/O of files opened with `O_DIRECT` (`direct_io=`).
@@ -283,7 +281,7 @@ impl ViewFs {
         let cephfs = file::is_cephfs(root.as_fd());
         let nfs = file::is_nfs(root.as_fd());
         let delete_pends = file::is_smb(root.as_fd());
-        let network = file::is_network(root.as_fd());
+        let network = nfs || delete_pends || cephfs;
         Ok(ViewFs {
             qgroup,
             cephfs,
@@ -318,11 +316,15 @@ impl ViewFs {
             ),
             pending_dir_bytes: Arc::default(),
             lookup_threads: if network {
-                16
+                dirs::NETWORK_LOOKUP_THREADS
             } else {
                 std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
             },
-            lookups_per_thread: if network { 4 } else { 32 },
+            lookups_per_thread: if network {
+                dirs::NETWORK_LOOKUPS_PER_THREAD
+            } else {
+                dirs::LOOKUPS_PER_THREAD
+            },
             direct_io: options.direct_io,
             noatime: (
                 options.vfs.atime == crate::config::Atime::Never,
