@@ -12,7 +12,9 @@
 //! round trip.
 //!
 //! The view decides instead, from what it sees: one entry in [`PROBE_EVERY`] of every
-//! listing ([`PROBE_EVERY_WALKING`] while listings carry attributes) is handed out
+//! listing ([`PROBE_EVERY_WALKING`] while listings carry attributes), and the first
+//! entry of every listing of names (a walk that starts at a directory of a few
+//! entries shows itself there, before it lists a big one below), is handed out
 //! without attributes and remembered as a probe. A lookup of a probe is a sign that
 //! someone stats what they list in that directory, and for [`DIR_MEMORY`] after it its
 //! listings carry attributes (but for their probes, which keep the evidence coming);

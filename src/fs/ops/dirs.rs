@@ -106,6 +106,13 @@ pub(super) const LOOKUPS_PER_THREAD: usize = 32;
 /// seen), not on a core.
 pub(super) const NETWORK_LOOKUP_THREADS: usize = 16;
 pub(super) const NETWORK_LOOKUPS_PER_THREAD: usize = 4;
+/// Entries a walk's listing on a network share looks up at a time, past what the
+/// reply has room for: the kernel asks for a page of entries at a time (25 or so
+/// with attributes, fs/fuse/readdir.c), too few to keep the threads busy, and a
+/// listing that waits a round of lookups per page took longer than the entries'
+/// timeouts, so that the walker looked most of them up again one by one. What the
+/// reply cannot take waits in the stream for the next chunk.
+pub(super) const NETWORK_LOOK_AHEAD: usize = NETWORK_LOOKUP_THREADS * NETWORK_LOOKUPS_PER_THREAD;
 
 /// `.` or `..`, which a listing hands over without a lookup.
 fn is_dot(name: &[u8]) -> bool {
@@ -190,6 +197,8 @@ impl ViewFs {
                 at_end: false,
                 buf: vec![MaybeUninit::uninit(); DIR_BUF].into_boxed_slice(),
                 subdirs: Vec::new(),
+                looked: VecDeque::new(),
+                past_first: false,
             }),
         }))
     }
@@ -209,7 +218,8 @@ impl ViewFs {
     /// handed over is forgotten again. With [`Listing::AsNeeded`], so are the entries
     /// of a chunk listed while the view sees a walk ([`super::super::listing`]), but for
     /// its probes; otherwise names only. Only entries that fit in `room` are looked up:
-    /// the chunk ends where they end.
+    /// the chunk ends where they end; on a network share more are, and those the chunk
+    /// does not hand over wait for the next.
     ///
     /// # Errors
     /// `EBADF` for an unknown handle, or the error of `getdents64`.
@@ -220,7 +230,7 @@ impl ViewFs {
         offset: u64,
         listing: Listing,
         room: Room,
-        mut add: impl FnMut(&DirItem, u64) -> bool,
+        add: impl FnMut(&DirItem, u64) -> bool,
     ) -> FsResult<()> {
         let dir = self.open_dir(fh)?;
         dir.asked.fetch_add(1, Ordering::Relaxed);
@@ -235,20 +245,47 @@ impl ViewFs {
         if attributes && offset == 0 {
             self.ahead.starts(ino);
         }
+        // Entries looked up ahead of their turn, by an earlier chunk or this one; what
+        // is not handed over is forgotten, unless a network share's next chunk may
+        // hand it (below).
+        let mut looked_up = LookedUp {
+            view: self,
+            items: std::mem::take(&mut s.looked),
+        };
+        if !attributes {
+            looked_up.clear();
+        }
         if offset != s.pos {
+            looked_up.clear();
             dir::seek(s.fd.as_fd(), offset)?;
             s.pending.clear();
             s.pos = offset;
             s.at_end = false;
+            s.past_first = offset != 0;
         }
+        let chunk = self.list_chunk(ino, &mut s, &mut looked_up, attributes, listing, room, add);
+        if chunk.is_ok() && attributes && self.looks_past_room {
+            s.looked = std::mem::take(&mut looked_up.items);
+        }
+        chunk
+    }
+
+    /// The loop of [`ViewFs::readdir`]: one chunk of the listing from `s.pos`, with the
+    /// lookups made ahead in `looked_up`.
+    #[allow(clippy::too_many_arguments)]
+    fn list_chunk(
+        &self,
+        ino: u64,
+        s: &mut DirStream,
+        looked_up: &mut LookedUp<'_>,
+        attributes: bool,
+        listing: Listing,
+        room: Room,
+        mut add: impl FnMut(&DirItem, u64) -> bool,
+    ) -> FsResult<()> {
         let mut handed = false;
         // What the reply can still take, by `room`'s count.
         let mut left = room.bytes;
-        // Entries looked up ahead of their turn; what is not handed over is forgotten.
-        let mut looked_up = LookedUp {
-            view: self,
-            items: VecDeque::new(),
-        };
         loop {
             if s.pending.is_empty() {
                 if handed {
@@ -291,7 +328,10 @@ impl ViewFs {
                 }
                 looked_up.items.pop_front().and_then(|l| l.1)
             } else {
-                if listing == Listing::AsNeeded && !dot && self.listing.next_is_probe(false) {
+                if listing == Listing::AsNeeded
+                    && !dot
+                    && (!s.past_first || self.listing.next_is_probe(false))
+                {
                     self.listing.listed(ino, &e.name);
                 }
                 None
@@ -325,8 +365,9 @@ impl ViewFs {
                 attr,
             };
             if add(&item, next) {
-                if let Some(a) = item.attr {
-                    self.forget(a.ino, 1);
+                // No room: the entry, and its lookup, wait for the next chunk.
+                if attributes && !dot {
+                    looked_up.items.push_front((next, item.attr.map(Ok)));
                 }
                 s.pending.push_front(dir::DirEntry {
                     name: item.name,
@@ -335,6 +376,7 @@ impl ViewFs {
                 return Ok(());
             }
             handed = true;
+            s.past_first |= !dot;
             left = left.saturating_sub(room.cost(&item.name));
             s.pos = next;
             // The node id of an entry handed without attributes is not known; its
@@ -353,10 +395,11 @@ impl ViewFs {
 
     /// Decides for the entries at the front of `pending` (up to [`LOOK_AHEAD`] of
     /// them, from the first, and no more than fit in `left` bytes of a reply counted
-    /// by `room`) which are looked up and which are probes, and looks the former up,
-    /// spread over the cores: a walk's listings are the daemon's work alone while the
-    /// walker waits for them. An entry `.`, `..` or reserved is left out, as the
-    /// listing skips or lists it without a lookup.
+    /// by `room`; on a network share [`NETWORK_LOOK_AHEAD`] whatever the room) which
+    /// are looked up and which are probes, and looks the former up, spread over the
+    /// cores (the network share's threads): a walk's listings are the daemon's work
+    /// alone while the walker waits for them. An entry `.`, `..` or reserved is left
+    /// out, as the listing skips or lists it without a lookup.
     fn look_ahead(
         &self,
         dir: u64,
@@ -369,18 +412,24 @@ impl ViewFs {
         // Each entry's cookie, and whether it is a probe (not looked up).
         let mut slots = Vec::new();
         let mut names = Vec::new();
+        let most = if self.looks_past_room {
+            NETWORK_LOOK_AHEAD
+        } else {
+            LOOK_AHEAD
+        };
         for e in pending.entries.iter() {
-            if slots.len() == LOOK_AHEAD {
+            if slots.len() == most {
                 break;
             }
             if namespace::is_reserved_name(&e.name) {
                 continue;
             }
             // `.` and `..` take their room too, handed without attributes.
-            let Some(after) = left.checked_sub(room.cost(&e.name)) else {
-                break;
-            };
-            left = after;
+            match left.checked_sub(room.cost(&e.name)) {
+                Some(after) => left = after,
+                None if self.looks_past_room && !slots.is_empty() => {}
+                None => break,
+            }
             if is_dot(&e.name) {
                 continue;
             }
@@ -436,6 +485,16 @@ impl ViewFs {
         for (cookie, probe) in slots {
             out.push_back((cookie, if probe { None } else { results.next() }));
         }
+    }
+
+    /// Forgets the lookups a listing of `d` made ahead and did not hand over: it ends,
+    /// or the view's tables are handed to a successor that knows nothing of them.
+    pub(super) fn forget_looked_ahead(&self, d: &DirHandle) {
+        let looked = std::mem::take(&mut lock(&d.stream).looked);
+        drop(LookedUp {
+            view: self,
+            items: looked,
+        });
     }
 
     /// Reads the next batches of a listing ahead, after a chunk of it was answered:

@@ -347,13 +347,19 @@ impl ViewFs {
 
     /// Closes a file or directory handle.
     pub fn release(&self, fh: u64) {
-        let Some(journaling) = self.journal.get() else {
-            self.handles.remove(&fh);
-            return;
+        let removed = match self.journal.get() {
+            None => self.handles.remove(&fh),
+            Some(journaling) => {
+                let j = journaling.read();
+                let removed = self.handles.remove(&fh);
+                if removed.is_some() {
+                    j.append(&Entry::Released { fh });
+                }
+                removed
+            }
         };
-        let j = journaling.read();
-        if self.handles.remove(&fh).is_some() {
-            j.append(&Entry::Released { fh });
+        if let Some((_, Handle::Dir(d))) = removed {
+            self.forget_looked_ahead(&d);
         }
     }
 }
@@ -379,6 +385,11 @@ impl ViewFs {
     /// # Errors
     /// The error of duplicating a directory stream's descriptor (`EMFILE`).
     pub fn snapshot(&self) -> FsResult<(ViewSnapshot, Vec<Arc<OwnedFd>>)> {
+        for entry in &self.handles {
+            if let Handle::Dir(d) = entry.value() {
+                self.forget_looked_ahead(d);
+            }
+        }
         let mut fds = Vec::new();
         let table = self.inodes.snapshot(&mut fds);
         let slots: HashMap<*const DataFile, u64> = self

@@ -156,6 +156,15 @@ struct DirStream {
     /// The subdirectories handed so far (node id and name), for the walk-ahead once
     /// the listing ends (`fs/ahead.rs`).
     subdirs: Vec<(u64, Vec<u8>)>,
+    /// Entries of a walk's listing on a network share looked up past what the last
+    /// chunk had room for (`dirs.rs` [`dirs::NETWORK_LOOK_AHEAD`]), for the next chunk:
+    /// `(cookie, lookup)`, no lookup for a probe. Each lookup is counted; what the
+    /// listing does not hand over is forgotten when it moves elsewhere or ends.
+    looked: std::collections::VecDeque<(u64, Option<FsResult<Attr>>)>,
+    /// Whether the listing is past its first entry but `.` and `..` (handed, or the
+    /// listing started midway): the first is a probe in a listing of names
+    /// (`listing.rs`).
+    past_first: bool,
 }
 
 /// An open directory.
@@ -244,6 +253,9 @@ pub struct ViewFs {
     /// share (NFS, SMB, CephFS) [`dirs::NETWORK_LOOKUP_THREADS`].
     lookup_threads: usize,
     lookups_per_thread: usize,
+    /// A network share: a walk's listing looks entries up past the reply's room, for
+    /// the chunks to come (`dirs.rs`).
+    looks_past_room: bool,
     /// Who serves the I/O of files opened with `O_DIRECT` (`direct_io=`).
     direct_io: crate::config::DirectIo,
 }
@@ -325,6 +337,7 @@ impl ViewFs {
             } else {
                 dirs::LOOKUPS_PER_THREAD
             },
+            looks_past_room: network,
             direct_io: options.direct_io,
             noatime: (
                 options.vfs.atime == crate::config::Atime::Never,
@@ -1313,6 +1326,147 @@ mod tests {
         }
         // Each entry handed with attributes is one more kernel lookup of its inode.
         assert_eq!(v.inode_count(), looked_up);
+    }
+
+    /// A walk that starts at a directory of two (`find` over a tree whose top holds one
+    /// directory) showed no evidence before it listed the big one below: one entry in
+    /// 16 is a probe, counted over the view, and the top had none. Every name listing's
+    /// first entry is a probe too.
+    #[test]
+    fn the_first_entry_of_a_name_listing_is_a_probe() {
+        let dir = populated(2);
+        std::fs::create_dir(dir.path().join("fdir")).unwrap();
+        let v = view(dir.path(), "gid=5");
+        let first = listed_files(&v, ROOT);
+        assert_eq!(first.len(), 3);
+        assert!(first.iter().all(|i| i.attr.is_none()));
+        assert!(!v.listing.walking_in(ROOT));
+        // A walker states what it listed, from the first.
+        let a = v.lookup(ROOT, OsStr::from_bytes(&first[0].name)).unwrap();
+        assert!(v.listing.walking_in(ROOT), "the first entry was a probe");
+        v.forget(a.ino, 1);
+        // A listing that starts midway (after the first file) has no first entry to
+        // probe.
+        let other = populated(3);
+        let w = view(other.path(), "gid=5");
+        let fh = w.opendir(ROOT).unwrap();
+        let mut after_first = 0;
+        w.readdir(
+            ROOT,
+            fh,
+            0,
+            Listing::Names,
+            Room::UNBOUNDED,
+            |item, next| {
+                after_first = next;
+                item.name.starts_with(b"f")
+            },
+        )
+        .unwrap();
+        let mut midway = Vec::new();
+        w.readdir(
+            ROOT,
+            fh,
+            after_first,
+            Listing::AsNeeded,
+            Room::UNBOUNDED,
+            |item, _| {
+                midway.push(item.clone());
+                false
+            },
+        )
+        .unwrap();
+        w.release(fh);
+        midway.retain(|i| i.name.starts_with(b"f"));
+        assert_eq!(midway.len(), 2, "{midway:?}");
+        let _ = w.lookup(ROOT, OsStr::from_bytes(&midway[0].name)).unwrap();
+        assert!(!w.listing.walking_in(ROOT));
+    }
+
+    /// On NFS a lookup of an entry the client has not seen waits two round trips, and
+    /// the kernel asks for a page of a walk's listing at a time (25 entries or so): a
+    /// listing that looked up only what each page had room for took longer than the
+    /// entries' timeouts, and the walker looked most of them up again, one at a time.
+    /// A network share's listing looks up further ahead, over its threads, and the
+    /// next chunks hand what was looked up; what is never handed is forgotten.
+    #[test]
+    fn a_network_shares_walk_listing_looks_up_past_the_page_for_the_next() {
+        let dir = populated(200);
+        let mut v = view(dir.path(), "gid=5");
+        v.looks_past_room = true;
+        v.lookup_threads = dirs::NETWORK_LOOKUP_THREADS;
+        v.lookups_per_thread = dirs::NETWORK_LOOKUPS_PER_THREAD;
+        // A page's room: 10 entries of these names (a header as the kernel's).
+        let room = Room {
+            bytes: 10 * 160,
+            header: 152,
+        };
+        let fh = v.opendir(ROOT).unwrap();
+        let mut handed: Vec<DirItem> = Vec::new();
+        let mut at = 0;
+        // As the kernel's reply: full when the next entry does not fit.
+        let chunk = |v: &ViewFs, at: &mut u64, handed: &mut Vec<DirItem>| {
+            let before = handed.len();
+            let mut left = room.bytes;
+            v.readdir(
+                ROOT,
+                fh,
+                *at,
+                Listing::WithAttributes,
+                room,
+                |item, next| {
+                    let Some(after) = left.checked_sub(room.cost(&item.name)) else {
+                        return true;
+                    };
+                    left = after;
+                    handed.push(item.clone());
+                    *at = next;
+                    false
+                },
+            )
+            .unwrap();
+            handed.len() - before
+        };
+        dirs::looked_up::take();
+        assert!(chunk(&v, &mut at, &mut handed) <= 10);
+        assert_eq!(dirs::looked_up::take(), dirs::NETWORK_LOOK_AHEAD);
+        let files = |items: &[DirItem]| items.iter().filter(|i| i.name.starts_with(b"f")).count();
+        // The page's lookups, and those waiting for the next pages.
+        assert_eq!(v.inode_count(), 1 + dirs::NETWORK_LOOK_AHEAD);
+        while chunk(&v, &mut at, &mut handed) > 0 {}
+        assert_eq!(files(&handed), 200);
+        assert_eq!(
+            dirs::looked_up::take(),
+            200 - dirs::NETWORK_LOOK_AHEAD,
+            "no entry looked up twice"
+        );
+        assert_eq!(v.inode_count(), 1 + 200);
+        for item in handed.iter().filter(|i| i.name.starts_with(b"f")) {
+            let a = item.attr.expect("a walk's entry carries attributes");
+            assert_eq!(a, v.lookup(ROOT, OsStr::from_bytes(&item.name)).unwrap());
+            v.forget(a.ino, 2);
+        }
+        assert_eq!(v.inode_count(), 1);
+        // A listing that stops after a page, or starts over, forgets what it looked up
+        // ahead and did not hand.
+        let (mut handed, mut at) = (Vec::new(), 0);
+        chunk(&v, &mut at, &mut handed);
+        let kept = files(&handed);
+        assert_eq!(v.inode_count(), 1 + dirs::NETWORK_LOOK_AHEAD);
+        dirs::looked_up::take();
+        let mut again = Vec::new();
+        chunk(&v, &mut 0, &mut again);
+        // The same entries again: the first page's lookups ahead were forgotten and made
+        // anew, not kept twice.
+        assert_eq!(again, handed);
+        assert_eq!(dirs::looked_up::take(), dirs::NETWORK_LOOK_AHEAD);
+        assert_eq!(v.inode_count(), 1 + dirs::NETWORK_LOOK_AHEAD);
+        v.release(fh);
+        assert_eq!(v.inode_count(), 1 + kept);
+        for a in handed.iter().filter_map(|i| i.attr) {
+            v.forget(a.ino, 2);
+        }
+        assert_eq!(v.inode_count(), 1);
     }
 
     #[test]
