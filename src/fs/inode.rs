@@ -262,9 +262,37 @@ pub struct Inode {
     journaled: AtomicBool,
     /// The shared I/O descriptor while any handle is open.
     pub data: Mutex<Weak<DataFile>>,
-    /// Its last read found no ownership record (where the view reads records by their
-    /// list first for such entries: [`crate::fs::ops::ViewFs`], `records_listed`).
-    pub no_record: AtomicBool,
+    /// What the last read of its ownership record found (where the view may read a
+    /// record's name in the list of names first: [`crate::fs::ops::ViewFs`],
+    /// `records_listed`).
+    pub record_seen: RecordMemo,
+}
+
+/// What a read of an inode's ownership record found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordSeen {
+    /// Never read.
+    Unread,
+    Absent,
+    Present,
+}
+
+/// A [`RecordSeen`] that threads update in place.
+#[derive(Debug, Default)]
+pub struct RecordMemo(std::sync::atomic::AtomicU8);
+
+impl RecordMemo {
+    pub fn get(&self) -> RecordSeen {
+        match self.0.load(Ordering::Relaxed) {
+            0 => RecordSeen::Unread,
+            1 => RecordSeen::Absent,
+            _ => RecordSeen::Present,
+        }
+    }
+
+    pub fn set(&self, seen: RecordSeen) {
+        self.0.store(seen as u8, Ordering::Relaxed);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -444,7 +472,7 @@ impl InodeTable {
             lookups: AtomicU64::new(1),
             journaled: AtomicBool::new(true),
             data: Mutex::new(Weak::new()),
-            no_record: AtomicBool::new(false),
+            record_seen: RecordMemo::default(),
         });
         let mut maps = Maps {
             by_id: HashMap::new(),
@@ -619,7 +647,7 @@ impl InodeTable {
             // table (`journal_to` holds the lock).
             journaled: AtomicBool::new(self.journal.get().is_none()),
             data: Mutex::new(Weak::new()),
-            no_record: AtomicBool::new(false),
+            record_seen: RecordMemo::default(),
         });
         maps.by_id.insert(id, Arc::clone(&inode));
         maps.by_key.insert(key, id);
@@ -848,7 +876,7 @@ impl InodeTable {
                 // Restored before any journal: the journal's first write holds it.
                 journaled: AtomicBool::new(true),
                 data: Mutex::new(Weak::new()),
-                no_record: AtomicBool::new(false),
+                record_seen: RecordMemo::default(),
             });
             maps.by_id.insert(s.id, inode);
             maps.by_key.insert(key, s.id);

@@ -23,7 +23,7 @@ use crate::sys::handle::FileHandle;
 use crate::sys::{dir, xattr};
 
 use super::error::{FsError, FsResult};
-use super::inode::{DataFile, Inode, InodeKey, InodeTable};
+use super::inode::{DataFile, Inode, InodeKey, InodeTable, RecordSeen};
 use super::record::{self, RECORD_XATTR, Record};
 use super::view::{self, Caller, Creator, Owner, OwnerChange, Policy};
 
@@ -223,7 +223,16 @@ pub struct ViewFs {
     /// an entry made around the driver (a server request each), where a list kept
     /// costs none until the file changes. Entries with a record are read at once (the
     /// client keeps the value).
+    ///
+    /// An entry never read is listed first too while most first reads found no record
+    /// ([`ViewFs::records_absent`]): a read of a `user.` name costs the client a
+    /// permission check it asks the server for (fs/xattr.c `xattr_permission`) besides
+    /// the read, two requests where a list is one; a tree of entries with records is
+    /// read at once, where listing first would add one.
     records_listed: bool,
+    /// First reads of entries' records: those that found none, less those that found
+    /// one, within `±RECORDS_ABSENT_SPAN` (`records_listed` only).
+    records_absent: std::sync::atomic::AtomicI32,
     /// The root is on the kernel's SMB client, where removing a name that an open
     /// handle holds only marks the file "delete pending" on the server: the name stays
     /// until the last handle closes, and a create of it fails meanwhile (`ENOENT`).
@@ -262,6 +271,34 @@ pub struct ViewFs {
 
 const DIR_BUF: usize = 32 * 1024;
 
+/// How far [`ViewFs::records_absent`] counts either way: after a tree of entries made
+/// around the driver, this many first reads that find records turn the view back to
+/// reading first.
+const RECORDS_ABSENT_SPAN: i32 = 16;
+
+/// How the records read on this thread were looked for, for tests: `(listed first,
+/// read first)`.
+#[cfg(test)]
+pub(super) mod record_reads {
+    use std::cell::Cell;
+
+    thread_local! {
+        static COUNT: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+    }
+
+    pub(super) fn note(listed: bool) {
+        COUNT.with(|c| {
+            let (l, r) = c.get();
+            c.set(if listed { (l + 1, r) } else { (l, r + 1) });
+        });
+    }
+
+    /// The counts so far, set back to zero.
+    pub fn take() -> (usize, usize) {
+        COUNT.with(|c| c.replace((0, 0)))
+    }
+}
+
 fn cstring(name: &OsStr) -> FsResult<CString> {
     CString::new(name.as_bytes()).map_err(|_| FsError::Os(Errno::EINVAL))
 }
@@ -299,6 +336,7 @@ impl ViewFs {
             cephfs,
             silly_renames: nfs,
             records_listed: nfs,
+            records_absent: Default::default(),
             delete_pends,
             policy: Policy::from_options(options),
             record_xattr: record::record_xattr(options.ownership).unwrap_or(RECORD_XATTR),
@@ -469,14 +507,35 @@ impl ViewFs {
         if !self.records_listed {
             return self.read_record(fd.as_fd(), inode.kind);
         }
-        if inode.no_record.load(Ordering::Relaxed)
+        let seen = inode.record_seen.get();
+        let list_first = match seen {
+            RecordSeen::Absent => true,
+            RecordSeen::Unread => self.records_absent.load(Ordering::Relaxed) > 0,
+            RecordSeen::Present => false,
+        };
+        #[cfg(test)]
+        record_reads::note(list_first);
+        let rec = if list_first
             && record::holds(self.record_xattr, inode.kind)
             && xattr::has(fd.as_fd(), self.record_xattr) == Ok(false)
         {
-            return Ok(None);
+            None
+        } else {
+            self.read_record(fd.as_fd(), inode.kind)?
+        };
+        if seen == RecordSeen::Unread {
+            let step = if rec.is_none() { 1 } else { -1 };
+            let _ = self
+                .records_absent
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    Some((n + step).clamp(-RECORDS_ABSENT_SPAN, RECORDS_ABSENT_SPAN))
+                });
         }
-        let rec = self.read_record(fd.as_fd(), inode.kind)?;
-        inode.no_record.store(rec.is_none(), Ordering::Relaxed);
+        inode.record_seen.set(if rec.is_none() {
+            RecordSeen::Absent
+        } else {
+            RecordSeen::Present
+        });
         Ok(rec)
     }
 
@@ -1842,6 +1901,64 @@ mod tests {
             all,
             [b"".to_vec(), b"trusted.other".to_vec(), b"user.a".to_vec()]
         );
+    }
+
+    /// On NFS a first read of an entry's `user.` record costs two server requests (the
+    /// client asks the server whether the reader may read, then reads) where a list of
+    /// the entry's names costs one and stays in the client's cache: a walk of a tree
+    /// made around the driver asked twice what it needed. The view lists first while
+    /// most first reads find no record, and reads first while most find one; either
+    /// way each entry shows what its record says.
+    #[test]
+    fn first_reads_of_records_list_first_while_most_find_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let around = dir.path().join("around");
+        std::fs::create_dir(&around).unwrap();
+        for i in 0..8 {
+            std::fs::write(around.join(format!("f{i}")), "").unwrap();
+        }
+        let made = view(dir.path(), "gid=5,ownership=emulate-user");
+        let m = made.mkdir(ROOT, OsStr::new("made"), 0o755, ME).unwrap();
+        for i in 0..12 {
+            let c = made
+                .create(
+                    m.ino,
+                    OsStr::new(&format!("f{i}")),
+                    0o100644,
+                    libc::O_RDWR,
+                    ME,
+                    Existing::Kernel,
+                )
+                .unwrap();
+            made.release(c.fh);
+            let chmod = SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            };
+            made.setattr(c.attr.ino, None, chmod).unwrap();
+        }
+        // A new view (on NFS), which has read no record yet.
+        let mut v = view(dir.path(), "gid=5,ownership=emulate-user");
+        v.records_listed = true;
+        let dir_of = |name: &str| v.lookup(ROOT, OsStr::new(name)).unwrap().ino;
+        let (around_ino, made_ino) = (dir_of("around"), dir_of("made"));
+        record_reads::take();
+        for i in 0..8 {
+            let a = v.lookup(around_ino, OsStr::new(&format!("f{i}"))).unwrap();
+            assert_ne!((a.uid, a.perm), (1000, 0o600), "no record");
+        }
+        assert_eq!(record_reads::take(), (7, 1), "(listed first, read first)");
+        // Entries with records: listed first until they outweigh those without, and
+        // shown as recorded either way.
+        for i in 0..12 {
+            let a = v.lookup(made_ino, OsStr::new(&format!("f{i}"))).unwrap();
+            assert_eq!((a.uid, a.perm), (1000, 0o600), "f{i}");
+        }
+        assert_eq!(record_reads::take(), (8, 4));
+        // An entry whose last read found none is listed first whatever the others.
+        v.lookup(around_ino, OsStr::new("f0")).unwrap();
+        v.lookup(made_ino, OsStr::new("f0")).unwrap();
+        assert_eq!(record_reads::take(), (1, 1));
     }
 
     /// `ownership=emulate-user` (a share without `trusted.*`, as NFS 4.2): the creator's
