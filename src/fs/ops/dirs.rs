@@ -107,8 +107,9 @@ pub(super) const LOOKUPS_PER_THREAD: usize = 32;
 pub(super) const NETWORK_LOOKUP_THREADS: usize = 16;
 pub(super) const NETWORK_LOOKUPS_PER_THREAD: usize = 4;
 /// Entries a walk's listing on a network share looks up at a time, past what the
-/// reply has room for: the kernel asks for a page of entries at a time (25 or so
-/// with attributes, fs/fuse/readdir.c), too few to keep the threads busy, and a
+/// reply has room for: before Linux 6.16 the kernel asks for a page of entries at a
+/// time whatever the caller's buffer (25 or so with attributes; fs/fuse/readdir.c
+/// `fuse_readdir_uncached`, dabb90391028 sized it by the buffer), too few to keep the threads busy, and a
 /// listing that waits a round of lookups per page took longer than the entries'
 /// timeouts, so that the walker looked most of them up again one by one. What the
 /// reply cannot take waits in the stream for the next chunk.

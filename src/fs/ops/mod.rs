@@ -1443,7 +1443,7 @@ mod tests {
     }
 
     /// On NFS a lookup of an entry the client has not seen waits two round trips, and
-    /// the kernel asks for a page of a walk's listing at a time (25 entries or so): a
+    /// the kernel (before 6.16) asks for a page of a walk's listing at a time (25 or so): a
     /// listing that looked up only what each page had room for took longer than the
     /// entries' timeouts, and the walker looked most of them up again, one at a time.
     /// A network share's listing looks up further ahead, over its threads, and the
