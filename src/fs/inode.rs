@@ -144,6 +144,16 @@ impl DataFile {
         Ok(self.direct.get_or_init(|| fd).as_fd())
     }
 
+    /// Keeps kernel passthrough off this descriptor for as long as it lives, unless a
+    /// registration was made for it already: whether every handle of it is now served
+    /// by the daemon. All handles of one inode are then of one kind, never a
+    /// passthrough open beside a cached one, which the kernel refuses
+    /// (fs/fuse/iomode.c `fuse_file_io_open`).
+    pub fn keep_off_passthrough(&self) -> bool {
+        let _ = self.passthrough.set(None);
+        !self.has_passthrough()
+    }
+
     /// Whether a passthrough registration exists for this descriptor.
     pub fn has_passthrough(&self) -> bool {
         self.passthrough.get().is_some_and(Option::is_some)

@@ -135,18 +135,19 @@ pub struct FuseView {
     warnings: RateLimit,
     /// Whether INIT asks for FUSE over io_uring (`transport=ring`).
     ring: bool,
-    /// Whether a create with `O_EXCL` is answered without kernel passthrough (the
-    /// source is on the kernel's SMB client). The kernel opens the backing file again
-    /// for every passthrough open, with the caller's open flags as they are before
-    /// the open completes, `O_CREAT|O_EXCL` still among them (fs/fuse/passthrough.c
-    /// `fuse_passthrough_open`, `backing_file_open`). The NFS and CephFS clients drop
-    /// those flags in their `open`; the SMB client does not: it asks the server to
-    /// create the file that the view has just created (fs/smb/client/file.c
-    /// `cifs_convert_flags`, `FILE_CREATE`), the server answers that it exists, and
-    /// the caller's open failed with `EIO`. Such a handle is served by the view, in
-    /// the kernel's direct I/O so that later opens of the file can still use
-    /// passthrough (fs/fuse/iomode.c).
-    exclusive_creates_served: bool,
+    /// Whether a file the view creates is served by the daemon, not by kernel
+    /// passthrough, while any open of it made before its creator let go lasts (the
+    /// source is on the kernel's NFS or SMB client). The kernel opens the backing file
+    /// again for every passthrough open (fs/fuse/passthrough.c `fuse_passthrough_open`,
+    /// `backing_file_open`), and on a network share that open is one more request to
+    /// the server per create, on top of the view's own: an SMB `CREATE`, an NFS
+    /// `ACCESS` (tests/shares.rs counts them). On SMB it also
+    /// failed creates with `O_EXCL`: the kernel's open carries the caller's flags as
+    /// they are before the open completes, and the SMB client asks the server to create
+    /// the file the view has just created (fs/smb/client/file.c `cifs_convert_flags`,
+    /// `FILE_CREATE`), which answers that it exists. See
+    /// [`crate::fs::inode::DataFile::keep_off_passthrough`] for why later opens follow.
+    creates_served: bool,
 }
 
 /// How many unexpected failures a view logs per [`WARN_WINDOW`] before it only counts
@@ -244,14 +245,14 @@ impl FuseView {
             stats: Arc::new(ViewStats::default()),
             warnings: RateLimit::new(WARN_BURST, WARN_WINDOW),
             ring: false,
-            exclusive_creates_served: false,
+            creates_served: false,
         }
     }
 
-    /// Answers creates with `O_EXCL` without kernel passthrough
-    /// ([`FuseView::exclusive_creates_served`]'s reason).
-    pub fn serve_exclusive_creates(mut self, serve: bool) -> FuseView {
-        self.exclusive_creates_served = serve;
+    /// Serves the files the view creates through the daemon while their creators hold
+    /// them ([`FuseView::creates_served`]'s reason).
+    pub fn serve_creates(mut self, serve: bool) -> FuseView {
+        self.creates_served = serve;
         self
     }
 
@@ -315,7 +316,7 @@ impl FuseView {
             stats: Arc::clone(&self.stats),
             warnings: RateLimit::new(WARN_BURST, WARN_WINDOW),
             ring: self.ring,
-            exclusive_creates_served: self.exclusive_creates_served,
+            creates_served: self.creates_served,
         }
     }
 
@@ -646,9 +647,9 @@ impl Filesystem for FuseView {
             ring = self.ring,
             "FUSE session initialised"
         );
-        if self.exclusive_creates_served && self.passthrough() {
+        if self.creates_served && self.passthrough() {
             tracing::info!(
-                "the source is on the kernel's SMB client: files created with O_EXCL are read and written through the view while their creator holds them open (the SMB client fails their passthrough open), everything else through kernel passthrough"
+                "the source is a network share (NFS or SMB): files the view creates are read and written through the view until the opens made while their creator held them are closed (the kernel's passthrough open would cost the server a request per create), everything else through kernel passthrough"
             );
         }
         Ok(())
@@ -855,7 +856,6 @@ impl Filesystem for FuseView {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let create_flags = flags;
         self.answer(
             Op::Create,
             parent.0,
@@ -883,26 +883,19 @@ impl Filesystem for FuseView {
                  direct,
              }| {
                 let fa = self.fattr(&attr);
-                // Not where another open bound the inode to a backing file already (a
-                // resent create that found the file): the kernel would refuse the open.
-                let served = self.exclusive_creates_served
-                    && self.passthrough()
-                    && create_flags & libc::O_EXCL != 0
-                    && !data.has_passthrough();
-                let flags = if served && !direct {
-                    FopenFlags::FOPEN_DIRECT_IO
-                } else {
-                    open_flags(direct)
-                };
+                // On a network share the file is served by the daemon, and so is every
+                // open of it while one made under this one lasts; not where another
+                // open bound the inode to a backing file already (a resent create that
+                // found the file), since the kernel would refuse this one.
+                if self.creates_served && self.passthrough() {
+                    data.keep_off_passthrough();
+                }
+                let flags = open_flags(direct);
                 // Both times, as a lookup's: the kernel keeps the attributes for the
                 // entry's attr_valid and the name for its entry_valid (fs/fuse/dir.c
                 // fuse_create_open: fuse_iget with entry_attr_timeout, then
                 // fuse_change_entry_timeout).
-                let backing = if served {
-                    None
-                } else {
-                    self.backing(attr.ino, &data)
-                };
+                let backing = self.backing(attr.ino, &data);
                 match backing {
                     Some(id) => reply.created_passthrough_raw(
                         &self.attr_ttl,

@@ -211,12 +211,14 @@ pub fn build(
     root: OwnedFd,
     options: &ViewOptions,
 ) -> Result<fuse::FuseView, MountError> {
-    // Over the SMB client, creates with O_EXCL are served by the view
-    // (`FuseView::serve_exclusive_creates`): the kernel's passthrough open of such a
-    // file fails there. Everything else uses passthrough as anywhere: three
-    // interleaved rounds on an Azure-like share put its reads and writes at 0.93-1.13
-    // of the raw mount, against 0.04-0.83 through the view (docs/BENCHMARKS.md).
-    let smb = crate::sys::file::is_smb(root.as_fd());
+    // On the NFS and SMB clients the files the view creates are served by the view
+    // while their creators hold them (`FuseView::serve_creates`): the kernel's own
+    // passthrough open of a new file costs the server a request per create there (an
+    // NFS `ACCESS`, an SMB `CREATE`), and on SMB failed creates with O_EXCL.
+    // Everything else uses passthrough as anywhere: three interleaved rounds on an
+    // Azure-like share put its reads and writes at 0.93-1.13 of the raw mount,
+    // against 0.04-0.83 through the view (docs/BENCHMARKS.md).
+    let network = crate::sys::file::is_smb(root.as_fd()) || crate::sys::file::is_nfs(root.as_fd());
     let fs = ops::ViewFs::new(root, options).map_err(|e| MountError::Source {
         path: source.into(),
         errno: Errno(e.errno()),
@@ -228,7 +230,7 @@ pub fn build(
         options.attr_timeout,
         options.entry_timeout,
     )
-    .serve_exclusive_creates(smb))
+    .serve_creates(network))
 }
 
 /// Unmounts a view on drop (and on request), lazily: the mount leaves the namespace at
