@@ -73,6 +73,12 @@ pub enum Entry {
         writable: Option<bool>,
         id: u32,
     },
+    /// An inode's shared descriptor served by the daemon for as long as it lives (the
+    /// kernel refused its registration, or it is of a file the view created on a
+    /// network share): a recovered view must serve later opens of it too, since the
+    /// kernel fails a passthrough open of an inode another open holds in cached mode
+    /// (fs/fuse/iomode.c `fuse_file_io_open`).
+    Served { ino: u64, writable: bool },
     /// A backing id about to be closed, its descriptor gone (written before the
     /// close, so that a replay never hands out an id the kernel no longer has).
     Unbacked { id: u32 },
@@ -258,9 +264,10 @@ pub struct Replayed {
     pub files: BTreeMap<u64, (u64, bool, bool)>,
     /// Open directory handles: fh → ino.
     pub dirs: BTreeMap<u64, u64>,
-    /// The backing ids registered and not closed, per inode and descriptor (read-write
-    /// or not; `None`: a line of an earlier version, for either).
-    pub backing: BTreeMap<(u64, Option<bool>), u32>,
+    /// The backing ids registered and not closed, and the descriptors served by the
+    /// daemon ([`Passthrough::Refused`]), per inode and descriptor (read-write or not;
+    /// `None`: a line of an earlier version, for either).
+    pub backing: BTreeMap<(u64, Option<bool>), Passthrough>,
 }
 
 impl Replayed {
@@ -320,9 +327,13 @@ impl Replayed {
                 self.dirs.remove(&fh);
             }
             Entry::Backing { ino, writable, id } => {
-                self.backing.insert((ino, writable), id);
+                self.backing.insert((ino, writable), Passthrough::Id(id));
             }
-            Entry::Unbacked { id } => self.backing.retain(|_, v| *v != id),
+            Entry::Served { ino, writable } => {
+                self.backing
+                    .insert((ino, Some(writable)), Passthrough::Refused);
+            }
+            Entry::Unbacked { id } => self.backing.retain(|_, v| *v != Passthrough::Id(id)),
         }
     }
 
@@ -364,13 +375,14 @@ impl Replayed {
     }
 
     /// The passthrough state of an inode's shared descriptor, read-write or not: the
-    /// id registered for it and still open, else none yet (the next open registers
-    /// one).
+    /// id registered for it and still open, or served by the daemon, else none yet
+    /// (the next open registers one).
     pub fn passthrough_of(&self, ino: u64, writable: bool) -> Passthrough {
         self.backing
             .get(&(ino, Some(writable)))
             .or_else(|| self.backing.get(&(ino, None)))
-            .map_or(Passthrough::Untried, |id| Passthrough::Id(*id))
+            .copied()
+            .unwrap_or(Passthrough::Untried)
     }
 }
 
@@ -509,5 +521,29 @@ mod tests {
         assert_eq!(r.passthrough_of(11, true), Passthrough::Untried);
         assert_eq!(r.passthrough_of(12, true), Passthrough::Id(6));
         assert_eq!(r.passthrough_of(12, false), Passthrough::Id(6));
+    }
+
+    /// A descriptor served by the daemon is replayed as such, per descriptor, until a
+    /// later registration for the inode's next descriptor replaces it.
+    #[test]
+    fn a_served_descriptor_is_replayed_served() {
+        let j = Journal::create().unwrap();
+        j.append(&Entry::Served {
+            ino: 13,
+            writable: true,
+        });
+        let r = Replayed::read(&rustix::io::dup(j.fd()).unwrap()).unwrap();
+        assert_eq!(r.passthrough_of(13, true), Passthrough::Refused);
+        assert_eq!(r.passthrough_of(13, false), Passthrough::Untried);
+        j.append(&Entry::Backing {
+            ino: 13,
+            writable: Some(true),
+            id: 7,
+        });
+        let r = Replayed::read(&rustix::io::dup(j.fd()).unwrap()).unwrap();
+        assert_eq!(r.passthrough_of(13, true), Passthrough::Id(7));
+        j.append(&Entry::Unbacked { id: 7 });
+        let r = Replayed::read(&rustix::io::dup(j.fd()).unwrap()).unwrap();
+        assert_eq!(r.passthrough_of(13, true), Passthrough::Untried);
     }
 }

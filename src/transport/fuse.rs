@@ -464,6 +464,7 @@ impl FuseView {
                     if !self.warned_backing.swap(true, Ordering::Relaxed) {
                         tracing::warn!(error = %e, "kernel passthrough refused a backing file; serving it through the daemon");
                     }
+                    self.fs.journal_served(ino, data.writable);
                     None
                 }
             });
@@ -887,8 +888,8 @@ impl Filesystem for FuseView {
                 // open of it while one made under this one lasts; not where another
                 // open bound the inode to a backing file already (a resent create that
                 // found the file), since the kernel would refuse this one.
-                if self.creates_served && self.passthrough() {
-                    data.keep_off_passthrough();
+                if self.creates_served && self.passthrough() && data.keep_off_passthrough() {
+                    self.fs.journal_served(attr.ino, data.writable);
                 }
                 let flags = open_flags(direct);
                 // Both times, as a lookup's: the kernel keeps the attributes for the

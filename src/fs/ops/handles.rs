@@ -43,12 +43,17 @@ impl ViewFs {
                 .flat_map(|e| {
                     let mut v = vec![handle_entry(*e.key(), e.value())];
                     if let Handle::File(f) = e.value() {
-                        if let Passthrough::Id(id) = f.data.passthrough_snapshot() {
-                            v.push(Entry::Backing {
+                        match f.data.passthrough_snapshot() {
+                            Passthrough::Id(id) => v.push(Entry::Backing {
                                 ino: f.ino,
                                 writable: Some(f.data.writable),
                                 id,
-                            });
+                            }),
+                            Passthrough::Refused => v.push(Entry::Served {
+                                ino: f.ino,
+                                writable: f.data.writable,
+                            }),
+                            Passthrough::Untried => {}
                         }
                     }
                     v
@@ -80,6 +85,14 @@ impl ViewFs {
     /// (the backing file system has file handles).
     pub fn recoverable(&self) -> bool {
         self.inodes.recoverable()
+    }
+
+    /// Journals that an inode's shared descriptor is served by the daemon for as long
+    /// as it lives ([`Entry::Served`]).
+    pub fn journal_served(&self, ino: u64, writable: bool) {
+        if let Some(j) = self.journal.get() {
+            j.append(&Entry::Served { ino, writable });
+        }
     }
 
     /// Journals a passthrough registration of an inode's shared descriptor (the

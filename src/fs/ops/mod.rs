@@ -969,6 +969,40 @@ mod tests {
         assert_eq!(r.passthrough_of(ino, true), Passthrough::Untried);
     }
 
+    /// A descriptor kept off passthrough (a file the view created on a network share)
+    /// stays so in a recovered view, through the journal and its compaction: a
+    /// recovered view that registered it would have the kernel fail the next open with
+    /// EIO while a served open of the file holds the inode in cached mode.
+    #[test]
+    fn a_descriptor_served_by_the_daemon_is_recovered_served() {
+        use super::super::journal::{Journal, Replayed};
+        use super::super::snapshot::Passthrough;
+        let dir = populated(2);
+        let v = view(dir.path(), "gid=5");
+        let held: Mutex<Option<OwnedFd>> = Mutex::new(None);
+        let keep = |j: &Journal| {
+            *lock(&held) = Some(rustix::io::dup(j.fd())?);
+            Ok(())
+        };
+        v.journal_to(Default::default(), keep).unwrap();
+        let ino = v.lookup(ROOT, OsStr::new("f0")).unwrap().ino;
+        let other = v.lookup(ROOT, OsStr::new("f1")).unwrap().ino;
+        let served = v.open(ino, libc::O_RDWR, ME.into()).unwrap();
+        assert!(served.data.keep_off_passthrough());
+        assert!(served.data.keep_off_passthrough(), "and stays so");
+        v.journal_served(ino, served.data.writable);
+        let plain = v.open(other, libc::O_RDWR, ME.into()).unwrap();
+        let replayed = || Replayed::read(lock(&held).as_ref().unwrap()).unwrap();
+        assert_eq!(replayed().passthrough_of(ino, true), Passthrough::Refused);
+        assert_eq!(replayed().passthrough_of(other, true), Passthrough::Untried);
+        // Compacted: the tables are written again, with what each descriptor is.
+        v.journal_to(Default::default(), keep).unwrap();
+        assert_eq!(replayed().passthrough_of(ino, true), Passthrough::Refused);
+        assert_eq!(replayed().passthrough_of(other, true), Passthrough::Untried);
+        v.release(served.fh);
+        v.release(plain.fh);
+    }
+
     #[test]
     fn names_that_leave_the_directory_are_refused() {
         let dir = tempfile::tempdir().unwrap();
