@@ -44,7 +44,7 @@ struct OpStats {
     count: AtomicU64,
     errors: AtomicU64,
     sum_ns: AtomicU64,
-    /// Cumulative: bucket i counts operations that took at most BUCKETS[i].
+    /// Cumulative: bucket `i` counts operations that took at most `BUCKETS[i]`.
     buckets: [AtomicU64; BUCKETS.len()],
     /// Failures by errno: slot `e` counts errno `e`; slot 0 those past the table.
     /// Atomics, not a map under a lock: failed lookups are a hot path.
