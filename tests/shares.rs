@@ -416,7 +416,8 @@ fn a_new_file_is_served_by_the_view_while_its_creator_holds_it_on_smb() {
 
 /// Without passthrough (`passthrough=off`) a file created with `O_EXCL` is cached as
 /// any other: its creator's reads of what it wrote come from the page cache, not
-/// from the view (the view's direct I/O for such creates is for passthrough only).
+/// from the view (as with passthrough, where the view serves a new file in the page
+/// cache while its creator holds it).
 #[test]
 #[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 fn an_exclusive_create_is_cached_without_passthrough_on_smb() {
