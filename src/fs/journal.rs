@@ -74,8 +74,8 @@ pub enum Entry {
         id: u32,
     },
     /// An inode's shared descriptor served by the daemon for as long as it lives (the
-    /// kernel refused its registration, or it is of a file the view created on a
-    /// network share): a recovered view must serve later opens of it too, since the
+    /// kernel refused its registration, or it is of a file the view created on an SMB
+    /// share): a recovered view must serve later opens of it too, since the
     /// kernel fails a passthrough open of an inode another open holds in cached mode
     /// (fs/fuse/iomode.c `fuse_file_io_open`).
     Served { ino: u64, writable: bool },

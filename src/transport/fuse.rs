@@ -137,15 +137,14 @@ pub struct FuseView {
     ring: bool,
     /// Whether a file the view creates is served by the daemon, not by kernel
     /// passthrough, while any open of it made before its creator let go lasts (the
-    /// source is on the kernel's NFS or SMB client). The kernel opens the backing file
-    /// again for every passthrough open (fs/fuse/passthrough.c `fuse_passthrough_open`,
-    /// `backing_file_open`), and on a network share that open is one more request to
-    /// the server per create, on top of the view's own: an SMB `CREATE`, an NFS
-    /// `ACCESS` (tests/shares.rs counts them). On SMB it also
-    /// failed creates with `O_EXCL`: the kernel's open carries the caller's flags as
-    /// they are before the open completes, and the SMB client asks the server to create
-    /// the file the view has just created (fs/smb/client/file.c `cifs_convert_flags`,
-    /// `FILE_CREATE`), which answers that it exists. See
+    /// source is on the kernel's SMB client). The kernel opens the backing file again
+    /// for every passthrough open (fs/fuse/passthrough.c `fuse_passthrough_open`,
+    /// `backing_file_open`), and over SMB that open of a new file is one more `CREATE`
+    /// to the server per create, on top of the view's own. It also failed creates with
+    /// `O_EXCL`: the kernel's open carries the caller's flags as they are before the
+    /// open completes, and the SMB client asks the server to create the file the view
+    /// has just created (fs/smb/client/file.c `cifs_convert_flags`, `FILE_CREATE`),
+    /// which answers that it exists. See
     /// [`crate::fs::inode::DataFile::keep_off_passthrough`] for why later opens follow.
     creates_served: bool,
 }
@@ -650,7 +649,7 @@ impl Filesystem for FuseView {
         );
         if self.creates_served && self.passthrough() {
             tracing::info!(
-                "the source is a network share (NFS or SMB): files the view creates are read and written through the view until the opens made while their creator held them are closed (the kernel's passthrough open would cost the server a request per create), everything else through kernel passthrough"
+                "the source is on the kernel's SMB client: files the view creates are read and written through the view until the opens made while their creator held them are closed (the kernel's passthrough open would cost the server a CREATE per create, and fails creates with O_EXCL), everything else through kernel passthrough"
             );
         }
         Ok(())
@@ -884,7 +883,7 @@ impl Filesystem for FuseView {
                  direct,
              }| {
                 let fa = self.fattr(&attr);
-                // On a network share the file is served by the daemon, and so is every
+                // Over SMB the file is served by the daemon, and so is every
                 // open of it while one made under this one lasts; not where another
                 // open bound the inode to a backing file already (a resent create that
                 // found the file), since the kernel would refuse this one.

@@ -211,14 +211,16 @@ pub fn build(
     root: OwnedFd,
     options: &ViewOptions,
 ) -> Result<fuse::FuseView, MountError> {
-    // On the NFS and SMB clients the files the view creates are served by the view
-    // while their creators hold them (`FuseView::serve_creates`): the kernel's own
-    // passthrough open of a new file costs the server a request per create there (an
-    // NFS `ACCESS`, an SMB `CREATE`), and on SMB failed creates with O_EXCL.
-    // Everything else uses passthrough as anywhere: three interleaved rounds on an
-    // Azure-like share put its reads and writes at 0.93-1.13 of the raw mount,
-    // against 0.04-0.83 through the view (docs/BENCHMARKS.md).
-    let network = crate::sys::file::is_smb(root.as_fd()) || crate::sys::file::is_nfs(root.as_fd());
+    // Over the SMB client the files the view creates are served by the view while
+    // their creators hold them (`FuseView::serve_creates`): the kernel's own
+    // passthrough open of a new file costs the server a CREATE per create there, and
+    // failed creates with O_EXCL. Not over NFS, where that open costs an ACCESS that,
+    // spared at the create, the first read of the file's record asks instead, while
+    // the new file's data would go through the view (docs/BENCHMARKS.md, *At a
+    // distance*). Everything else uses passthrough as anywhere: three interleaved
+    // rounds on an Azure-like share put its reads and writes at 0.93-1.13 of the raw
+    // mount, against 0.04-0.83 through the view (docs/BENCHMARKS.md).
+    let smb = crate::sys::file::is_smb(root.as_fd());
     let fs = ops::ViewFs::new(root, options).map_err(|e| MountError::Source {
         path: source.into(),
         errno: Errno(e.errno()),
@@ -230,7 +232,7 @@ pub fn build(
         options.attr_timeout,
         options.entry_timeout,
     )
-    .serve_creates(network))
+    .serve_creates(smb))
 }
 
 /// Unmounts a view on drop (and on request), lazily: the mount leaves the namespace at

@@ -969,7 +969,7 @@ mod tests {
         assert_eq!(r.passthrough_of(ino, true), Passthrough::Untried);
     }
 
-    /// A descriptor kept off passthrough (a file the view created on a network share)
+    /// A descriptor kept off passthrough (a file the view created on an SMB share)
     /// stays so in a recovered view, through the journal and its compaction: a
     /// recovered view that registered it would have the kernel fail the next open with
     /// EIO while a served open of the file holds the inode in cached mode.
