@@ -321,6 +321,22 @@ fn a_removed_name_is_free_at_once_on_an_azure_files_like_share() {
     drop(m);
 }
 
+/// The Azure-like share and a CIFS view of it with `more` options besides the default
+/// publish's, its answers counted in the returned metrics file.
+fn counted_azure_view(f: &Fixture, more: &str) -> (SambaShare, Mounted, std::path::PathBuf) {
+    let s = SambaShare::start(f, AZURE_FILES);
+    let metrics = f.dir.path().join("metrics.json");
+    let options =
+        format!("gid=4242,mode=cifs,uid=0,file_mode=0664,dir_mode=0775,ownership=off{more}");
+    let m = Mounted::start(
+        &s.share,
+        &f.mnt,
+        &["-o", &options, "--metrics-file", metrics.to_str().unwrap()],
+    )
+    .unwrap();
+    (s, m, metrics)
+}
+
 /// A file the view creates on an SMB share is read and written through the view
 /// while its creator holds it, not through kernel passthrough, whose own open of the
 /// new file would cost the server a `CREATE`; so is every open of it
@@ -333,19 +349,7 @@ fn a_new_file_is_served_by_the_view_while_its_creator_holds_it_on_smb() {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
     let f = Fixture::new();
-    let s = SambaShare::start(&f, AZURE_FILES);
-    let metrics = f.dir.path().join("metrics.json");
-    let m = Mounted::start(
-        &s.share,
-        &f.mnt,
-        &[
-            "-o",
-            "gid=4242,mode=cifs,uid=0,file_mode=0664,dir_mode=0775,ownership=off",
-            "--metrics-file",
-            metrics.to_str().unwrap(),
-        ],
-    )
-    .unwrap();
+    let (_s, m, metrics) = counted_azure_view(&f, "");
     let path = m.mountpoint.join("db");
     let open = || {
         fs::OpenOptions::new()
@@ -427,19 +431,7 @@ fn a_new_file_is_served_by_the_view_while_its_creator_holds_it_on_smb() {
 fn an_exclusive_create_is_cached_without_passthrough_on_smb() {
     use std::os::unix::fs::FileExt;
     let f = Fixture::new();
-    let s = SambaShare::start(&f, AZURE_FILES);
-    let metrics = f.dir.path().join("metrics.json");
-    let m = Mounted::start(
-        &s.share,
-        &f.mnt,
-        &[
-            "-o",
-            "gid=4242,mode=cifs,uid=0,file_mode=0664,dir_mode=0775,ownership=off,passthrough=off",
-            "--metrics-file",
-            metrics.to_str().unwrap(),
-        ],
-    )
-    .unwrap();
+    let (_s, m, metrics) = counted_azure_view(&f, ",passthrough=off");
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
