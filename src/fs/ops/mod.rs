@@ -877,19 +877,34 @@ mod tests {
         listing.join().unwrap();
     }
 
+    /// The keeper's side of a view's journal: a descriptor of the one it was last
+    /// handed.
+    #[derive(Default)]
+    struct HeldJournal(Mutex<Option<OwnedFd>>);
+
+    impl HeldJournal {
+        /// Starts `v`'s journal (or compacts it into a new one) and holds the new one.
+        fn take(&self, v: &ViewFs) {
+            v.journal_to(Default::default(), |j| {
+                *lock(&self.0) = Some(rustix::io::dup(j.fd())?);
+                Ok(())
+            })
+            .unwrap();
+        }
+
+        /// What a recovering view would replay from it.
+        fn replay(&self) -> super::super::journal::Replayed {
+            super::super::journal::Replayed::read(lock(&self.0).as_ref().unwrap()).unwrap()
+        }
+    }
+
     #[test]
     fn a_compacted_journal_replays_to_the_live_tables() {
-        use super::super::journal::{Journal, Replayed};
         use std::collections::BTreeSet;
         let dir = populated(20);
         let v = view(dir.path(), "gid=5");
-        // The keeper's side: the journal it was last handed.
-        let held: Mutex<Option<OwnedFd>> = Mutex::new(None);
-        let keep = |j: &Journal| {
-            *lock(&held) = Some(rustix::io::dup(j.fd())?);
-            Ok(())
-        };
-        v.journal_to(Default::default(), keep).unwrap();
+        let held = HeldJournal::default();
+        held.take(&v);
         let name = |i: usize| format!("f{i}");
         let ids: Vec<u64> = (0..20)
             .map(|i| v.lookup(ROOT, OsStr::new(&name(i))).unwrap().ino)
@@ -905,12 +920,12 @@ mod tests {
         let d = v.opendir(ROOT).unwrap();
         // The size of the journal the keeper holds now.
         let held_len = || {
-            let fd = lock(&held).as_ref().unwrap().try_clone().unwrap();
+            let fd = lock(&held.0).as_ref().unwrap().try_clone().unwrap();
             std::fs::File::from(fd).metadata().unwrap().len()
         };
         let before = held_len();
         // Compacted: the new journal is what the keeper holds, and says only what is.
-        v.journal_to(Default::default(), keep).unwrap();
+        held.take(&v);
         let after = held_len();
         assert!(
             after < before,
@@ -920,7 +935,7 @@ mod tests {
         v.forget(ids[19], 1);
         let late = v.open(ids[18], libc::O_RDONLY, ME.into()).unwrap().fh;
         v.release(fhs[1]);
-        let r = Replayed::read(lock(&held).as_ref().unwrap()).unwrap();
+        let r = held.replay();
         let want: BTreeSet<u64> = ids[10..19].iter().copied().collect();
         assert_eq!(r.inodes.keys().copied().collect::<BTreeSet<_>>(), want);
         let mut open: Vec<u64> = fhs[2..].to_vec();
@@ -937,16 +952,11 @@ mod tests {
     /// file would fail with EIO for as long as the handle lives.
     #[test]
     fn a_recovered_view_never_gets_a_closed_backing_id() {
-        use super::super::journal::{Journal, Replayed};
         use super::super::snapshot::Passthrough;
         let dir = populated(2);
         let v = view(dir.path(), "gid=5");
-        let held: Mutex<Option<OwnedFd>> = Mutex::new(None);
-        v.journal_to(Default::default(), |j: &Journal| {
-            *lock(&held) = Some(rustix::io::dup(j.fd())?);
-            Ok(())
-        })
-        .unwrap();
+        let held = HeldJournal::default();
+        held.take(&v);
         let ino = v.lookup(ROOT, OsStr::new("f0")).unwrap().ino;
         // Not a FUSE device: the ids are only journaled here, and closing one fails.
         let dev = Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
@@ -960,7 +970,7 @@ mod tests {
         // The next open's handle is journaled; the process dies before its
         // registration.
         let second = v.open(ino, libc::O_RDWR, ME.into()).unwrap();
-        let r = Replayed::read(lock(&held).as_ref().unwrap()).unwrap();
+        let r = held.replay();
         assert_eq!(
             r.files.get(&second.fh).map(|f| f.0),
             Some(ino),
@@ -975,16 +985,11 @@ mod tests {
     /// EIO while a served open of the file holds the inode in cached mode.
     #[test]
     fn a_descriptor_served_by_the_daemon_is_recovered_served() {
-        use super::super::journal::{Journal, Replayed};
         use super::super::snapshot::Passthrough;
         let dir = populated(2);
         let v = view(dir.path(), "gid=5");
-        let held: Mutex<Option<OwnedFd>> = Mutex::new(None);
-        let keep = |j: &Journal| {
-            *lock(&held) = Some(rustix::io::dup(j.fd())?);
-            Ok(())
-        };
-        v.journal_to(Default::default(), keep).unwrap();
+        let held = HeldJournal::default();
+        held.take(&v);
         let ino = v.lookup(ROOT, OsStr::new("f0")).unwrap().ino;
         let other = v.lookup(ROOT, OsStr::new("f1")).unwrap().ino;
         let served = v.open(ino, libc::O_RDWR, ME.into()).unwrap();
@@ -992,13 +997,23 @@ mod tests {
         assert!(served.data.keep_off_passthrough(), "and stays so");
         v.journal_served(ino, served.data.writable);
         let plain = v.open(other, libc::O_RDWR, ME.into()).unwrap();
-        let replayed = || Replayed::read(lock(&held).as_ref().unwrap()).unwrap();
-        assert_eq!(replayed().passthrough_of(ino, true), Passthrough::Refused);
-        assert_eq!(replayed().passthrough_of(other, true), Passthrough::Untried);
-        // Compacted: the tables are written again, with what each descriptor is.
-        v.journal_to(Default::default(), keep).unwrap();
-        assert_eq!(replayed().passthrough_of(ino, true), Passthrough::Refused);
-        assert_eq!(replayed().passthrough_of(other, true), Passthrough::Untried);
+        for compacted in [false, true] {
+            if compacted {
+                // The tables are written again, with what each descriptor is.
+                held.take(&v);
+            }
+            let r = held.replay();
+            assert_eq!(
+                r.passthrough_of(ino, true),
+                Passthrough::Refused,
+                "{compacted}"
+            );
+            assert_eq!(
+                r.passthrough_of(other, true),
+                Passthrough::Untried,
+                "{compacted}"
+            );
+        }
         v.release(served.fh);
         v.release(plain.fh);
     }
@@ -1216,15 +1231,10 @@ mod tests {
     /// a view that dies then is recovered knowing each (`fs/inode.rs` `JournalBatch`).
     #[test]
     fn a_walk_listings_node_ids_are_journaled_before_it_returns() {
-        use super::super::journal::Replayed;
         let dir = populated(600);
         let v = view(dir.path(), "gid=5");
-        let held: Mutex<Option<OwnedFd>> = Mutex::new(None);
-        v.journal_to(Default::default(), |j| {
-            *lock(&held) = Some(rustix::io::dup(j.fd())?);
-            Ok(())
-        })
-        .unwrap();
+        let held = HeldJournal::default();
+        held.take(&v);
         let fh = v.opendir(ROOT).unwrap();
         let listed = rest(&v, fh, 0, Listing::WithAttributes);
         let ids: Vec<u64> = listed
@@ -1233,9 +1243,7 @@ mod tests {
             .map(|i| i.attr.expect("a walk's entry carries attributes").ino)
             .collect();
         assert_eq!(ids.len(), 600);
-        let journaled = Replayed::read(lock(&held).as_ref().unwrap())
-            .unwrap()
-            .inodes;
+        let journaled = held.replay().inodes;
         let missing: Vec<_> = ids
             .iter()
             .filter(|id| !journaled.contains_key(id))
