@@ -39,6 +39,10 @@ pub enum FsError {
     /// ([`super::ops::Existing::Kernel`]): `ESTALE` makes it look the name up again.
     #[error("the name appeared before the create; the kernel looks it up again")]
     NameAppeared,
+    /// A lookup of a name that the names the view holds of the directory do not have
+    /// (`fs/names.rs`): `ENOENT`, which the kernel may keep for the time given.
+    #[error("not among the names held of the directory")]
+    Absent(std::time::Duration),
     /// A view's tables handed over by another process do not fit this view.
     #[error("handover refused: {0}")]
     Handover(&'static str),
@@ -60,6 +64,7 @@ impl FsError {
             FsError::Busy => libc::ETXTBSY,
             FsError::TooLarge => libc::ERANGE,
             FsError::NameAppeared => libc::ESTALE,
+            FsError::Absent(_) => libc::ENOENT,
             // Never a reply to the kernel: a takeover that fails leaves the old process
             // serving.
             FsError::Handover(_) => libc::EPROTO,

@@ -3,7 +3,7 @@
 //! layer can do is register a backing descriptor for kernel passthrough, because that
 //! needs the reply object.
 //!
-//! Every operation goes through one choke point, [`FuseView::answer`]: it is timed
+//! Every operation goes through one choke point, `FuseView::answer`: it is timed
 //! and counted per operation and errno, a failure is logged at its errno's level
 //! (rate limited where a pod could flood the log), and the error is answered there.
 //! No handler answers an error by itself. Operations the view does not serve answer
@@ -60,7 +60,8 @@ pub const RING_PAYLOAD: usize = MAX_WRITE as usize;
 /// negative dentry for as long as it keeps a name that is there: a path search, an
 /// import or a build probing for files it expects to miss asks once per timeout
 /// instead of once per probe. This view's own creates replace the negative entry at
-/// once.
+/// once. A name answered absent from the names the view holds of its directory
+/// (`FsError::Absent`, on SMB) is kept no longer than they answer.
 struct LookupReply {
     reply: ReplyEntry,
     entry_ttl: Duration,
@@ -249,7 +250,7 @@ impl FuseView {
     }
 
     /// Serves the files the view creates through the daemon while their creators hold
-    /// them ([`FuseView::creates_served`]'s reason).
+    /// them (`FuseView::creates_served`'s reason).
     pub fn serve_creates(mut self, serve: bool) -> FuseView {
         self.creates_served = serve;
         self
@@ -413,22 +414,16 @@ impl FuseView {
         op: Op,
         parent: u64,
         reply: R,
-        run: impl FnOnce() -> Result<Attr, FsError>,
+        run: impl FnOnce(&mut R) -> Result<Attr, FsError>,
     ) {
-        self.answer(
-            op,
-            parent,
-            reply,
-            |_| run(),
-            |reply, a| {
-                reply.into().entry_with_ttls(
-                    &self.attr_ttl,
-                    &self.entry_ttl,
-                    &self.fattr(&a),
-                    Generation(0),
-                );
-            },
-        );
+        self.answer(op, parent, reply, run, |reply, a| {
+            reply.into().entry_with_ttls(
+                &self.attr_ttl,
+                &self.entry_ttl,
+                &self.fattr(&a),
+                Generation(0),
+            );
+        });
     }
 
     /// [`FuseView::answer`] for an operation whose success carries nothing.
@@ -660,8 +655,12 @@ impl Filesystem for FuseView {
             reply,
             entry_ttl: self.entry_ttl,
         };
-        self.entry(Op::Lookup, parent.0, reply, || {
-            self.fs.lookup(parent.0, name)
+        self.entry(Op::Lookup, parent.0, reply, |reply| {
+            let found = self.fs.lookup(parent.0, name);
+            if let Err(FsError::Absent(left)) = found {
+                reply.entry_ttl = reply.entry_ttl.min(left);
+            }
+            found
         });
     }
 
@@ -740,7 +739,7 @@ impl Filesystem for FuseView {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(Op::Mknod, parent.0, reply, || {
+        self.entry(Op::Mknod, parent.0, reply, |_| {
             let r = self.fs.mknod(parent.0, name, mode, creator(req)?);
             done_before(req, r, libc::EEXIST, || self.fs.lookup(parent.0, name))
         });
@@ -755,7 +754,7 @@ impl Filesystem for FuseView {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(Op::Mkdir, parent.0, reply, || {
+        self.entry(Op::Mkdir, parent.0, reply, |_| {
             let r = self.fs.mkdir(parent.0, name, mode, creator(req)?);
             done_before(req, r, libc::EEXIST, || self.fs.lookup(parent.0, name))
         });
@@ -783,7 +782,7 @@ impl Filesystem for FuseView {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        self.entry(Op::Symlink, parent.0, reply, || {
+        self.entry(Op::Symlink, parent.0, reply, |_| {
             let r = self
                 .fs
                 .symlink(parent.0, link_name, target.as_os_str(), creator(req)?);
@@ -822,7 +821,7 @@ impl Filesystem for FuseView {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.entry(Op::Link, ino.0, reply, || {
+        self.entry(Op::Link, ino.0, reply, |_| {
             let r = self.fs.link(ino.0, newparent.0, newname);
             done_before(req, r, libc::EEXIST, || {
                 self.fs.lookup(newparent.0, newname)

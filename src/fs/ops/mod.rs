@@ -245,6 +245,9 @@ pub struct ViewFs {
     journal: super::journal::JournalSlot,
     /// What decides whether a listing carries attributes.
     listing: super::listing::ListingHints,
+    /// The names of directories on an SMB share that answer lookups of absent names
+    /// (`fs/names.rs`).
+    names: super::names::HeldNames<Inode>,
     /// What warms the caches for the directories a walk lists next.
     ahead: super::ahead::WalkAhead,
     /// Bytes of directory entries read and not yet handed to the kernel, over all open
@@ -331,6 +334,12 @@ impl ViewFs {
         let nfs = file::is_nfs(root.as_fd());
         let delete_pends = file::is_smb(root.as_fd());
         let network = nfs || delete_pends || cephfs;
+        if delete_pends && !options.entry_timeout.is_zero() {
+            tracing::info!(
+                entry_timeout = options.entry_timeout.as_secs_f64(),
+                "the source is on the kernel's SMB client: a lookup of a name absent from the view's last listing of its directory (or from a directory the view made) is answered without the server, as the kernel's negative entries are, until entry_timeout after that listing began; a name made around the view may stay unseen that long (entry_timeout=0 asks the server every time)"
+            );
+        }
         Ok(ViewFs {
             qgroup,
             cephfs,
@@ -359,6 +368,11 @@ impl ViewFs {
             daemon_ids: crate::sys::process::effective_ids(),
             journal: Default::default(),
             listing: super::listing::ListingHints::default(),
+            names: super::names::HeldNames::new(if delete_pends {
+                options.entry_timeout
+            } else {
+                std::time::Duration::ZERO
+            }),
             ahead: super::ahead::WalkAhead::new(
                 st.mnt_id,
                 (crate::sys::process::nofile_limit() / 8).min(super::ahead::MAX_OPENED as u64)
@@ -587,15 +601,70 @@ impl ViewFs {
     /// # Errors
     /// `ENOENT` when absent, `ENOTDIR` when `parent` is not a directory.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        let held = if self.names.on() {
+            let p = self.dir(parent)?;
+            if let Some(left) = self.names.absent(parent, &p, name.as_bytes()) {
+                return Err(FsError::Absent(left));
+            }
+            Some(p)
+        } else {
+            None
+        };
         let found = self.find(parent, name);
-        let held = matches!(found, Ok((_, true)));
-        self.listing.looked_up(parent, name.as_bytes(), held);
+        if let (Err(FsError::Os(Errno::ENOENT)), Some(p)) = (&found, held) {
+            if self.names.missed(parent, &p) {
+                self.hold_names(parent, &p);
+            }
+        }
+        let was_held = matches!(found, Ok((_, true)));
+        self.listing.looked_up(parent, name.as_bytes(), was_held);
         if let Ok((a, _)) = &found {
             if a.kind == Kind::Directory {
                 self.listing.reached(parent, a.ino);
             }
         }
         found.map(|(attr, _)| attr)
+    }
+
+    /// Lists directory `p` (number `ino`) for its held names (`fs/names.rs`): every
+    /// name, or none past [`super::names::MAX_NAMES`].
+    fn hold_names(&self, ino: u64, p: &Arc<Inode>) {
+        use super::names::{Listed, MAX_NAMES};
+        let Some(began) = self.names.listing(ino, p) else {
+            return;
+        };
+        let list = || -> FsResult<Listed> {
+            let fd = file::reopen(p.fd()?.as_fd(), Kind::Directory, Access::Directory)?;
+            self.no_atime(&fd, Kind::Directory);
+            let mut buf = vec![MaybeUninit::uninit(); DIR_BUF];
+            let mut names = Vec::new();
+            loop {
+                let batch = dir::read_batch(fd.as_fd(), &mut buf)?;
+                if batch.is_empty() {
+                    return Ok(Listed::Names(names));
+                }
+                names.extend(batch.into_iter().map(|e| e.name));
+                if names.len() > MAX_NAMES + 2 {
+                    return Ok(Listed::TooMany);
+                }
+            }
+        };
+        let listed = list().unwrap_or_else(|e| {
+            tracing::debug!(ino, error = %e, "listing a directory for its names failed");
+            Listed::Failed
+        });
+        self.names.listed(ino, p, began, listed);
+    }
+
+    /// `name` is about to be made in directory `p` (number `ino`) by the view: held
+    /// until the guard is dropped, after it is made (`fs/names.rs`).
+    pub(super) fn making<'a>(
+        &'a self,
+        ino: u64,
+        p: &Arc<Inode>,
+        name: &OsStr,
+    ) -> super::names::Making<'a, Inode> {
+        self.names.making(ino, p, name.as_bytes())
     }
 
     /// [`ViewFs::lookup`] made by the view itself (a listing's attributes).
@@ -1568,6 +1637,55 @@ mod tests {
             v.forget(a.ino, 2);
         }
         assert_eq!(v.inode_count(), 1);
+    }
+
+    #[test]
+    fn lookups_of_names_a_held_directory_lacks_are_answered_without_the_disk() {
+        use super::super::names::{FIRST_LISTING_MISSES, HeldNames};
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = view(dir.path(), "gid=5");
+        // As on an SMB share (`ViewFs::new`), which this is not.
+        v.names = HeldNames::new(std::time::Duration::from_secs(60));
+        let name = OsStr::new;
+        let d = v.mkdir(ROOT, name("d"), 0o755, ME).unwrap().ino;
+        let absent = |dir, n| matches!(v.lookup(dir, name(n)), Err(FsError::Absent(_)));
+        assert!(absent(d, "x"), "a directory the view made holds no names");
+        assert_eq!(FsError::Absent(Default::default()).errno(), libc::ENOENT);
+        // Whatever the view makes there, however, is held.
+        let excl = libc::O_EXCL | libc::O_RDWR;
+        v.create(d, name("x"), 0o100644, excl, ME, Existing::Kernel)
+            .unwrap();
+        v.mkdir(d, name("sub"), 0o755, ME).unwrap();
+        v.symlink(d, name("l"), name("x"), ME).unwrap();
+        v.mknod(d, name("p"), libc::S_IFIFO | 0o644, ME).unwrap();
+        let f = v
+            .create(ROOT, name("f"), 0o100644, excl, ME, Existing::Kernel)
+            .unwrap()
+            .attr
+            .ino;
+        v.link(f, d, name("hard")).unwrap();
+        v.rename(ROOT, name("f"), d, name("moved"), 0).unwrap();
+        for n in ["x", "sub", "l", "p", "hard", "moved", "X", "Moved"] {
+            assert!(!absent(d, n), "{n}");
+        }
+        assert!(v.lookup(d, name("x")).is_ok());
+        // A name made around the view stays unseen until the timeout.
+        std::fs::write(dir.path().join("d/around"), "").unwrap();
+        assert!(absent(d, "around"));
+        // A directory the view did not make is listed after a few lookups the disk
+        // answered.
+        std::fs::create_dir(dir.path().join("e")).unwrap();
+        std::fs::write(dir.path().join("e/a"), "").unwrap();
+        let e = v.lookup(ROOT, name("e")).unwrap().ino;
+        for i in 0..FIRST_LISTING_MISSES {
+            assert_eq!(
+                v.lookup(e, name(&format!("m{i}"))).err(),
+                Some(FsError::Os(Errno::ENOENT))
+            );
+        }
+        assert!(absent(e, "m"));
+        assert!(v.lookup(e, name("a")).is_ok());
+        assert!(!absent(ROOT, "m"), "the root was not listed");
     }
 
     #[test]

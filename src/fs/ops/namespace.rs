@@ -326,6 +326,7 @@ impl ViewFs {
         self.writable()?;
         refuse_reserved(name)?;
         let p = self.dir(parent)?;
+        let _making = self.making(parent, &p, name);
         let perm = mode & file::PERM_MASK;
         let disk_perm = self.policy.disk_create_perm(Kind::Regular, perm);
         let new = NewEntry {
@@ -467,7 +468,8 @@ impl ViewFs {
     pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, creator: Creator) -> FsResult<Attr> {
         let perm = mode & file::PERM_MASK;
         let disk_perm = self.policy.disk_create_perm(Kind::Directory, perm);
-        self.make_node(
+        let since = std::time::Instant::now();
+        let attr = self.make_node(
             parent,
             name,
             NewEntry {
@@ -476,7 +478,12 @@ impl ViewFs {
             },
             creator,
             |dir, n| file::mkdir(dir, n, disk_perm),
-        )
+        )?;
+        // It had no names when it was made.
+        if let Ok(made) = self.inodes.get(attr.ino) {
+            self.names.made_dir(attr.ino, &made, since);
+        }
+        Ok(attr)
     }
 
     /// Creates a FIFO, socket or empty regular file. Device nodes are refused.
@@ -529,6 +536,7 @@ impl ViewFs {
         self.writable()?;
         refuse_reserved(name)?;
         let p = self.dir(parent)?;
+        let _making = self.making(parent, &p, name);
         let root_mnt = self.root_mnt;
         let (fd, (), record) = self.make_entry(&p, name, new, creator, make, |dir, n, ()| {
             let fd = file::open_child(dir, n, root_mnt)?;
@@ -559,6 +567,7 @@ impl ViewFs {
         refuse_reserved(name)?;
         let inode = self.inodes.get(ino)?;
         let p = self.dir(new_parent)?;
+        let _making = self.making(new_parent, &p, name);
         let fd = inode.fd()?;
         file::link(fd.as_fd(), p.fd()?.as_fd(), name)?;
         // The linked inode itself, not whatever the new name holds by now: reached by
@@ -675,6 +684,7 @@ impl ViewFs {
         refuse_reserved(new_name)?;
         let p = self.dir(parent)?;
         let np = self.dir(new_parent)?;
+        let _making = self.making(new_parent, &np, new_name);
         let npfd = np.fd()?;
         if flags & libc::RENAME_EXCHANGE == 0 {
             // What the new name held until now is removed by the rename.
