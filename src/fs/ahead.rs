@@ -24,7 +24,7 @@
 //! beneath the view's root, never follows a symlink or triggers an automount, lists
 //! only directories; it is bounded by [`MAX_ENTRIES`] per directory and by the plans
 //! kept, and it stops, closing what it opened, when no walk starts another directory
-//! for [`IDLE`].
+//! for `IDLE`.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
