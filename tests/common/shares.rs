@@ -47,6 +47,13 @@ pub const AZURE_FILES: &str = "  unix extensions = no
 ";
 
 impl Samba {
+    /// The server's name in its share's UNC path: one of its own (the client is given
+    /// the address apart, `ip=`, and Samba reads only the share's name), so that the
+    /// client's statistics of its tree ([`smb_requests`]) are not another test's.
+    pub fn host(&self) -> String {
+        format!("samba-{}", self.port)
+    }
+
     /// [`Samba::start_with`] configured as Azure Files.
     pub fn start(dir: &Path, served: &Path) -> Samba {
         Samba::start_with(dir, served, AZURE_FILES)
@@ -178,7 +185,8 @@ pub fn mount_cifs(samba: &Samba, at: &Path, options: &str) -> Unmount {
     let port = samba.port;
     sh("modprobe cifs");
     sh(&format!(
-        "mount -t cifs //127.0.0.1/vol {} -o ip=127.0.0.1,port={port},username=root,password=pw,vers=3.1.1,{options}",
+        "mount -t cifs //{}/vol {} -o ip=127.0.0.1,port={port},username=root,password=pw,vers=3.1.1,{options}",
+        samba.host(),
         at.display()
     ));
     Unmount(at.to_path_buf())
@@ -368,6 +376,61 @@ pub fn nfs_requests_of(at: &Path, during: impl FnOnce()) -> std::collections::Ha
             let was = before.get(&op).copied().unwrap_or(0);
             (op, n - was)
         })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// The kernel SMB client's count of each command it sent the server of the mount at
+/// `at` (`/proc/fs/cifs/Stats`, per tree connection: fs/smb/client/smb2ops.c
+/// `smb2_print_stats`; a compound of several commands is one round trip), over every
+/// connection to its tree.
+pub fn smb_requests(at: &Path) -> std::collections::HashMap<String, u64> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let source = mounts
+        .lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .find(|f| f.len() > 2 && Path::new(f[1]) == at && matches!(f[2], "cifs" | "smb3"))
+        .map(|f| f[0].replace('/', "\\"))
+        .unwrap_or_else(|| panic!("no SMB mount at {}", at.display()));
+    let stats = std::fs::read_to_string("/proc/fs/cifs/Stats").unwrap();
+    let mut counts = std::collections::HashMap::new();
+    let mut ours = false;
+    for line in stats.lines() {
+        if let Some((n, tree)) = line.split_once(')') {
+            if n.trim().parse::<u32>().is_ok() {
+                ours = tree.trim() == source;
+                continue;
+            }
+        }
+        if !ours {
+            continue;
+        }
+        let words: Vec<_> = line
+            .split(|c: char| c == ':' || c.is_whitespace())
+            .filter(|w| !w.is_empty())
+            .collect();
+        for w in words.windows(3) {
+            if w[2] == "total" && w[0].chars().all(|c| c.is_ascii_alphabetic()) {
+                if let Ok(n) = w[1].parse::<u64>() {
+                    *counts.entry(w[0].to_string()).or_default() += n;
+                }
+            }
+        }
+    }
+    assert!(
+        !counts.is_empty(),
+        "no SMB statistics for {source}:\n{stats}"
+    );
+    counts
+}
+
+/// What `during` sent the server of the SMB mount at `at`: each command's count.
+pub fn smb_requests_of(at: &Path, during: impl FnOnce()) -> std::collections::HashMap<String, u64> {
+    let before = smb_requests(at);
+    during();
+    smb_requests(at)
+        .into_iter()
+        .map(|(op, n)| (op.clone(), n - before.get(&op).copied().unwrap_or(0)))
         .filter(|(_, n)| *n > 0)
         .collect()
 }
