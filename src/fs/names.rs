@@ -11,7 +11,8 @@
 //!
 //! So the view holds the names of a directory it made (none, at first) or listed
 //! itself, with the names it makes there (each added before it is made, so that no
-//! lookup finds the set without a name this view put there), and answers that a name
+//! lookup finds the set without a name this view put there) and those its listings
+//! for the kernel show (a name `ls` shows, `stat` finds), and answers that a name
 //! is not there from them until [`HeldNames`]'s timeout (the entry timeout) after the
 //! listing began. The kernel keeps that answer as a negative entry until the same
 //! moment and no longer. A name made around the view (on another node, through
@@ -205,6 +206,21 @@ impl<T> HeldNames<T> {
             made.at = Some((id, key));
         }
         made
+    }
+
+    /// A listing of `dir` that the view hands out met `names`: held, so that no lookup
+    /// denies a name the directory was just seen to have (one made around the view
+    /// since the held listing: `ls` shows it, and `stat` must find it).
+    pub fn seen<'n>(&self, id: u64, dir: &Arc<T>, names: impl IntoIterator<Item = &'n [u8]>) {
+        if !self.on() {
+            return;
+        }
+        let mut dirs = self.lock();
+        if let Some(h) = dirs.get_mut(&id).filter(|h| h.is(dir)) {
+            for n in names {
+                h.add(&fold(n));
+            }
+        }
     }
 
     /// The view made the directory `dir` after `since`: it held no names then.
@@ -423,6 +439,17 @@ mod tests {
             n.absent(7, &d, b"x").is_some(),
             "a listing drops what is gone"
         );
+    }
+
+    #[test]
+    fn names_a_listing_hands_out_are_held() {
+        let n = HeldNames::new(TTL);
+        let d = Arc::new(());
+        made(&n, &d);
+        n.seen(7, &d, [&b"Around"[..], b"other"]);
+        assert_eq!(n.absent(7, &d, b"around"), None);
+        assert_eq!(n.absent(7, &d, b"other"), None);
+        assert!(n.absent(7, &d, b"third").is_some());
     }
 
     #[test]

@@ -305,6 +305,7 @@ impl ViewFs {
                     }
                     return Ok(());
                 }
+                self.saw(ino, &batch);
                 s.pending.extend(batch);
             }
             let Some(e) = s.pending.front() else {
@@ -515,12 +516,26 @@ impl ViewFs {
             }
             let DirStream { fd, buf, .. } = &mut *s;
             match dir::read_batch(fd.as_fd(), buf) {
-                Ok(batch) if !batch.is_empty() => s.pending.extend(batch),
+                Ok(batch) if !batch.is_empty() => {
+                    self.saw(dir.ino, &batch);
+                    s.pending.extend(batch);
+                }
                 Ok(_) => {
                     s.at_end = true;
                     return;
                 }
                 Err(_) => return,
+            }
+        }
+    }
+
+    /// A batch of directory `ino`'s listing, read for the kernel: its names are held
+    /// where the directory's are (`fs/names.rs`).
+    fn saw(&self, ino: u64, batch: &[dir::DirEntry]) {
+        if self.names.on() {
+            if let Ok(p) = self.dir(ino) {
+                self.names
+                    .seen(ino, &p, batch.iter().map(|e| e.name.as_slice()));
             }
         }
     }

@@ -1669,9 +1669,20 @@ mod tests {
             assert!(!absent(d, n), "{n}");
         }
         assert!(v.lookup(d, name("x")).is_ok());
-        // A name made around the view stays unseen until the timeout.
+        // A name made around the view stays unseen until the timeout, or until a
+        // listing the view hands out shows it.
         std::fs::write(dir.path().join("d/around"), "").unwrap();
         assert!(absent(d, "around"));
+        let fh = v.opendir(d).unwrap();
+        let mut listed = Vec::new();
+        v.readdir(d, fh, 0, Listing::Names, Room::UNBOUNDED, |item, _| {
+            listed.push(item.name.clone());
+            false
+        })
+        .unwrap();
+        v.release(fh);
+        assert!(listed.iter().any(|n| n == b"around"), "{listed:?}");
+        assert!(!absent(d, "around"), "a listing showed it");
         // A directory the view did not make is listed after a few lookups the disk
         // answered.
         std::fs::create_dir(dir.path().join("e")).unwrap();
