@@ -24,7 +24,9 @@
 //! in the directory have cost the server about as many requests as the listing will
 //! ([`NAMES_PER_REQUEST`]); a directory the view did not make, after
 //! [`FIRST_LISTING_MISSES`] of them within the timeout. A directory of more than
-//! [`MAX_NAMES`] names is not held, nor listed again for [`TOO_BIG_FOR`].
+//! [`MAX_NAMES`] names, listed or grown to that, is not held, nor listed again for
+//! [`TOO_BIG_FOR`]: held names cost memory, at most [`MAX_NAMES`] for each of 256
+//! directories.
 //!
 //! SMB compares names without regard to case, and so does this: a name is answered
 //! absent only where no held name matches it ignoring ASCII case, after the letters
@@ -120,11 +122,32 @@ impl<T> Held<T> {
         self.listings > 0 || !self.making.is_empty()
     }
 
+    fn too_big(&self, now: Instant) -> bool {
+        self.too_big_until.is_some_and(|t| now < t)
+    }
+
+    /// Holds `key`, unless the directory has grown past [`MAX_NAMES`]: then it holds
+    /// nothing for [`TOO_BIG_FOR`].
     fn add(&mut self, key: &[u8]) {
+        let now = Instant::now();
+        if self.too_big(now) {
+            return;
+        }
         self.names.insert(key.to_vec());
         if self.listings > 0 {
             self.meanwhile.push(key.to_vec());
         }
+        if self.names.len() > MAX_NAMES || self.meanwhile.len() > MAX_NAMES {
+            self.drop_names(now);
+        }
+    }
+
+    /// Holds nothing for [`TOO_BIG_FOR`]; a listing under way is not taken either.
+    fn drop_names(&mut self, now: Instant) {
+        self.too_big_until = Some(now + TOO_BIG_FOR);
+        self.since = None;
+        self.names = HashSet::new();
+        self.meanwhile = Vec::new();
     }
 }
 
@@ -253,7 +276,7 @@ impl<T> HeldNames<T> {
         };
         h.used = now;
         let fresh = h.since.is_some_and(|s| now < s + self.ttl);
-        if fresh || h.listings > 0 || h.too_big_until.is_some_and(|t| now < t) {
+        if fresh || h.listings > 0 || h.too_big(now) {
             return false;
         }
         if h.first_miss.is_none_or(|t| now >= t + self.ttl) {
@@ -289,7 +312,7 @@ impl<T> HeldNames<T> {
         h.listings = h.listings.saturating_sub(1);
         match what {
             Listed::Names(list) => {
-                if h.since.is_none_or(|s| s < began) {
+                if !h.too_big(now) && h.since.is_none_or(|s| s < began) {
                     let mut names: HashSet<Vec<u8>> = list
                         .iter()
                         .filter(|n| n.as_slice() != b"." && n.as_slice() != b"..")
@@ -297,8 +320,12 @@ impl<T> HeldNames<T> {
                         .collect();
                     names.extend(h.meanwhile.iter().cloned());
                     names.extend(h.making.keys().cloned());
-                    h.names = names;
-                    h.since = Some(began);
+                    if names.len() > MAX_NAMES {
+                        h.drop_names(now);
+                    } else {
+                        h.names = names;
+                        h.since = Some(began);
+                    }
                 }
             }
             Listed::TooMany | Listed::Failed => {
@@ -541,6 +568,28 @@ mod tests {
         assert!(
             n.absent(100 + MAX_DIRS as u64, &dirs[MAX_DIRS], b"a")
                 .is_some()
+        );
+    }
+
+    #[test]
+    fn a_directory_that_grows_past_the_bound_is_not_held() {
+        let n = HeldNames::new(TTL);
+        let d = Arc::new(());
+        made(&n, &d);
+        let names: Vec<Vec<u8>> = (0..=MAX_NAMES)
+            .map(|i| format!("f{i}").into_bytes())
+            .collect();
+        n.seen(7, &d, names[..MAX_NAMES].iter().map(Vec::as_slice));
+        assert!(n.absent(7, &d, b"other").is_some(), "at the bound: held");
+        drop(n.making(7, &d, &names[MAX_NAMES]));
+        assert_eq!(n.absent(7, &d, b"other"), None, "past it: nothing held");
+        assert!(n.lock()[&7].names.is_empty(), "and nothing kept");
+        let began = n.listing(7, &d).unwrap();
+        n.listed(7, &d, began, Listed::Names(vec![]));
+        assert_eq!(
+            n.absent(7, &d, b"other"),
+            None,
+            "nor taken from a listing for a while"
         );
     }
 
