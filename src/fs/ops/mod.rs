@@ -598,8 +598,12 @@ impl ViewFs {
     ///
     /// A mount point inside the backing tree is not crossed: it is reported as absent.
     ///
+    /// On an SMB share a name the directory's held names lack is answered absent
+    /// without asking the share (`fs/names.rs`).
+    ///
     /// # Errors
-    /// `ENOENT` when absent, `ENOTDIR` when `parent` is not a directory.
+    /// `ENOENT` when absent ([`FsError::Absent`] when held names say so), `ENOTDIR`
+    /// when `parent` is not a directory.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
         let held = if self.names.on() {
             let p = self.dir(parent)?;
