@@ -638,7 +638,10 @@ impl ViewFs {
             return;
         };
         let list = || -> FsResult<Listed> {
-            let fd = file::reopen(p.fd()?.as_fd(), Kind::Directory, Access::Directory)?;
+            let path_fd = p.fd()?;
+            let fd = self
+                .inodes
+                .with_fds(|| file::reopen(path_fd.as_fd(), Kind::Directory, Access::Directory))?;
             self.no_atime(&fd, Kind::Directory);
             let mut buf = vec![MaybeUninit::uninit(); DIR_BUF];
             let mut names = Vec::new();
@@ -658,17 +661,6 @@ impl ViewFs {
             Listed::Failed
         });
         self.names.listed(ino, p, began, listed);
-    }
-
-    /// `name` is about to be made in directory `p` (number `ino`) by the view: held
-    /// until the guard is dropped, after it is made (`fs/names.rs`).
-    pub(super) fn making<'a>(
-        &'a self,
-        ino: u64,
-        p: &Arc<Inode>,
-        name: &OsStr,
-    ) -> super::names::Making<'a, Inode> {
-        self.names.making(ino, p, name.as_bytes())
     }
 
     /// [`ViewFs::lookup`] made by the view itself (a listing's attributes).

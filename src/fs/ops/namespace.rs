@@ -326,7 +326,7 @@ impl ViewFs {
         self.writable()?;
         refuse_reserved(name)?;
         let p = self.dir(parent)?;
-        let _making = self.making(parent, &p, name);
+        let _making = self.names.making(parent, &p, name.as_bytes());
         let perm = mode & file::PERM_MASK;
         let disk_perm = self.policy.disk_create_perm(Kind::Regular, perm);
         let new = NewEntry {
@@ -536,7 +536,7 @@ impl ViewFs {
         self.writable()?;
         refuse_reserved(name)?;
         let p = self.dir(parent)?;
-        let _making = self.making(parent, &p, name);
+        let _making = self.names.making(parent, &p, name.as_bytes());
         let root_mnt = self.root_mnt;
         let (fd, (), record) = self.make_entry(&p, name, new, creator, make, |dir, n, ()| {
             let fd = file::open_child(dir, n, root_mnt)?;
@@ -567,7 +567,7 @@ impl ViewFs {
         refuse_reserved(name)?;
         let inode = self.inodes.get(ino)?;
         let p = self.dir(new_parent)?;
-        let _making = self.making(new_parent, &p, name);
+        let _making = self.names.making(new_parent, &p, name.as_bytes());
         let fd = inode.fd()?;
         file::link(fd.as_fd(), p.fd()?.as_fd(), name)?;
         // The linked inode itself, not whatever the new name holds by now: reached by
@@ -684,7 +684,7 @@ impl ViewFs {
         refuse_reserved(new_name)?;
         let p = self.dir(parent)?;
         let np = self.dir(new_parent)?;
-        let _making = self.making(new_parent, &np, new_name);
+        let _making = self.names.making(new_parent, &np, new_name.as_bytes());
         let npfd = np.fd()?;
         if flags & libc::RENAME_EXCHANGE == 0 {
             // What the new name held until now is removed by the rename.
