@@ -75,6 +75,90 @@ impl Fixture {
     }
 }
 
+impl Drop for Fixture {
+    /// A failing test's logs (its views', its driver's, its servers') outlive its
+    /// temporary directory: copied whole to the VM tier's log directory
+    /// (`failed/TEST/`), or, on the host, their last lines printed with the failure.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            keep_logs(self.dir.path());
+        }
+    }
+}
+
+/// Log files below `root` worth keeping: `*.log` (views, driver, servers) and a
+/// daemon's `mnt.logPID-N` ([`Mounted`]), on `root`'s own file system only (a mount
+/// left by the failure may no longer answer).
+fn logs_below(root: &Path) -> Vec<PathBuf> {
+    let Ok(top) = fs::symlink_metadata(root) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for e in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.dev() != top.dev() {
+                continue;
+            }
+            let path = e.path();
+            if m.is_dir() {
+                dirs.push(path);
+            } else if m.is_file()
+                && path
+                    .extension()
+                    .and_then(|x| x.to_str())
+                    .is_some_and(|x| x.starts_with("log"))
+            {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+fn keep_logs(root: &Path) {
+    for log in logs_below(root) {
+        keep_log(&log, log.strip_prefix(root).unwrap_or(&log));
+    }
+}
+
+/// Keeps one log of a failing test as `rel`: copied to the VM tier's log directory
+/// (`failed/TEST/REL`), or its last lines printed on the host.
+fn keep_log(log: &Path, rel: &Path) {
+    const MOST: u64 = 16 << 20;
+    const TAIL: usize = 40;
+    match std::env::var_os("MOUNTGROUP_VM_OUT") {
+        Some(out) => {
+            let test = std::thread::current()
+                .name()
+                .unwrap_or("test")
+                .replace("::", "-");
+            let dest = PathBuf::from(out).join("failed").join(test).join(rel);
+            let small = fs::metadata(log).is_ok_and(|m| m.len() <= MOST);
+            if small
+                && fs::create_dir_all(dest.parent().unwrap()).is_ok()
+                && fs::copy(log, &dest).is_ok()
+            {
+                eprintln!("kept {} as {}", rel.display(), dest.display());
+            }
+        }
+        None => {
+            let text = fs::read(log).unwrap_or_default();
+            let text = String::from_utf8_lossy(&text);
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(TAIL)..];
+            eprintln!(
+                "--- the last {} lines of {}:\n{}",
+                tail.len(),
+                rel.display(),
+                tail.join("\n")
+            );
+        }
+    }
+}
+
 /// A running `mountgroup mount`. Dropping it stops the daemon and makes sure the
 /// mount is gone.
 pub struct Mounted {
@@ -232,6 +316,11 @@ impl Mounted {
 impl Drop for Mounted {
     fn drop(&mut self) {
         self.shutdown();
+        if std::thread::panicking() {
+            // The test fails: what the daemon said goes with it (see `Fixture`'s drop).
+            let name = self.log.file_name().map(PathBuf::from).unwrap_or_default();
+            keep_log(&self.log, &name);
+        }
         let _ = fs::remove_file(&self.log);
     }
 }
