@@ -14,7 +14,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 
-use crate::sys::file::{self, Access, Kind, Stat};
+use crate::sys::file::{self, Access, Kind, Stat, Time};
 use crate::sys::fuse::Backing;
 use crate::sys::handle::{self, FileHandle};
 use crate::sys::{Errno, SysResult};
@@ -34,16 +34,42 @@ const SPARE_BASE: u64 = 1 << 63;
 /// A backing inode's identity. An inode number alone is not one: a file system reuses
 /// the number of a deleted file for the next file it makes, so where the file system
 /// has handles, the handle (which carries a generation) names the inode, as in
-/// virtiofsd's inode store. Only where there are none does the number have to do.
+/// virtiofsd's inode store. Where there are none, the number and the birth time do,
+/// where the file system tells it, as the kernel's SMB client tells a reused server
+/// inode number from the file that had it (fs/smb/client/inode.c `cifs_find_inode`
+/// compares the creation time).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum InodeKey {
     /// A file handle on the device `dev`.
     Handle { dev: u64, handle: FileHandle },
-    /// Device and inode number, for file systems without handles.
-    Number { dev: u64, ino: u64 },
+    /// Device, inode number and birth time, for file systems without handles. On an
+    /// SMB share the server hands a new file the number of one just removed (Samba
+    /// on ext4 does, at once): as one inode, two files shared one node id, and the
+    /// kernel refused an open of one for the other's open mode (`EIO`,
+    /// fs/fuse/iomode.c), or opened the other's descriptor.
+    Number {
+        dev: u64,
+        ino: u64,
+        born: Option<Time>,
+    },
 }
 
 impl InodeKey {
+    /// The identity of the inode `st` describes, by `handle` where it has one.
+    pub fn of(st: &Stat, handle: Option<FileHandle>) -> InodeKey {
+        match handle {
+            Some(handle) => InodeKey::Handle {
+                dev: st.dev,
+                handle,
+            },
+            None => InodeKey::Number {
+                dev: st.dev,
+                ino: st.ino,
+                born: st.btime,
+            },
+        }
+    }
+
     /// The device the inode is on.
     pub fn dev(&self) -> u64 {
         match self {
@@ -58,9 +84,10 @@ impl InodeKey {
                 dev: *dev,
                 words: handle.words().to_vec(),
             },
-            InodeKey::Number { dev, ino } => KeySnapshot::Number {
+            InodeKey::Number { dev, ino, born } => KeySnapshot::Number {
                 dev: *dev,
                 ino: *ino,
+                born: born.map(|t| (t.sec, t.nsec)),
             },
         }
     }
@@ -76,9 +103,10 @@ impl InodeKey {
                 handle: FileHandle::from_words(words)
                     .ok_or(FsError::Handover("a malformed file handle"))?,
             },
-            KeySnapshot::Number { dev, ino } => InodeKey::Number {
+            KeySnapshot::Number { dev, ino, born } => InodeKey::Number {
                 dev: *dev,
                 ino: *ino,
+                born: born.map(|(sec, nsec)| Time { sec, nsec }),
             },
         })
     }
@@ -98,6 +126,16 @@ pub struct DataFile {
     /// The view's journal, where the closing of the backing id is written (once the
     /// view has one).
     journal: JournalSlot,
+    /// Where the file waits for its last handle after it was removed while open: see
+    /// [`DataFile::remove_when_let_go`].
+    moved_aside: Mutex<Option<MovedAside>>,
+}
+
+/// A removed file's reserved name in its directory, removed in turn when the view
+/// lets the file go.
+pub struct MovedAside {
+    pub dir: Arc<OwnedFd>,
+    pub name: std::ffi::OsString,
 }
 
 impl Drop for DataFile {
@@ -105,14 +143,35 @@ impl Drop for DataFile {
     /// recovered from the journal must not answer an open with an id the kernel no
     /// longer has: fs/fuse/passthrough.c `fuse_passthrough_open` finds no backing file
     /// for it, and fs/fuse/iomode.c `fuse_file_io_open` fails the open with `EIO`.
+    /// Then removes the reserved name of a file removed while open.
     fn drop(&mut self) {
-        let Some(Some(b)) = self.passthrough.get() else {
-            return;
-        };
-        if let Some(j) = self.journal.get() {
+        if let Some(Some(b)) = self.passthrough.get()
+            && let Some(j) = self.journal.get()
+        {
             j.append(&Entry::Unbacked { id: b.id() });
         }
+        let moved = self
+            .moved_aside
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(m) = moved
+            && let Err(e) = file::unlink(m.dir.as_fd(), &m.name, file::Remove::NonDirectory)
+        {
+            left_aside(e, &m.name);
+        }
     }
+}
+
+/// Says that a file stays on the share under the reserved name `name`, which no view
+/// shows: a step that moved it aside (a removal or replacement of an open file where
+/// the server keeps an open file's name) could not be undone or finished.
+pub fn left_aside(e: Errno, name: &std::ffi::OsStr) {
+    tracing::warn!(
+        error = %e,
+        name = ?name,
+        "a file the view moved aside stays on the share under this reserved name, which no view shows; rename or remove it on the share"
+    );
 }
 
 impl DataFile {
@@ -124,7 +183,22 @@ impl DataFile {
             passthrough: OnceLock::new(),
             direct: OnceLock::new(),
             journal: Arc::clone(journal),
+            moved_aside: Mutex::new(None),
         }
+    }
+
+    /// Removes `aside` (the reserved name this file was moved to when it was removed
+    /// while the view held it open) once the last handle lets the file go. Until then
+    /// the server keeps the file under that name, which no view shows, and an open of
+    /// it that the kernel makes for passthrough after the view's own (fs/fuse/
+    /// passthrough.c `fuse_passthrough_open` opens the backing file again, by its
+    /// name on a network share) still finds it. Removed at once, the file would be
+    /// "delete pending" on an SMB server, which refuses every open of it, and the
+    /// kernel would fail the caller's open with `EIO` (fs/fuse/iomode.c
+    /// `fuse_file_io_open`), where without the view the open succeeds or finds no
+    /// file.
+    pub fn remove_when_let_go(&self, aside: MovedAside) {
+        *lock(&self.moved_aside) = Some(aside);
     }
 
     /// The descriptor direct I/O goes through: the shared one reopened with
@@ -456,16 +530,10 @@ impl InodeTable {
     /// `max_cached` descriptors are kept open for inodes reached by handle.
     pub fn new(root_fd: OwnedFd, root: &Stat, max_cached: usize) -> InodeTable {
         let mount_fd = file::reopen(root_fd.as_fd(), Kind::Directory, Access::Directory).ok();
-        let key = match handle::of(root_fd.as_fd()) {
-            Ok(handle) if mount_fd.is_some() => InodeKey::Handle {
-                dev: root.dev,
-                handle,
-            },
-            _ => InodeKey::Number {
-                dev: root.dev,
-                ino: root.ino,
-            },
-        };
+        let handle = handle::of(root_fd.as_fd())
+            .ok()
+            .filter(|_| mount_fd.is_some());
+        let key = InodeKey::of(root, handle);
         let root_fd = Arc::new(root_fd);
         let shared = Arc::new(Shared {
             mount_fd,
@@ -588,16 +656,7 @@ impl InodeTable {
         // Without a mount descriptor to open handles against, inodes keep their
         // descriptors.
         let handle = handle.filter(|_| self.shared.mount_fd.is_some());
-        let key = match &handle {
-            Some(h) => InodeKey::Handle {
-                dev: st.dev,
-                handle: h.clone(),
-            },
-            None => InodeKey::Number {
-                dev: st.dev,
-                ino: st.ino,
-            },
-        };
+        let key = InodeKey::of(st, handle.clone());
         {
             // Under the read lock no FORGET can remove an entry, so an inode found
             // here has at least one lookup and may safely gain another.
@@ -764,14 +823,13 @@ impl InodeTable {
         }
     }
 
-    /// Whether the view holds the inode `key` names open (a handle of it, or a release
-    /// the kernel has sent and the view not yet answered).
-    pub fn held_open(&self, key: &InodeKey) -> bool {
+    /// The inode `key` names, if the table holds it.
+    pub fn by_key(&self, key: &InodeKey) -> Option<Arc<Inode>> {
         let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
         maps.by_key
             .get(key)
             .and_then(|id| maps.by_id.get(id))
-            .is_some_and(|inode| lock(&inode.data).strong_count() > 0)
+            .map(Arc::clone)
     }
 
     /// Closes the cached descriptor of the inode named by `handle` on `dev`, if the
@@ -1035,6 +1093,49 @@ mod tests {
         let (fd, st) = open(&dir.path().join("a"));
         let again = table.lookup(fd, &st);
         assert!(journaled_ids(&journal).contains(&again.id));
+    }
+
+    /// Without handles an inode is its number and its birth time: a file made with the
+    /// number of one just removed (an SMB server's) is another inode, with another
+    /// node id while the kernel holds the first.
+    #[test]
+    fn a_reused_inode_number_with_another_birth_time_is_another_inode() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), "").unwrap();
+        let (rfd, rst) = open(dir.path());
+        let table = InodeTable::new(rfd, &rst, 16);
+        let (fd, st) = open(&dir.path().join("a"));
+        assert!(
+            st.btime.is_some(),
+            "the test's file system tells birth times"
+        );
+        let first = table.lookup_handled(fd, &st, None);
+        let (fd, same) = open(&dir.path().join("a"));
+        assert!(Arc::ptr_eq(&first, &table.lookup_handled(fd, &same, None)));
+        let mut later = same;
+        later.btime = Some(Time {
+            sec: later.btime.unwrap().sec + 1,
+            nsec: 0,
+        });
+        let (fd, _) = open(&dir.path().join("a"));
+        let second = table.lookup_handled(fd, &later, None);
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert_ne!(first.id, second.id, "the first one's node id is taken");
+        // The identity survives a snapshot, and one written before it had a birth
+        // time still reads.
+        assert_eq!(
+            InodeKey::from_snapshot(&second.key.snapshot()).unwrap(),
+            second.key
+        );
+        let old: KeySnapshot = serde_json::from_str(r#"{"Number":{"dev":1,"ino":2}}"#).unwrap();
+        assert_eq!(
+            InodeKey::from_snapshot(&old).unwrap(),
+            InodeKey::Number {
+                dev: 1,
+                ino: 2,
+                born: None
+            }
+        );
     }
 
     #[test]

@@ -12,8 +12,18 @@ use serde::{Deserialize, Serialize};
 /// An inode's identity.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KeySnapshot {
-    Handle { dev: u64, words: Vec<u32> },
-    Number { dev: u64, ino: u64 },
+    Handle {
+        dev: u64,
+        words: Vec<u32>,
+    },
+    Number {
+        dev: u64,
+        ino: u64,
+        /// Seconds and nanoseconds of the birth time (`InodeKey::Number`); absent
+        /// in a snapshot written before it was part of the identity.
+        #[serde(default)]
+        born: Option<(i64, u32)>,
+    },
 }
 
 /// One inode the kernel holds.

@@ -76,7 +76,7 @@ impl Kind {
 }
 
 /// A point in time as the kernel stores it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Time {
     pub sec: i64,
     pub nsec: u32,
