@@ -128,6 +128,9 @@ impl ViewFs {
         } else {
             Access::ReadWrite
         };
+        // Where a removed open file stays "delete pending", a removal waits until the
+        // descriptor is in the slot, where it sees it (`ViewFs::removal`).
+        let _no_removal = self.delete_pends.then(|| read(&self.removal));
         // Not under the slot's lock: reaching the inode may take it too.
         let path_fd = inode.fd()?;
         let reopen = |access| {
@@ -143,6 +146,7 @@ impl ViewFs {
             }
             Err(e) => return Err(e.into()),
         };
+        Self::same_file(inode, &fd)?;
         self.no_atime(&fd, inode.kind);
         let mut slot = lock(&inode.data);
         // Another open may have got there first; one descriptor per inode.
@@ -154,6 +158,29 @@ impl ViewFs {
         let data = Arc::new(DataFile::new(fd, writable, &self.journal));
         *slot = Arc::downgrade(&data);
         Ok(data)
+    }
+
+    /// Checks that a descriptor reopened for `inode` is that file: where the inode is
+    /// reached by a name (no handles: the SMB client), the name may lead to another
+    /// file by now, made under it after this one was removed or moved away, and the
+    /// open would have read and written that one, and the kernel's passthrough open
+    /// of it, by the name, been refused once that one went in turn (`EIO`). `ENOENT`
+    /// then, as for a file gone.
+    fn same_file(inode: &Inode, fd: &OwnedFd) -> FsResult<()> {
+        let InodeKey::Number { dev, ino, born } = inode.key else {
+            return Ok(());
+        };
+        let st = file::stat(fd.as_fd())?;
+        // A birth time compared where both tell one.
+        let same_birth = match (born, st.btime) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        };
+        if (st.dev, st.ino) == (dev, ino) && same_birth {
+            Ok(())
+        } else {
+            Err(FsError::Os(Errno::ENOENT))
+        }
     }
 
     /// Opens a regular file. All handles of an inode share one backing descriptor,

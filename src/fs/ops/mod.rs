@@ -11,7 +11,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use dashmap::DashMap;
 
@@ -240,6 +240,16 @@ pub struct ViewFs {
     /// RELEASE, after the caller's `close` returned, so such a name is renamed out of
     /// the way first (`namespace.rs`, `unlink`).
     delete_pends: bool,
+    /// Where `delete_pends`: held for reading while an open makes a file's shared
+    /// descriptor, and for writing while a removal (or a rename onto a name) decides
+    /// whether the view holds the file open and is made. A file removed an instant
+    /// after the view opened it, but before the kernel's own passthrough open of it
+    /// (fs/fuse/passthrough.c `fuse_passthrough_open`, which opens it again, by name on
+    /// the SMB client), is "delete pending" on the server, which refuses that open, and
+    /// the kernel fails the caller's open with `EIO` (fs/fuse/iomode.c
+    /// `fuse_file_io_open`). With the lock the removal sees the file held and moves it
+    /// aside instead ([`DataFile::remove_when_let_go`]).
+    removal: RwLock<()>,
     /// Where changes to the handles are journaled, when a keeper holds the view
     /// (`fs/journal.rs`).
     journal: super::journal::JournalSlot,
@@ -306,6 +316,14 @@ fn cstring(name: &OsStr) -> FsResult<CString> {
     CString::new(name.as_bytes()).map_err(|_| FsError::Os(Errno::EINVAL))
 }
 
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -347,6 +365,7 @@ impl ViewFs {
             records_listed: nfs,
             records_absent: Default::default(),
             delete_pends,
+            removal: RwLock::new(()),
             policy: Policy::from_options(options),
             record_xattr: record::record_xattr(options.ownership).unwrap_or(RECORD_XATTR),
             readonly: options.readonly,
@@ -1693,6 +1712,51 @@ mod tests {
         assert!(absent(e, "m"));
         assert!(v.lookup(e, name("a")).is_ok());
         assert!(!absent(ROOT, "m"), "the root was not listed");
+    }
+
+    #[test]
+    fn a_file_removed_while_open_waits_under_a_reserved_name_until_let_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = view(dir.path(), "gid=5");
+        // As on an SMB share (`ViewFs::new`), which this is not.
+        v.delete_pends = true;
+        let name = OsStr::new;
+        let aside = || {
+            std::fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name())
+                .filter(|n| namespace::is_reserved_name(n.as_bytes()))
+                .count()
+        };
+        for replace in [false, true] {
+            std::fs::write(dir.path().join("pid"), "1234").unwrap();
+            let ino = v.lookup(ROOT, name("pid")).unwrap().ino;
+            let fh = v.open(ino, libc::O_RDONLY, ME.into()).unwrap().fh;
+            if replace {
+                std::fs::write(dir.path().join("new"), "5678").unwrap();
+                v.rename(ROOT, name("new"), ROOT, name("pid"), 0).unwrap();
+                assert_eq!(std::fs::read(dir.path().join("pid")).unwrap(), b"5678");
+            } else {
+                v.unlink(ROOT, name("pid"), Remove::NonDirectory).unwrap();
+                assert!(!dir.path().join("pid").exists(), "the name is free at once");
+            }
+            // The kernel's passthrough open, made after the view's, must still find
+            // the file: on an SMB server a removed open file refuses every open.
+            assert_eq!(aside(), 1, "replace: {replace}");
+            assert_eq!(v.read(fh, 0, 4, false).unwrap(), b"1234");
+            v.release(fh);
+            assert_eq!(aside(), 0, "gone with the last handle (replace: {replace})");
+            v.forget(ino, 1);
+        }
+        // A file the view does not hold open is removed at once.
+        std::fs::write(dir.path().join("closed"), "").unwrap();
+        v.lookup(ROOT, name("closed")).unwrap();
+        let keep = v.opendir(ROOT).unwrap();
+        v.unlink(ROOT, name("closed"), Remove::NonDirectory)
+            .unwrap();
+        assert_eq!(aside(), 0);
+        v.release(keep);
     }
 
     #[test]

@@ -12,6 +12,8 @@
 
 use std::os::unix::ffi::OsStringExt;
 
+use crate::fs::inode::{MovedAside, left_aside};
+
 use super::*;
 
 /// The prefix of names a view reserves for the daemon: hidden from lookups and
@@ -598,54 +600,48 @@ impl ViewFs {
         let pfd = p.fd()?;
         if what == Remove::NonDirectory {
             self.let_go_of(&p, pfd.as_fd(), name);
-            if self.delete_pends && self.holds_open(pfd.as_fd(), name) {
-                return self.unlink_held(pfd.as_fd(), name);
+            if self.delete_pends {
+                // No open of a file begins its system call while this removal decides
+                // and is made (`ViewFs::removal`): one already made is seen held, one
+                // after finds no file.
+                let _no_opens = write(&self.removal);
+                if let Some(data) = self.held_child(pfd.as_fd(), name) {
+                    return self.unlink_held(&pfd, name, &data);
+                }
+                return Ok(file::unlink(pfd.as_fd(), name, what)?);
             }
         }
         Ok(file::unlink(pfd.as_fd(), name, what)?)
     }
 
-    /// Whether the view holds open what `name` in `dir` is now (a hint: the name is
-    /// read, not opened).
-    fn holds_open(&self, dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> bool {
+    /// The shared descriptor of what `name` in `dir` is now, if the view holds it open
+    /// (a hint: the name is read, not opened). Only an inode of the table can be open:
+    /// the kernel opens what it looked up.
+    fn held_child(&self, dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> Option<Arc<DataFile>> {
         // Nothing open, nothing held: spare the share the stat of the name.
         if self.handles.is_empty() {
-            return false;
+            return None;
         }
-        let Ok(st) = file::stat_child(dir, name) else {
-            return false;
-        };
-        let key = match self.inodes.handle_of_child(dir, name) {
-            Some(handle) => InodeKey::Handle {
-                dev: st.dev,
-                handle,
-            },
-            None => InodeKey::Number {
-                dev: st.dev,
-                ino: st.ino,
-            },
-        };
-        self.inodes.held_open(&key)
+        let st = file::stat_child(dir, name).ok()?;
+        let key = InodeKey::of(&st, self.inodes.handle_of_child(dir, name));
+        let inode = self.inodes.by_key(&key)?;
+        lock(&inode.data).upgrade()
     }
 
-    /// Removes `name`, which the view holds open, where removing an open file leaves
-    /// its name until the last handle closes (`delete_pends`): renamed first to a
+    /// Removes `name`, whose file `data` the view holds open, where removing an open
+    /// file leaves its name until the last handle closes (`delete_pends`): renamed to a
     /// reserved name (hidden from every view, and random), so that the name is free at
     /// once, as the caller, who has closed the file or holds it open, expects of an
-    /// unlink; the reserved name goes when the view lets the file go.
-    fn unlink_held(&self, dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> FsResult<()> {
+    /// unlink; the reserved name is removed when the view lets the file go
+    /// ([`DataFile::remove_when_let_go`] says why not now).
+    fn unlink_held(&self, dir: &Arc<OwnedFd>, name: &OsStr, data: &DataFile) -> FsResult<()> {
         let hidden = reserved_name("gone");
-        file::rename(dir, name, dir, &hidden, 0)?;
-        match file::unlink(dir, &hidden, Remove::NonDirectory) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // Put the name back: the caller's unlink failed, as it would have.
-                if let Err(back) = file::rename(dir, &hidden, dir, name, 0) {
-                    left_hidden(back, &hidden);
-                }
-                Err(e.into())
-            }
-        }
+        file::rename(dir.as_fd(), name, dir.as_fd(), &hidden, 0)?;
+        data.remove_when_let_go(MovedAside {
+            dir: Arc::clone(dir),
+            name: hidden,
+        });
+        Ok(())
     }
 
     /// Before `name` in `dir` is removed or replaced: closes the view's cached
@@ -691,8 +687,19 @@ impl ViewFs {
             self.let_go_of(&np, npfd.as_fd(), new_name);
         }
         let pfd = p.fd()?;
-        if self.delete_pends && flags == 0 && self.holds_open(npfd.as_fd(), new_name) {
-            return self.rename_onto_held(pfd.as_fd(), name, npfd.as_fd(), new_name);
+        if self.delete_pends && flags == 0 {
+            // As in `unlink`: no open of a file begins meanwhile.
+            let _no_opens = write(&self.removal);
+            if let Some(data) = self.held_child(npfd.as_fd(), new_name) {
+                return self.rename_onto_held(pfd.as_fd(), name, &npfd, new_name, &data);
+            }
+            return Ok(file::rename(
+                pfd.as_fd(),
+                name,
+                npfd.as_fd(),
+                new_name,
+                flags,
+            )?);
         }
         Ok(file::rename(
             pfd.as_fd(),
@@ -713,34 +720,26 @@ impl ViewFs {
         &self,
         dir: std::os::fd::BorrowedFd<'_>,
         name: &OsStr,
-        new_dir: std::os::fd::BorrowedFd<'_>,
+        new_dir: &Arc<OwnedFd>,
         new_name: &OsStr,
+        held: &DataFile,
     ) -> FsResult<()> {
         let hidden = reserved_name("gone");
-        file::rename(new_dir, new_name, new_dir, &hidden, 0)?;
-        if let Err(e) = file::rename(dir, name, new_dir, new_name, 0) {
-            if let Err(back) = file::rename(new_dir, &hidden, new_dir, new_name, 0) {
-                left_hidden(back, &hidden);
+        let nd = new_dir.as_fd();
+        file::rename(nd, new_name, nd, &hidden, 0)?;
+        if let Err(e) = file::rename(dir, name, nd, new_name, 0) {
+            if let Err(back) = file::rename(nd, &hidden, nd, new_name, 0) {
+                left_aside(back, &hidden);
             }
             return Err(e.into());
         }
-        // The rename is made; the old file goes when the view lets it go, or stays
-        // under a name no view shows if the server refuses to remove it now.
-        if let Err(e) = file::unlink(new_dir, &hidden, Remove::NonDirectory) {
-            left_hidden(e, &hidden);
-        }
+        // The rename is made; the old file goes when the view lets it go.
+        held.remove_when_let_go(MovedAside {
+            dir: Arc::clone(new_dir),
+            name: hidden,
+        });
         Ok(())
     }
-}
-
-/// Says that a file stays on the share under the reserved name `hidden`, which no view
-/// shows: a step that moved it aside (`delete_pends`) could not be undone or finished.
-fn left_hidden(e: Errno, hidden: &OsStr) {
-    tracing::warn!(
-        error = %e,
-        name = ?hidden,
-        "a file the view moved aside stays on the share under this reserved name, which no view shows; rename or remove it on the share"
-    );
 }
 
 /// What a create is asked to make.
