@@ -842,3 +842,75 @@ async fn two_nodes_publish_one_volume_of_a_root_squashed_nfs_export() {
     let mount = |at: &Path| mount_nfs(&export, at, ",nosharecache");
     two_nodes_publish_one_volume(&f, &mount, "fuse-user-xattr", Owners::Held).await;
 }
+
+/// pg_ctl polls PostgreSQL's `postmaster.pid` while the server, stopping, removes it:
+/// an open racing the removal of the file on an SMB share through the view finds the
+/// file or no file, as on the raw mount, never `EIO` (17 times in 30 s of this loop
+/// before). The view opens the file, then the kernel opens it again for passthrough, by
+/// its name on the SMB client: removed between the two, the file was "delete pending"
+/// on the server, which refused the kernel's open; and a kernel entry that outlived its
+/// file had the view reopen, by that name, the next file made under it. The writer's
+/// creates may fail with `ENOENT`, as on the raw mount (most of them there, while the
+/// reader holds the removed file open and the server keeps its name).
+///
+/// Not yet true under load: in a run of the whole file (two tests at a time) the
+/// reader still met `EIO` 3 times in 15 s (none in three runs alone). So .ci/run skips
+/// it until that race is found; by hand:
+/// `scripts/vm-test 6.12 --systemd shares "--ignored an_open_racing_a_removal"`.
+#[test]
+#[ignore = "needs the cifs module and Samba, and fails now and then (see above): run by hand in the VM tier"]
+fn an_open_racing_a_removal_on_smb_finds_the_file_or_no_file() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let f = Fixture::new();
+    let (_s, m, _metrics) = counted_azure_view(&f, "");
+    let path = m.mountpoint.join("postmaster.pid");
+    let stop = AtomicBool::new(false);
+    let (found, absent) = (AtomicU64::new(0), AtomicU64::new(0));
+    let mut failed = Vec::new();
+    let mut rounds = 0u64;
+    let reader_failed = std::thread::scope(|sc| {
+        let reader = sc.spawn(|| {
+            let mut failed = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                match fs::read(&path) {
+                    Ok(_) => found.fetch_add(1, Ordering::Relaxed),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        absent.fetch_add(1, Ordering::Relaxed)
+                    }
+                    Err(e) => {
+                        failed.push(e.to_string());
+                        0
+                    }
+                };
+            }
+            failed
+        });
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(15) {
+            let created = fs::write(&path, b"1234\n");
+            std::thread::sleep(Duration::from_millis(rounds % 7));
+            let removed = fs::remove_file(&path);
+            for (what, r) in [("create", created), ("remove", removed)] {
+                match r {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        failed.push(format!("{what}: {e}"))
+                    }
+                    _ => {}
+                }
+            }
+            std::thread::sleep(Duration::from_millis(rounds % 3));
+            rounds += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        reader.join().unwrap()
+    });
+    let (found, absent) = (found.into_inner(), absent.into_inner());
+    assert!(reader_failed.is_empty(), "the reader: {reader_failed:?}");
+    assert!(failed.is_empty(), "the writer: {failed:?}");
+    // The race ran: the reader saw the file, and its absence, many times.
+    assert!(
+        found > 100 && absent > 100,
+        "{rounds} rounds: found {found}, absent {absent}"
+    );
+    drop(m);
+}
