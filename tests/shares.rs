@@ -846,19 +846,17 @@ async fn two_nodes_publish_one_volume_of_a_root_squashed_nfs_export() {
 /// pg_ctl polls PostgreSQL's `postmaster.pid` while the server, stopping, removes it:
 /// an open racing the removal of the file on an SMB share through the view finds the
 /// file or no file, as on the raw mount, never `EIO` (17 times in 30 s of this loop
-/// before). The view opens the file, then the kernel opens it again for passthrough, by
-/// its name on the SMB client: removed between the two, the file was "delete pending"
-/// on the server, which refused the kernel's open; and a kernel entry that outlived its
-/// file had the view reopen, by that name, the next file made under it. The writer's
-/// creates may fail with `ENOENT`, as on the raw mount (most of them there, while the
-/// reader holds the removed file open and the server keeps its name).
-///
-/// Not yet true under load: in a run of the whole file (two tests at a time) the
-/// reader still met `EIO` 3 times in 15 s (none in three runs alone). So .ci/run skips
-/// it until that race is found; by hand:
-/// `scripts/vm-test 6.12 --systemd shares "--ignored an_open_racing_a_removal"`.
+/// before, and 3 in 20 s under load until the view counted a shared descriptor as
+/// open before its handle). The view opens the file, then the kernel opens it again
+/// for passthrough, by its name on the SMB client: removed between the two, the file
+/// was "delete pending" on the server, which refused the kernel's open; and a kernel
+/// entry that outlived its file had the view reopen, by that name, the next file made
+/// under it. The writer's creates may fail with `ENOENT`, as on the raw mount (most of
+/// them there, while the reader holds the removed file open and the server keeps its
+/// name). Two threads keep both of the VM's processors busy meanwhile, which widens the
+/// view's windows as a loaded node does.
 #[test]
-#[ignore = "needs the cifs module and Samba, and fails now and then (see above): run by hand in the VM tier"]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 fn an_open_racing_a_removal_on_smb_finds_the_file_or_no_file() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let f = Fixture::new();
@@ -869,6 +867,14 @@ fn an_open_racing_a_removal_on_smb_finds_the_file_or_no_file() {
     let mut failed = Vec::new();
     let mut rounds = 0u64;
     let reader_failed = std::thread::scope(|sc| {
+        for _ in 0..2 {
+            sc.spawn(|| {
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
+            });
+        }
         let reader = sc.spawn(|| {
             let mut failed = Vec::new();
             while !stop.load(Ordering::Relaxed) {

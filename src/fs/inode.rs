@@ -129,6 +129,35 @@ pub struct DataFile {
     /// Where the file waits for its last handle after it was removed while open: see
     /// [`DataFile::remove_when_let_go`].
     moved_aside: Mutex<Option<MovedAside>>,
+    /// Counts this descriptor among its view's live ones for as long as it lives.
+    _live: Counted,
+}
+
+/// How many shared descriptors ([`DataFile`]) of a view live. One counts from its
+/// making, before any handle holds it, until it is let go: the time in which the
+/// kernel may open its file for passthrough.
+#[derive(Clone, Default)]
+pub struct LiveFiles(Arc<AtomicUsize>);
+
+impl LiveFiles {
+    /// Whether no shared descriptor of the view lives.
+    pub fn none(&self) -> bool {
+        self.0.load(Ordering::SeqCst) == 0
+    }
+
+    fn count(&self) -> Counted {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Counted(Arc::clone(&self.0))
+    }
+}
+
+/// One live descriptor of [`LiveFiles`], uncounted when dropped.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A removed file's reserved name in its directory, removed in turn when the view
@@ -175,8 +204,9 @@ pub fn left_aside(e: Errno, name: &std::ffi::OsStr) {
 }
 
 impl DataFile {
-    /// A shared descriptor of the view whose journal is `journal`.
-    pub fn new(fd: OwnedFd, writable: bool, journal: &JournalSlot) -> DataFile {
+    /// A shared descriptor of the view whose journal is `journal`, counted in its
+    /// `live` ones.
+    pub fn new(fd: OwnedFd, writable: bool, journal: &JournalSlot, live: &LiveFiles) -> DataFile {
         DataFile {
             fd: Arc::new(fd),
             writable,
@@ -184,6 +214,7 @@ impl DataFile {
             direct: OnceLock::new(),
             journal: Arc::clone(journal),
             moved_aside: Mutex::new(None),
+            _live: live.count(),
         }
     }
 
@@ -250,8 +281,9 @@ impl DataFile {
         passthrough: Passthrough,
         dev: &Arc<OwnedFd>,
         journal: &JournalSlot,
+        live: &LiveFiles,
     ) -> DataFile {
-        let data = DataFile::new(fd, writable, journal);
+        let data = DataFile::new(fd, writable, journal, live);
         match passthrough {
             Passthrough::Untried => {}
             Passthrough::Refused => {
@@ -1312,6 +1344,7 @@ mod tests {
             std::fs::File::open(dir.path().join("f")).unwrap().into(),
             false,
             &Default::default(),
+            &LiveFiles::default(),
         ));
         *lock(&f.data) = Arc::downgrade(&data);
         std::fs::remove_file(dir.path().join("f")).unwrap();

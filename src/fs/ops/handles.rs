@@ -155,7 +155,7 @@ impl ViewFs {
                 return Ok(d);
             }
         }
-        let data = Arc::new(DataFile::new(fd, writable, &self.journal));
+        let data = Arc::new(DataFile::new(fd, writable, &self.journal, &self.live_files));
         *slot = Arc::downgrade(&data);
         Ok(data)
     }
@@ -523,6 +523,7 @@ impl ViewFs {
                 f.passthrough,
                 dev,
                 &self.journal,
+                &self.live_files,
             ));
             if let Some(ino) = f.ino {
                 let inode = self.inodes.get(ino)?;

@@ -23,7 +23,7 @@ use crate::sys::handle::FileHandle;
 use crate::sys::{dir, xattr};
 
 use super::error::{FsError, FsResult};
-use super::inode::{DataFile, Inode, InodeKey, InodeTable, RecordSeen};
+use super::inode::{DataFile, Inode, InodeKey, InodeTable, LiveFiles, RecordSeen};
 use super::record::{self, RECORD_XATTR, Record};
 use super::view::{self, Caller, Creator, Owner, OwnerChange, Policy};
 
@@ -253,6 +253,8 @@ pub struct ViewFs {
     /// Where changes to the handles are journaled, when a keeper holds the view
     /// (`fs/journal.rs`).
     journal: super::journal::JournalSlot,
+    /// How many of the view's shared descriptors live: see `namespace.rs`, `held_child`.
+    live_files: LiveFiles,
     /// What decides whether a listing carries attributes.
     listing: super::listing::ListingHints,
     /// The names of directories on an SMB share that answer lookups of absent names
@@ -386,6 +388,7 @@ impl ViewFs {
             tmpfile_missing: AtomicBool::new(false),
             daemon_ids: crate::sys::process::effective_ids(),
             journal: Default::default(),
+            live_files: LiveFiles::default(),
             listing: super::listing::ListingHints::default(),
             names: super::names::HeldNames::new(if delete_pends {
                 options.entry_timeout
@@ -1757,6 +1760,33 @@ mod tests {
             .unwrap();
         assert_eq!(aside(), 0);
         v.release(keep);
+    }
+
+    #[test]
+    fn a_file_opened_but_not_yet_handed_out_is_held_against_a_removal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = view(dir.path(), "gid=5");
+        v.delete_pends = true;
+        std::fs::write(dir.path().join("pid"), "1234").unwrap();
+        let ino = v.lookup(ROOT, OsStr::new("pid")).unwrap().ino;
+        // An open between making the shared descriptor and adding its handle, with
+        // no other handle in the view: the kernel's passthrough open is still to come.
+        let inode = v.inodes.get(ino).unwrap();
+        let data = v.shared_data(&inode, false).unwrap();
+        assert!(v.handles.is_empty());
+        v.unlink(ROOT, OsStr::new("pid"), Remove::NonDirectory)
+            .unwrap();
+        let aside: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(
+            aside.len() == 1 && namespace::is_reserved_name(aside[0].as_bytes()),
+            "moved aside, not removed: {aside:?}"
+        );
+        drop(data);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     #[test]

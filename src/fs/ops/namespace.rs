@@ -388,7 +388,12 @@ impl ViewFs {
         };
         let inode = self.inodes.lookup(path_fd, &st);
         self.no_atime(&data_fd, Kind::Regular);
-        let data = Arc::new(DataFile::new(data_fd, true, &self.journal));
+        let data = Arc::new(DataFile::new(
+            data_fd,
+            true,
+            &self.journal,
+            &self.live_files,
+        ));
         *lock(&inode.data) = Arc::downgrade(&data);
         let attr = self.attr_of_new(&inode, &st, record);
         let direct = match self.serves_direct(flags, &data) {
@@ -618,8 +623,10 @@ impl ViewFs {
     /// (a hint: the name is read, not opened). Only an inode of the table can be open:
     /// the kernel opens what it looked up.
     fn held_child(&self, dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> Option<Arc<DataFile>> {
-        // Nothing open, nothing held: spare the share the stat of the name.
-        if self.handles.is_empty() {
+        // Nothing open, nothing held: spare the share the stat of the name. Counted
+        // from the making of a shared descriptor, not from its handle, which an open
+        // adds after it lets a removal go on (`ViewFs::removal`).
+        if self.live_files.none() {
             return None;
         }
         let st = file::stat_child(dir, name).ok()?;
