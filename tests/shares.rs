@@ -337,6 +337,60 @@ fn counted_azure_view(f: &Fixture, more: &str) -> (SambaShare, Mounted, std::pat
     (s, m, metrics)
 }
 
+/// The SMB client's open handles of the file named `name` on every tree: each
+/// one's opener (`/proc/fs/cifs/open_files`: fs/smb/client/cifs_debug.c
+/// `cifs_debug_files_proc_show`, `<tree id> <ses id> <persistent fid> <flags>
+/// <count> <pid> <uid> <filename>`) and its count of users.
+fn smb_handles_of(name: &str) -> Vec<(u32, u32)> {
+    let text = fs::read_to_string("/proc/fs/cifs/open_files").unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 8 && f[7] == name).then(|| (f[5].parse().unwrap(), f[4].parse().unwrap()))
+        })
+        .collect()
+}
+
+/// A file opened through the view on an SMB share is opened by the kernel's
+/// passthrough on a handle the view opened with the caller's flags, not by a
+/// `CREATE` of its own by the file's name, which a removal or rename made after the
+/// view answered (on any node) would fail, and the caller's open with `EIO`
+/// (`ViewFs::twin` in src/fs/ops/handles.rs): no handle of the file is the caller's.
+#[test]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+fn the_kernels_open_on_smb_takes_a_handle_of_the_view() {
+    let f = Fixture::new();
+    let (_s, m, _metrics) = counted_azure_view(&f, "");
+    let path = m.mountpoint.join("held");
+    fs::write(&path, b"1234\n").unwrap();
+    // Until the view's RELEASE of the create, the file is served: wait for it.
+    std::thread::sleep(Duration::from_millis(500));
+    let me = std::process::id();
+    for write in [false, true] {
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(&path)
+            .unwrap();
+        let handles = smb_handles_of("held");
+        assert!(!handles.is_empty(), "no SMB handle of the file");
+        assert!(
+            handles.iter().all(|&(pid, _)| pid != me),
+            "write={write}: the kernel opened the file by name for the caller (pid {me}): {handles:?}"
+        );
+        assert!(
+            handles.iter().any(|&(_, count)| count >= 2),
+            "write={write}: no handle is shared with the kernel: {handles:?}"
+        );
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut &file, &mut text).unwrap();
+        assert_eq!(text, "1234\n");
+        drop(file);
+    }
+    drop(m);
+}
+
 /// A file the view creates on an SMB share is read and written through the view
 /// while its creator holds it, not through kernel passthrough, whose own open of the
 /// new file would cost the server a `CREATE`; so is every open of it
@@ -846,21 +900,21 @@ async fn two_nodes_publish_one_volume_of_a_root_squashed_nfs_export() {
 /// pg_ctl polls PostgreSQL's `postmaster.pid` while the server, stopping, removes it:
 /// an open racing the removal of the file on an SMB share through the view finds the
 /// file or no file, as on the raw mount, never `EIO` (17 times in 30 s of this loop
-/// before, and 3 in 20 s under load until the view counted a shared descriptor as
-/// open before its handle). The view opens the file, then the kernel opens it again
-/// for passthrough, by its name on the SMB client: removed between the two, the file
-/// was "delete pending" on the server, which refused the kernel's open; and a kernel
-/// entry that outlived its file had the view reopen, by that name, the next file made
-/// under it. The writer's creates may fail with `ENOENT`, as on the raw mount (most of
-/// them there, while the reader holds the removed file open and the server keeps its
-/// name). Two threads keep both of the VM's processors busy meanwhile, which widens the
+/// before, 3 in 20 s under load until the view counted a shared descriptor as open
+/// before its handle, and 1 in 15 s in CI's run until the kernel's open took a twin of
+/// the view's). The view opens the file, then the kernel opens it again for
+/// passthrough: by its name on the SMB client, unless it takes the view's twin
+/// (`the_kernels_open_on_smb_takes_a_handle_of_the_view`). Removed between the two, the
+/// file was "delete pending" on the server, which refused the kernel's open; moved
+/// aside by the removal meanwhile, it was not under the name, or the server refused
+/// the name for the client's lease of the file under its new one; and a kernel entry
+/// that outlived its file had the view reopen, by that name, the next file made under
+/// it. The writer's creates may fail with `ENOENT`, as on the raw mount (most of them
+/// there, while the reader holds the removed file open and the server keeps its name).
+/// Two threads keep both of the VM's processors busy meanwhile, which widens the
 /// view's windows as a loaded node does.
-///
-/// Not yet always true: in one CI run it met one `EIO` in 15 s (docs/KERNELS.md), so
-/// .ci/run skips it until that window is found; by hand:
-/// `scripts/vm-test 6.12 --systemd shares "--ignored an_open_racing_a_removal"`.
 #[test]
-#[ignore = "needs the cifs module and Samba, and fails now and then (see above): run by hand in the VM tier"]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 fn an_open_racing_a_removal_on_smb_finds_the_file_or_no_file() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let f = Fixture::new();

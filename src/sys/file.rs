@@ -324,6 +324,38 @@ pub fn reopen_direct(fd: BorrowedFd<'_>, writable: bool) -> SysResult<OwnedFd> {
     reopen_with(fd, Kind::Regular, access, OFlags::DIRECT)
 }
 
+/// Reopens an open regular file (through the same magic link as [`reopen`]) with the
+/// status flags of another open of it, `flags` as `open(2)` takes them: the access
+/// mode and `O_APPEND`, `O_NONBLOCK`, `O_SYNC`, `O_DSYNC`, `O_DIRECT`, `O_NOATIME`,
+/// `O_ASYNC`. The kernel's file then has the same `f_flags` as that open's.
+///
+/// # Errors
+/// `EINVAL` for any other flag (`O_CREAT`, `O_TRUNC`, `O_NOFOLLOW`, which the magic
+/// link refuses, ...), otherwise the error of `open(2)`.
+pub fn reopen_like(fd: BorrowedFd<'_>, flags: i32) -> SysResult<OwnedFd> {
+    const LIKE: i32 = libc::O_ACCMODE
+        | libc::O_APPEND
+        | libc::O_NONBLOCK
+        | libc::O_SYNC
+        | libc::O_DSYNC
+        | libc::O_DIRECT
+        | libc::O_NOATIME
+        | libc::O_ASYNC
+        | libc::O_CLOEXEC;
+    // The kernel's own bit, which a 64-bit libc gives as 0 (it adds it to every open).
+    let like = LIKE | OFlags::LARGEFILE.bits() as i32;
+    if flags & !like != 0 || flags & libc::O_ACCMODE == libc::O_ACCMODE {
+        return Err(Errno::EINVAL);
+    }
+    let flags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC;
+    let path = ProcPath::new(fd);
+    let new = match proc_fd_dir() {
+        Some(dir) => rustix::fs::openat(dir, path.name(), flags, Mode::empty()),
+        None => rustix::fs::open(path.as_cstr(), flags, Mode::empty()),
+    };
+    new.map_err(failed("open"))
+}
+
 fn reopen_with(
     fd: BorrowedFd<'_>,
     kind: Kind,
@@ -872,4 +904,49 @@ pub fn check_read_write(path: &Path) -> SysResult<()> {
         rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK,
     )
     .map_err(failed("access"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    #[test]
+    fn a_file_reopened_like_another_open_has_its_flags_and_the_rest_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        for (read, write, append, more) in [
+            (true, false, false, 0),
+            (true, true, false, 0),
+            (true, true, true, libc::O_NONBLOCK),
+            (false, true, true, libc::O_DSYNC),
+        ] {
+            let caller = std::fs::OpenOptions::new()
+                .read(read)
+                .write(write)
+                .append(append)
+                .custom_flags(more)
+                .open(&path)
+                .unwrap();
+            // What FUSE hands the view: the caller's file's flags.
+            let flags = rustix::fs::fcntl_getfl(caller.as_fd()).unwrap();
+            let twin = reopen_like(caller.as_fd(), flags.bits() as i32).unwrap();
+            assert_eq!(rustix::fs::fcntl_getfl(twin.as_fd()).unwrap(), flags);
+        }
+        let file = std::fs::File::open(&path).unwrap();
+        for refused in [
+            libc::O_TRUNC,
+            libc::O_NOFOLLOW,
+            libc::O_CREAT,
+            libc::O_ACCMODE,
+        ] {
+            assert_eq!(
+                reopen_like(file.as_fd(), refused).err(),
+                Some(Errno::EINVAL),
+                "{refused:#o}"
+            );
+        }
+    }
 }

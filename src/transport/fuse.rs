@@ -643,6 +643,7 @@ impl Filesystem for FuseView {
             "FUSE session initialised"
         );
         if self.creates_served && self.passthrough() {
+            self.fs.twin_opens();
             tracing::info!(
                 "the source is on the kernel's SMB client: files the view creates are read and written through the view until the opens made while their creator held them are closed (the kernel's passthrough open would cost the server a CREATE per create, and fails creates with O_EXCL), everything else through kernel passthrough"
             );

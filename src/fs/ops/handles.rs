@@ -207,12 +207,61 @@ impl ViewFs {
         }
         let data = self.shared_data(&inode, wants_write)?;
         let direct = self.serves_direct(flags, &data)?;
+        let twin = self.twin(&data, flags);
         let fh = self.add_handle(Handle::File(OpenFile {
             ino,
             data: Arc::clone(&data),
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
+            _twin: twin,
         }));
         Ok(Opened { fh, data, direct })
+    }
+
+    /// Makes every later open of a regular file that the kernel's passthrough may
+    /// serve open a twin of the file ([`ViewFs::twin`]); the transport asks for it
+    /// where the source is on the kernel's SMB client and passthrough is on.
+    pub fn twin_opens(&self) {
+        self.twins.store(true, Ordering::Relaxed);
+    }
+
+    /// The twin of an open with `flags` of the file `data` holds: the file opened
+    /// again through `data`'s descriptor with the caller's flags, where they can be
+    /// given (readable, without `O_TRUNC` or `O_NOFOLLOW`: [`file::reopen_like`]).
+    ///
+    /// The kernel's passthrough open opens the backing file again, with the caller's
+    /// flags (fs/fuse/passthrough.c `fuse_passthrough_open`, `backing_file_open`),
+    /// and the SMB client sends the server a `CREATE` by the file's name for it, after
+    /// the view answered: a removal that renamed the file aside meanwhile, here or on
+    /// another node, fails it (`ENOENT`, or `EINVAL` where the client's lease of the
+    /// file is held under its new name: MS-SMB2 3.3.5.9.8), and the kernel fails the
+    /// caller's open with `EIO` (fs/fuse/iomode.c `fuse_file_io_open`). But the client
+    /// first takes an open handle of the inode with the same flags where it has one
+    /// (fs/smb/client/file.c `cifs_open`: the first readable one, or writable one for
+    /// a writer, with equal `f_flags`), and sends nothing. The twin is made last, so
+    /// it comes first, while no removal is made (`ViewFs::removal`), so it finds the
+    /// file under its name or moved aside; it lives as long as the handle. A caller
+    /// whose flags cannot be given, or whose open meets another's twin with other
+    /// flags first, costs the server a `CREATE` as without a twin.
+    fn twin(&self, data: &DataFile, flags: i32) -> Option<Arc<OwnedFd>> {
+        let cannot = libc::O_TRUNC | libc::O_NOFOLLOW;
+        if !self.twins.load(Ordering::Relaxed)
+            || flags & libc::O_ACCMODE == libc::O_WRONLY
+            || flags & cannot != 0
+            || matches!(data.passthrough.get(), Some(None))
+        {
+            return None;
+        }
+        let _no_removal = read(&self.removal);
+        match self
+            .inodes
+            .with_fds(|| file::reopen_like(data.fd.as_fd(), flags))
+        {
+            Ok(fd) => Some(Arc::new(fd)),
+            Err(e) => {
+                tracing::debug!(error = %e, flags, "no twin for an open; the kernel's passthrough open asks the server");
+                None
+            }
+        }
     }
 
     /// Whether an open with `flags` is served by the view in direct I/O
@@ -548,6 +597,7 @@ impl ViewFs {
                             ino,
                             data: Arc::clone(data),
                             sync,
+                            _twin: None,
                         }),
                     );
                 }

@@ -143,6 +143,10 @@ struct OpenFile {
     data: Arc<DataFile>,
     /// O_SYNC/O_DSYNC: writes that go through the daemon are synced before the reply.
     sync: bool,
+    /// Where the kernel's passthrough open of the file would otherwise reach the
+    /// server by name: the file opened again with the caller's flags, for the kernel
+    /// to take over ([`ViewFs::twin_opens`]); kept while the handle lives.
+    _twin: Option<Arc<OwnedFd>>,
 }
 
 struct DirStream {
@@ -250,6 +254,9 @@ pub struct ViewFs {
     /// `fuse_file_io_open`). With the lock the removal sees the file held and moves it
     /// aside instead ([`DataFile::remove_when_let_go`]).
     removal: RwLock<()>,
+    /// Whether an open answered with kernel passthrough makes a twin of the file
+    /// ([`ViewFs::twin_opens`]).
+    twins: AtomicBool,
     /// Where changes to the handles are journaled, when a keeper holds the view
     /// (`fs/journal.rs`).
     journal: super::journal::JournalSlot,
@@ -368,6 +375,7 @@ impl ViewFs {
             records_absent: Default::default(),
             delete_pends,
             removal: RwLock::new(()),
+            twins: AtomicBool::new(false),
             policy: Policy::from_options(options),
             record_xattr: record::record_xattr(options.ownership).unwrap_or(RECORD_XATTR),
             readonly: options.readonly,

@@ -409,6 +409,7 @@ impl ViewFs {
             ino: inode.id,
             data: Arc::clone(&data),
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
+            _twin: None,
         }));
         Ok(Created {
             attr,
