@@ -348,6 +348,11 @@ pub fn reopen_like(fd: BorrowedFd<'_>, flags: i32) -> SysResult<OwnedFd> {
         return Err(Errno::EINVAL);
     }
     let flags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC;
+    open_magic(fd, flags)
+}
+
+/// Opens the inode behind `fd` through its magic link with `flags`.
+fn open_magic(fd: BorrowedFd<'_>, flags: OFlags) -> SysResult<OwnedFd> {
     let path = ProcPath::new(fd);
     let new = match proc_fd_dir() {
         Some(dir) => rustix::fs::openat(dir, path.name(), flags, Mode::empty()),
@@ -379,12 +384,7 @@ fn reopen_with(
             Access::Directory => OFlags::RDONLY | OFlags::DIRECTORY,
             Access::Path => OFlags::PATH,
         };
-    let path = ProcPath::new(fd);
-    let new = match proc_fd_dir() {
-        Some(dir) => rustix::fs::openat(dir, path.name(), flags, Mode::empty()),
-        None => rustix::fs::open(path.as_cstr(), flags, Mode::empty()),
-    };
-    new.map_err(failed("open"))
+    open_magic(fd, flags)
 }
 
 /// Makes reads through `fd` leave the inode's access time alone (`O_NOATIME`, set with
