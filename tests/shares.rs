@@ -361,11 +361,19 @@ fn smb_handles_of(name: &str) -> Vec<(u32, u32)> {
 #[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 fn the_kernels_open_on_smb_takes_a_handle_of_the_view() {
     let f = Fixture::new();
-    let (_s, m, _metrics) = counted_azure_view(&f, "");
+    let (_s, m, metrics) = counted_azure_view(&f, "");
     let path = m.mountpoint.join("held");
     fs::write(&path, b"1234\n").unwrap();
     // Until the view's RELEASE of the create, the file is served: wait for it.
-    std::thread::sleep(Duration::from_millis(500));
+    eventually(
+        Duration::from_secs(30),
+        "a later open of the file uses passthrough",
+        || {
+            let reads = count(&metrics, "read");
+            fs::read(&path).unwrap();
+            count(&metrics, "read") == reads
+        },
+    );
     let me = std::process::id();
     for write in [false, true] {
         let file = fs::OpenOptions::new()
