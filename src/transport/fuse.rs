@@ -645,7 +645,7 @@ impl Filesystem for FuseView {
         if self.creates_served && self.passthrough() {
             self.fs.twin_opens();
             tracing::info!(
-                "the source is on the kernel's SMB client: files the view creates are read and written through the view until the opens made while their creator held them are closed (the kernel's passthrough open would cost the server a CREATE per create, and fails creates with O_EXCL), everything else through kernel passthrough"
+                "the source is on the kernel's SMB client: files the view creates are read and written through the view until the opens made while their creator held them are closed (the kernel's passthrough open would cost the server a CREATE per create, and fails creates with O_EXCL), everything else through kernel passthrough, whose open of a file takes the view's own open of it made with the caller's flags (a twin) instead of asking the server by name, where the flags can be given"
             );
         }
         Ok(())
