@@ -221,6 +221,13 @@ fn a_dead_ring_view_fails_its_callers_instead_of_keeping_them_waiting() {
     // an error (the connection ends with the daemon), not a wait for good.
     let pid = rustix::process::Pid::from_raw(m.pid() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    // kill(2) returns once one thread is told; the others stop when that one runs,
+    // which on a busy machine can be after a request was answered.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !every_thread_stopped(m.pid()) {
+        assert!(std::time::Instant::now() < deadline, "the daemon did not stop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let (tx, rx) = std::sync::mpsc::channel();
     let path = mnt.join("never-looked-up");
     std::thread::spawn(move || {
@@ -240,6 +247,20 @@ fn a_dead_ring_view_fails_its_callers_instead_of_keeping_them_waiting() {
     assert!(ends_with_the_connection(after.raw_os_error()), "{after}");
     drop(m);
     assert!(!is_mounted(&mnt));
+}
+
+/// Whether every thread of `pid` is in a group stop (state `T` in its task's stat).
+fn every_thread_stopped(pid: u32) -> bool {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        fs::read_to_string(t.path().join("stat")).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('T'))
+        })
+    })
 }
 
 #[test]
