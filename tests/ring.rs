@@ -225,7 +225,10 @@ fn a_dead_ring_view_fails_its_callers_instead_of_keeping_them_waiting() {
     // which on a busy machine can be after a request was answered.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !every_thread_stopped(m.pid()) {
-        assert!(std::time::Instant::now() < deadline, "the daemon did not stop");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon did not stop"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let (tx, rx) = std::sync::mpsc::channel();
