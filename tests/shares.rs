@@ -399,6 +399,53 @@ fn the_kernels_open_on_smb_takes_a_handle_of_the_view() {
     drop(m);
 }
 
+/// A file removed on another node while this node's view holds it open is gone for a
+/// new open through the view too, as for one of the raw mount: the open fails with
+/// what the server answers the twin's `CREATE` (the file is delete-pending), where the
+/// kernel's passthrough open would send the same `CREATE` and fail the caller with
+/// `EIO` (`ViewFs::twin` in src/fs/ops/handles.rs).
+#[test]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+fn an_open_of_a_file_another_node_removed_fails_as_on_the_raw_mount() {
+    let f = Fixture::new();
+    // Long timeouts: the kernel sends the open below without looking the name up
+    // again, so the view's open, not a lookup, meets the removal.
+    let (s, m, metrics) = counted_azure_view(&f, ",entry_timeout=60,attr_timeout=60");
+    let other = f.subdir("other");
+    let _other = mount_cifs(&s.samba, &other, &format!("{DEPLOY_CIFS},nosharesock"));
+    let path = m.mountpoint.join("held");
+    fs::write(&path, b"1234\n").unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "a later open of the file uses passthrough",
+        || {
+            let reads = count(&metrics, "read");
+            fs::read(&path).unwrap();
+            count(&metrics, "read") == reads
+        },
+    );
+    let held = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    fs::remove_file(other.join("held")).expect("the other node's removal");
+    let raw = fs::File::open(s.share.join("held"))
+        .expect_err("the raw mount opened a file removed on another node");
+    let view = fs::File::open(&path).expect_err("the view opened a file removed on another node");
+    assert_eq!(
+        view.raw_os_error(),
+        raw.raw_os_error(),
+        "the view's open failed with {view}, the raw mount's with {raw}"
+    );
+    // What is open stays readable.
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut &held, &mut text).unwrap();
+    assert_eq!(text, "1234\n");
+    drop(held);
+    drop(m);
+}
+
 /// A file the view creates on an SMB share is read and written through the view
 /// while its creator holds it, not through kernel passthrough, whose own open of the
 /// new file would cost the server a `CREATE`; so is every open of it

@@ -311,7 +311,7 @@ enum Source {
 
 /// Whether an error says the process (or the system) ran out of descriptors.
 fn out_of_descriptors(e: Errno) -> bool {
-    e.raw() == libc::EMFILE || e.raw() == libc::ENFILE
+    matches!(e, Errno::EMFILE | Errno::ENFILE)
 }
 
 /// What the inodes of one view share: the root descriptor handles are opened

@@ -63,8 +63,11 @@ impl Errno {
     pub const EIO: Errno = Errno(libc::EIO);
     pub const EISDIR: Errno = Errno(libc::EISDIR);
     pub const ELOOP: Errno = Errno(libc::ELOOP);
+    pub const EMFILE: Errno = Errno(libc::EMFILE);
+    pub const ENFILE: Errno = Errno(libc::ENFILE);
     pub const ENODATA: Errno = Errno(libc::ENODATA);
     pub const ENOENT: Errno = Errno(libc::ENOENT);
+    pub const ENOMEM: Errno = Errno(libc::ENOMEM);
     pub const ENOSYS: Errno = Errno(libc::ENOSYS);
     pub const ENOTCONN: Errno = Errno(libc::ENOTCONN);
     pub const ENOTDIR: Errno = Errno(libc::ENOTDIR);

@@ -207,7 +207,7 @@ impl ViewFs {
         }
         let data = self.shared_data(&inode, wants_write)?;
         let direct = self.serves_direct(flags, &data)?;
-        let twin = self.twin(&data, flags);
+        let twin = self.twin(&data, flags)?;
         let fh = self.add_handle(Handle::File(OpenFile {
             ino,
             data: Arc::clone(&data),
@@ -242,25 +242,33 @@ impl ViewFs {
     /// file under its name or moved aside; it lives as long as the handle. A caller
     /// whose flags cannot be given, or whose open meets another's twin with other
     /// flags first, costs the server a `CREATE` as without a twin.
-    fn twin(&self, data: &DataFile, flags: i32) -> Option<Arc<OwnedFd>> {
+    ///
+    /// # Errors
+    /// What the server answered the twin's `CREATE` (`ENOENT`, `EBUSY`, `EACCES`:
+    /// the file removed on another node while this view holds it, say). The kernel's
+    /// passthrough open would send the same `CREATE` and fail the caller with `EIO`;
+    /// the open fails with the server's answer instead, as the raw mount's does. Only
+    /// the daemon's own shortages (descriptors, memory) leave the open to the kernel.
+    fn twin(&self, data: &DataFile, flags: i32) -> FsResult<Option<Arc<OwnedFd>>> {
         let cannot = libc::O_TRUNC | libc::O_NOFOLLOW;
         if !self.twins.load(Ordering::Relaxed)
             || flags & libc::O_ACCMODE == libc::O_WRONLY
             || flags & cannot != 0
             || matches!(data.passthrough.get(), Some(None))
         {
-            return None;
+            return Ok(None);
         }
         let _no_removal = read(&self.removal);
         match self
             .inodes
             .with_fds(|| file::reopen_like(data.fd.as_fd(), flags))
         {
-            Ok(fd) => Some(Arc::new(fd)),
-            Err(e) => {
+            Ok(fd) => Ok(Some(Arc::new(fd))),
+            Err(e @ (Errno::EMFILE | Errno::ENFILE | Errno::ENOMEM)) => {
                 tracing::debug!(error = %e, flags, "no twin for an open; the kernel's passthrough open asks the server");
-                None
+                Ok(None)
             }
+            Err(e) => Err(e.into()),
         }
     }
 
