@@ -381,33 +381,13 @@ pub fn run_foreground(
         None
     };
     let recovering = holder.as_ref().is_some_and(|h| h.recovering());
-    // A view being recovered has no server: anything that touches the mountpoint
-    // would wait for the very process that is to answer it.
-    let busy = !recovering
-        && match check_mountpoint(mountpoint) {
-            Ok(()) => false,
-            Err(MountError::MountpointBusy(_)) if control_dir.is_some() => true,
-            Err(e) => return Err(e),
-        };
-    let source = absolute(source, |path, errno| MountError::Source { path, errno })?;
-    let mountpoint = if recovering {
-        absolute_untouched(mountpoint)?
-    } else {
-        absolute(mountpoint, |path, errno| MountError::Mountpoint {
-            path,
-            errno,
-        })?
-    };
-    let mount_err = |e: io::Error| MountError::Mount {
-        src_path: source.clone(),
-        mountpoint: mountpoint.clone(),
-        source: e,
-    };
+    let (source, mountpoint, busy) = locate(source, mountpoint, recovering, control_dir.is_some())?;
     if options.passthrough == Passthrough::On && !as_root {
-        return Err(mount_err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            "passthrough=on needs root",
-        )));
+        return Err(mount_err(
+            &source,
+            &mountpoint,
+            io::Error::new(io::ErrorKind::PermissionDenied, "passthrough=on needs root"),
+        ));
     }
     let identity = handover::Identity {
         source: source.clone(),
@@ -428,112 +408,38 @@ pub fn run_foreground(
     let signals = TerminationSignals::block().map_err(|e| MountError::Session(e.into()))?;
     file::set_umask(0);
     let mut cfg = session_config(&source, options);
-    // Which descriptors the workers read when a holder keeps the connection
-    // ([`session_fd`]) depends on the protocol the kernel speaks: as the connection's
-    // INIT negotiated it where the view adopts one (below), else as the keeper's probe
-    // of this kernel's INIT says. Unknown, the requests of a process that dies fail
-    // rather than wait for a resend that may never come.
-    let mut minor = handover::fuse_minor_from_env();
-    if holder.is_some() && minor.is_none() {
+    // Which descriptors the workers read ([`Protocol`]).
+    let kept = holder.is_some();
+    let mut protocol = Protocol {
+        minor: handover::fuse_minor_from_env(),
+        kept,
+    };
+    if kept && protocol.minor.is_none() {
         tracing::warn!(
             "the keeper did not say which FUSE protocol this kernel speaks: if this view dies, the requests it was answering fail (ECONNABORTED) rather than being resent"
         );
     }
-    let workers_read_dev =
-        |minor: Option<u32>| holder.is_some() && minor.is_some_and(crate::sys::fuse::resends);
-    cfg.clone_fd = !workers_read_dev(minor);
-    let fsname = options.fsname_for(&source);
-    let session_err = |e: Errno| MountError::Session(e.into());
-    let takeover_err = |e: handover::HandoverError| MountError::Takeover {
-        mountpoint: mountpoint.clone(),
-        source: e,
-    };
+    cfg.clone_fd = !protocol.workers_read_dev();
 
     // The connection: taken over from the view serving the mountpoint, or a new mount.
-    // `template`: an adapter over the same core, which serves again if a handover fails.
-    let (session, mut unmounter, dev, template, confirmation) = if let (true, Some(holder)) =
-        (recovering, &holder)
-    {
-        let (dev, journal) = holder
-            .recover(&mountpoint)
-            .map_err(|e| takeover_err(handover::HandoverError::Io(e)))?;
-        let replayed = journal::Replayed::read(&journal)
-            .map_err(|e| takeover_err(handover::HandoverError::Io(e)))?;
-        if replayed.negotiated.minor != 0 {
-            minor = Some(replayed.negotiated.minor);
-            cfg.clone_fd = !workers_read_dev(minor);
+    let connected = match &holder {
+        Some(holder) if recovering => recover(view, holder, &mountpoint, &mut protocol, &mut cfg)?,
+        _ if busy => {
+            let dir = control_dir.unwrap_or(Path::new(handover::DEFAULT_CONTROL_DIR));
+            take_over(view, dir, &identity, &mut protocol, &mut cfg)?
+                .ok_or_else(|| MountError::MountpointBusy(mountpoint.clone()))?
         }
-        let dev = Arc::new(dev);
-        let lost = view
-            .fs()
-            .recover(&replayed, &dev)
-            .map_err(|e| takeover_err(handover::HandoverError::Failed(e.to_string())))?;
-        if lost > 0 {
-            tracing::warn!(
-                lost,
-                "open handles of files deleted while open could not be reopened; they answer EBADF"
-            );
-        }
-        let (session, template) = serve_adopted(view, &dev, replayed.negotiated, &cfg)?;
-        let u = Unmounter::Own(OwnMount::new(&mountpoint, &dev));
-        (session, u, Some(dev), Some(template), None)
-    } else if busy {
-        let dir = control_dir.unwrap_or(Path::new(handover::DEFAULT_CONTROL_DIR));
-        let Some((incoming, confirmation)) =
-            handover::take_over(dir, &identity).map_err(takeover_err)?
-        else {
-            return Err(MountError::MountpointBusy(mountpoint));
-        };
-        if incoming.negotiated.minor != 0 {
-            minor = Some(incoming.negotiated.minor);
-            cfg.clone_fd = !workers_read_dev(minor);
-        }
-        let dev = Arc::new(incoming.dev);
-        if let Err(e) = view.fs().restore(&incoming.snapshot, incoming.fds, &dev) {
-            confirmation.failed(&e.to_string());
-            return Err(takeover_err(handover::HandoverError::Failed(e.to_string())));
-        }
-        let (session, template) = serve_adopted(view, &dev, incoming.negotiated, &cfg)?;
-        let u = Unmounter::Own(OwnMount::new(&mountpoint, &dev));
-        (session, u, Some(dev), Some(template), Some(confirmation))
-    } else if as_root {
-        let how = crate::sys::mount::FuseMount {
-            default_permissions: options.kernel_permission_checks(),
-            allow_other: true,
-            selinux_context: options.selinux_context.clone(),
-            flags: options.vfs_flags(),
-        };
-        if let Some(label) = &how.selinux_context {
-            if !crate::sys::mount::selinux_enabled() {
-                return Err(MountError::NoSelinux);
-            }
-            if crate::sys::mount::selinux_context_known(label) == Some(false) {
-                return Err(MountError::UnknownSelinuxContext(label.clone()));
-            }
-        }
-        let dev = crate::sys::mount::mount_fuse(&fsname, &mountpoint, "mountgroup", how)
-            .map_err(|e| mount_err(e.into()))?;
-        let dev = Arc::new(dev);
-        let own = OwnMount::new(&mountpoint, &dev);
-        let guard = OwnMountGuard::new(&own);
-        view.attach(Arc::clone(&dev));
-        let template = view.resume();
-        let fd = session_fd(&dev, &cfg).map_err(session_err)?;
-        let session =
-            ::fuser::Session::from_fd(view, fd, cfg.acl, cfg.clone()).map_err(mount_err)?;
-        // Initialised: the guard below takes over.
-        guard.disarm();
-        let u = Unmounter::Own(own);
-        (session, u, Some(dev), Some(template), None)
-    } else {
-        // fuser opens /dev/fuse itself before fusermount3 mounts it: name the device
-        // rather than answer a bare "Permission denied".
-        crate::sys::file::check_read_write(Path::new("/dev/fuse"))
-            .map_err(|errno| MountError::DevFuse { errno })?;
-        let mut session = ::fuser::Session::new(view, &mountpoint, &cfg).map_err(mount_err)?;
-        let u = Unmounter::Fuser(session.unmount_callable());
-        (session, u, None, None, None)
+        _ if as_root => mount_as_root(view, &source, &mountpoint, options, &cfg)?,
+        _ => mount_through_fusermount(view, &source, &mountpoint, &cfg)?,
     };
+    let Connected {
+        session,
+        unmounter,
+        dev,
+        template,
+        confirmation,
+    } = connected;
+    let minor = protocol.minor;
     // A view that ends with an error leaves no mount behind.
     let guard = match &unmounter {
         Unmounter::Own(own) => Some(OwnMountGuard::new(own)),
@@ -549,35 +455,27 @@ pub fn run_foreground(
         }
         None => Vec::new(),
     };
-    match confirmation {
-        Some(confirmation) => {
+    let how = match (confirmation, recovering) {
+        (Some(confirmation), _) => {
             if let Err(e) = confirmation.serving() {
                 // The predecessor serves again (it gave up waiting): leave it the view,
                 // its control socket and the keeper's hold.
                 if let Some(g) = guard {
                     g.disarm();
                 }
-                return Err(takeover_err(handover::HandoverError::Io(e)));
+                return Err(takeover_err(&mountpoint, handover::HandoverError::Io(e)));
             }
-            tracing::info!(
-                source = %source.display(),
-                mountpoint = %mountpoint.display(),
-                options = %options.to_option_string(),
-                "took the view over"
-            );
+            "took the view over"
         }
-        None => tracing::info!(
-            source = %source.display(),
-            mountpoint = %mountpoint.display(),
-            options = %options.to_option_string(),
-            "{}",
-            if recovering {
-                "recovered the view on its connection"
-            } else {
-                "mounted"
-            }
-        ),
-    }
+        (None, true) => "recovered the view on its connection",
+        (None, false) => "mounted",
+    };
+    tracing::info!(
+        source = %source.display(),
+        mountpoint = %mountpoint.display(),
+        options = %options.to_option_string(),
+        "{how}"
+    );
     // Only now, with the predecessor gone, is the view this process's: its control
     // socket takes the name over (atomically), and the keeper holds this process's
     // connection and journal.
@@ -601,15 +499,7 @@ pub fn run_foreground(
     if let Some(path) = metrics_file {
         write_snapshots(path, stats, fs)?;
     }
-    std::thread::Builder::new()
-        .name("mountgroup-signals".into())
-        .spawn(move || {
-            if let Ok(sig) = signals.wait() {
-                tracing::info!(signal = crate::sys::signal::name(sig), "unmounting");
-                unmounter.unmount();
-            }
-        })
-        .map_err(MountError::Session)?;
+    unmount_on_signal(signals, unmounter)?;
     let handover = match (&control, template, &dev) {
         (Some(_), Some(template), Some(dev)) => Some(Handover {
             stopper: &stopper,
@@ -629,6 +519,239 @@ pub fn run_foreground(
     }
     tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
     Ok(())
+}
+
+/// `source` and `mountpoint` made absolute, and whether a view serves the mountpoint
+/// already (one this process may take over: else that is an error).
+fn locate(
+    source: &Path,
+    mountpoint: &Path,
+    recovering: bool,
+    may_take_over: bool,
+) -> Result<(PathBuf, PathBuf, bool), MountError> {
+    // A view being recovered has no server: anything that touches the mountpoint
+    // would wait for the very process that is to answer it.
+    let busy = !recovering
+        && match check_mountpoint(mountpoint) {
+            Ok(()) => false,
+            Err(MountError::MountpointBusy(_)) if may_take_over => true,
+            Err(e) => return Err(e),
+        };
+    let source = absolute(source, |path, errno| MountError::Source { path, errno })?;
+    let mountpoint = if recovering {
+        absolute_untouched(mountpoint)?
+    } else {
+        absolute(mountpoint, |path, errno| MountError::Mountpoint {
+            path,
+            errno,
+        })?
+    };
+    Ok((source, mountpoint, busy))
+}
+
+/// Unmounts the view when SIGINT or SIGTERM comes (the signals `signals` blocked).
+fn unmount_on_signal(
+    signals: TerminationSignals,
+    mut unmounter: Unmounter,
+) -> Result<(), MountError> {
+    std::thread::Builder::new()
+        .name("mountgroup-signals".into())
+        .spawn(move || {
+            if let Ok(sig) = signals.wait() {
+                tracing::info!(signal = crate::sys::signal::name(sig), "unmounting");
+                unmounter.unmount();
+            }
+        })
+        .map(drop)
+        .map_err(MountError::Session)
+}
+
+/// The FUSE protocol the connection speaks, as far as this process knows it, and
+/// whether a holder keeps the connection: together they say which descriptors the
+/// workers read ([`session_fd`]).
+struct Protocol {
+    /// The minor version INIT negotiated: the adopted connection's, else the keeper's
+    /// probe of this kernel's; unknown, the requests of a process that dies fail
+    /// rather than wait for a resend that may never come.
+    minor: Option<u32>,
+    kept: bool,
+}
+
+impl Protocol {
+    /// Whether the workers read the connection's own descriptor, so that the kernel
+    /// can resend what a dead process was answering, rather than clones of it.
+    fn workers_read_dev(&self) -> bool {
+        self.kept && self.minor.is_some_and(crate::sys::fuse::resends)
+    }
+
+    /// Takes the minor version an adopted connection negotiated, where it tells one.
+    fn adopt(&mut self, negotiated: &journal::Negotiated, cfg: &mut ::fuser::Config) {
+        if negotiated.minor != 0 {
+            self.minor = Some(negotiated.minor);
+            cfg.clone_fd = !self.workers_read_dev();
+        }
+    }
+}
+
+/// The connection a view serves and what came with it.
+struct Connected {
+    session: ::fuser::Session<fuse::FuseView>,
+    unmounter: Unmounter,
+    /// The connection's device, where this process holds it (not through fusermount3).
+    dev: Option<Arc<OwnedFd>>,
+    /// An adapter over the same core, which serves again if a handover fails.
+    template: Option<fuse::FuseView>,
+    /// The predecessor's wait for this process to serve (a takeover).
+    confirmation: Option<handover::Confirmation>,
+}
+
+/// The connection of a dead view, kept by `holder`, with the view's tables replayed
+/// from its journal.
+fn recover(
+    view: fuse::FuseView,
+    holder: &Arc<dyn handover::Holder + Send + Sync>,
+    mountpoint: &Path,
+    protocol: &mut Protocol,
+    cfg: &mut ::fuser::Config,
+) -> Result<Connected, MountError> {
+    let failed = |e| takeover_err(mountpoint, e);
+    let (dev, journal) = holder
+        .recover(mountpoint)
+        .map_err(|e| failed(handover::HandoverError::Io(e)))?;
+    let replayed =
+        journal::Replayed::read(&journal).map_err(|e| failed(handover::HandoverError::Io(e)))?;
+    protocol.adopt(&replayed.negotiated, cfg);
+    let dev = Arc::new(dev);
+    let lost = view
+        .fs()
+        .recover(&replayed, &dev)
+        .map_err(|e| failed(handover::HandoverError::Failed(e.to_string())))?;
+    if lost > 0 {
+        tracing::warn!(
+            lost,
+            "open handles of files deleted while open could not be reopened; they answer EBADF"
+        );
+    }
+    let (session, template) = serve_adopted(view, &dev, replayed.negotiated, cfg)?;
+    Ok(Connected {
+        session,
+        unmounter: Unmounter::Own(OwnMount::new(mountpoint, &dev)),
+        dev: Some(dev),
+        template: Some(template),
+        confirmation: None,
+    })
+}
+
+/// The connection of the view serving the mountpoint, handed over through its
+/// control socket in `dir`; `None` where no view there answers as `identity`.
+fn take_over(
+    view: fuse::FuseView,
+    dir: &Path,
+    identity: &handover::Identity,
+    protocol: &mut Protocol,
+    cfg: &mut ::fuser::Config,
+) -> Result<Option<Connected>, MountError> {
+    let mountpoint = &identity.mountpoint;
+    let failed = |e| takeover_err(mountpoint, e);
+    let Some((incoming, confirmation)) = handover::take_over(dir, identity).map_err(failed)? else {
+        return Ok(None);
+    };
+    protocol.adopt(&incoming.negotiated, cfg);
+    let dev = Arc::new(incoming.dev);
+    if let Err(e) = view.fs().restore(&incoming.snapshot, incoming.fds, &dev) {
+        confirmation.failed(&e.to_string());
+        return Err(failed(handover::HandoverError::Failed(e.to_string())));
+    }
+    let (session, template) = serve_adopted(view, &dev, incoming.negotiated, cfg)?;
+    Ok(Some(Connected {
+        session,
+        unmounter: Unmounter::Own(OwnMount::new(mountpoint, &dev)),
+        dev: Some(dev),
+        template: Some(template),
+        confirmation: Some(confirmation),
+    }))
+}
+
+fn takeover_err(mountpoint: &Path, source: handover::HandoverError) -> MountError {
+    MountError::Takeover {
+        mountpoint: mountpoint.into(),
+        source,
+    }
+}
+
+fn mount_err(source: &Path, mountpoint: &Path, e: io::Error) -> MountError {
+    MountError::Mount {
+        src_path: source.into(),
+        mountpoint: mountpoint.into(),
+        source: e,
+    }
+}
+
+/// A new mount, made by this process with `mount(2)` (root).
+fn mount_as_root(
+    mut view: fuse::FuseView,
+    source: &Path,
+    mountpoint: &Path,
+    options: &ViewOptions,
+    cfg: &::fuser::Config,
+) -> Result<Connected, MountError> {
+    let how = crate::sys::mount::FuseMount {
+        default_permissions: options.kernel_permission_checks(),
+        allow_other: true,
+        selinux_context: options.selinux_context.clone(),
+        flags: options.vfs_flags(),
+    };
+    if let Some(label) = &how.selinux_context {
+        if !crate::sys::mount::selinux_enabled() {
+            return Err(MountError::NoSelinux);
+        }
+        if crate::sys::mount::selinux_context_known(label) == Some(false) {
+            return Err(MountError::UnknownSelinuxContext(label.clone()));
+        }
+    }
+    let fsname = options.fsname_for(source);
+    let dev = crate::sys::mount::mount_fuse(&fsname, mountpoint, "mountgroup", how)
+        .map_err(|e| mount_err(source, mountpoint, e.into()))?;
+    let dev = Arc::new(dev);
+    let own = OwnMount::new(mountpoint, &dev);
+    let guard = OwnMountGuard::new(&own);
+    view.attach(Arc::clone(&dev));
+    let template = view.resume();
+    let fd = session_fd(&dev, cfg).map_err(|e| MountError::Session(e.into()))?;
+    let session = ::fuser::Session::from_fd(view, fd, cfg.acl, cfg.clone())
+        .map_err(|e| mount_err(source, mountpoint, e))?;
+    // Initialised: the caller's guard takes over.
+    guard.disarm();
+    Ok(Connected {
+        session,
+        unmounter: Unmounter::Own(own),
+        dev: Some(dev),
+        template: Some(template),
+        confirmation: None,
+    })
+}
+
+/// A new mount, made by fuser through fusermount3 (unprivileged use).
+fn mount_through_fusermount(
+    view: fuse::FuseView,
+    source: &Path,
+    mountpoint: &Path,
+    cfg: &::fuser::Config,
+) -> Result<Connected, MountError> {
+    // fuser opens /dev/fuse itself before fusermount3 mounts it: name the device
+    // rather than answer a bare "Permission denied".
+    crate::sys::file::check_read_write(Path::new("/dev/fuse"))
+        .map_err(|errno| MountError::DevFuse { errno })?;
+    let mut session = ::fuser::Session::new(view, mountpoint, cfg)
+        .map_err(|e| mount_err(source, mountpoint, e))?;
+    let unmounter = Unmounter::Fuser(session.unmount_callable());
+    Ok(Connected {
+        session,
+        unmounter,
+        dev: None,
+        template: None,
+        confirmation: None,
+    })
 }
 
 /// The view's control socket in `dir`, answering a successor's handover
