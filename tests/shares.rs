@@ -337,6 +337,20 @@ fn counted_azure_view(f: &Fixture, more: &str) -> (SambaShare, Mounted, std::pat
     (s, m, metrics)
 }
 
+/// Waits until a read of `path` goes around the view (its read count in `metrics`
+/// unchanged): a file the view created is served by it until the create's RELEASE.
+fn until_read_through_passthrough(path: &Path, metrics: &Path) {
+    eventually(
+        Duration::from_secs(30),
+        "a later open of the file uses passthrough",
+        || {
+            let reads = count(metrics, "read");
+            fs::read(path).unwrap();
+            count(metrics, "read") == reads
+        },
+    );
+}
+
 /// The SMB client's open handles of the file named `name` on every tree: each
 /// one's opener (`/proc/fs/cifs/open_files`: fs/smb/client/cifs_debug.c
 /// `cifs_debug_files_proc_show`, `<tree id> <ses id> <persistent fid> <flags>
@@ -365,15 +379,7 @@ fn the_kernels_open_on_smb_takes_a_handle_of_the_view() {
     let path = m.mountpoint.join("held");
     fs::write(&path, b"1234\n").unwrap();
     // Until the view's RELEASE of the create, the file is served: wait for it.
-    eventually(
-        Duration::from_secs(30),
-        "a later open of the file uses passthrough",
-        || {
-            let reads = count(&metrics, "read");
-            fs::read(&path).unwrap();
-            count(&metrics, "read") == reads
-        },
-    );
+    until_read_through_passthrough(&path, &metrics);
     let me = std::process::id();
     for write in [false, true] {
         let file = fs::OpenOptions::new()
@@ -391,9 +397,7 @@ fn the_kernels_open_on_smb_takes_a_handle_of_the_view() {
             handles.iter().any(|&(_, count)| count >= 2),
             "write={write}: no handle is shared with the kernel: {handles:?}"
         );
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut &file, &mut text).unwrap();
-        assert_eq!(text, "1234\n");
+        assert_eq!(std::io::read_to_string(&file).unwrap(), "1234\n");
         drop(file);
     }
     drop(m);
@@ -415,15 +419,7 @@ fn an_open_of_a_file_another_node_removed_fails_as_on_the_raw_mount() {
     let _other = mount_cifs(&s.samba, &other, &format!("{DEPLOY_CIFS},nosharesock"));
     let path = m.mountpoint.join("held");
     fs::write(&path, b"1234\n").unwrap();
-    eventually(
-        Duration::from_secs(30),
-        "a later open of the file uses passthrough",
-        || {
-            let reads = count(&metrics, "read");
-            fs::read(&path).unwrap();
-            count(&metrics, "read") == reads
-        },
-    );
+    until_read_through_passthrough(&path, &metrics);
     let held = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -439,9 +435,7 @@ fn an_open_of_a_file_another_node_removed_fails_as_on_the_raw_mount() {
         "the view's open failed with {view}, the raw mount's with {raw}"
     );
     // What is open stays readable.
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut &held, &mut text).unwrap();
-    assert_eq!(text, "1234\n");
+    assert_eq!(std::io::read_to_string(&held).unwrap(), "1234\n");
     drop(held);
     drop(m);
 }
