@@ -403,6 +403,38 @@ fn the_kernels_open_on_smb_takes_a_handle_of_the_view() {
     drop(m);
 }
 
+/// A program on an SMB share runs through the view: an exec opens the file with a flag
+/// `open(2)` cannot give (fs/exec.c `do_open_execat`: `__FMODE_EXEC`), so that open
+/// has no twin and the kernel's passthrough open asks the server itself, rather than
+/// the open failing (`ViewFs::twin`).
+#[test]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+fn a_program_on_an_smb_share_runs_through_the_view() {
+    let f = Fixture::new();
+    let s = SambaShare::start(&f, AZURE_FILES);
+    let metrics = f.dir.path().join("metrics.json");
+    let m = Mounted::start(
+        &s.share,
+        &f.mnt,
+        &[
+            "-o",
+            "gid=4242,mode=cifs,uid=0,file_mode=0775,dir_mode=0775,ownership=off",
+            "--metrics-file",
+            metrics.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let path = m.mountpoint.join("program");
+    fs::write(&path, "#!/bin/sh\necho ran\n").unwrap();
+    until_read_through_passthrough(&path, &metrics);
+    let out = Command::new(&path)
+        .output()
+        .expect("exec of a program on the share");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+    drop(m);
+}
+
 /// A file removed on another node while this node's view holds it open is gone for a
 /// new open through the view too, as for one of the raw mount: the open fails with
 /// what the server answers the twin's `CREATE` (the file is delete-pending), where the

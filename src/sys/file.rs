@@ -333,6 +333,16 @@ pub fn reopen_direct(fd: BorrowedFd<'_>, writable: bool) -> SysResult<OwnedFd> {
 /// `EINVAL` for any other flag (`O_CREAT`, `O_TRUNC`, `O_NOFOLLOW`, which the magic
 /// link refuses, ...), otherwise the error of `open(2)`.
 pub fn reopen_like(fd: BorrowedFd<'_>, flags: i32) -> SysResult<OwnedFd> {
+    if !can_reopen_like(flags) {
+        return Err(Errno::EINVAL);
+    }
+    let flags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC;
+    open_magic(fd, flags)
+}
+
+/// Whether [`reopen_like`] can give an open's `flags` (an exec's `__FMODE_EXEC`,
+/// `O_TRUNC`, `O_NOFOLLOW` and the like it cannot).
+pub fn can_reopen_like(flags: i32) -> bool {
     const LIKE: i32 = libc::O_ACCMODE
         | libc::O_APPEND
         | libc::O_NONBLOCK
@@ -344,11 +354,7 @@ pub fn reopen_like(fd: BorrowedFd<'_>, flags: i32) -> SysResult<OwnedFd> {
         | libc::O_CLOEXEC;
     // The kernel's own bit, which a 64-bit libc gives as 0 (it adds it to every open).
     let like = LIKE | OFlags::LARGEFILE.bits() as i32;
-    if flags & !like != 0 || flags & libc::O_ACCMODE == libc::O_ACCMODE {
-        return Err(Errno::EINVAL);
-    }
-    let flags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC;
-    open_magic(fd, flags)
+    flags & !like == 0 && flags & libc::O_ACCMODE != libc::O_ACCMODE
 }
 
 /// Opens the inode behind `fd` through its magic link with `flags`.
@@ -941,7 +947,10 @@ mod tests {
             libc::O_NOFOLLOW,
             libc::O_CREAT,
             libc::O_ACCMODE,
+            // An exec's open (include/linux/fs.h `__FMODE_EXEC`), as FUSE passes it on.
+            0o40,
         ] {
+            assert!(!can_reopen_like(refused), "{refused:#o}");
             assert_eq!(
                 reopen_like(file.as_fd(), refused).err(),
                 Some(Errno::EINVAL),

@@ -250,10 +250,9 @@ impl ViewFs {
     /// the open fails with the server's answer instead, as the raw mount's does. Only
     /// the daemon's own shortages (descriptors, memory) leave the open to the kernel.
     fn twin(&self, data: &DataFile, flags: i32) -> FsResult<Option<Arc<OwnedFd>>> {
-        let cannot = libc::O_TRUNC | libc::O_NOFOLLOW;
         if !self.twins.load(Ordering::Relaxed)
             || flags & libc::O_ACCMODE == libc::O_WRONLY
-            || flags & cannot != 0
+            || !file::can_reopen_like(flags)
             || matches!(data.passthrough.get(), Some(None))
         {
             return Ok(None);
