@@ -110,10 +110,24 @@ impl From<rustix::io::Errno> for Errno {
     }
 }
 
+impl Errno {
+    /// The errno's symbolic name (`EHOSTDOWN`), as `errno(3)` lists it; `E<number>`
+    /// for one the C library does not name.
+    pub fn name(self) -> String {
+        match nix::errno::Errno::from_raw(self.0) {
+            nix::errno::Errno::UnknownErrno => format!("E{}", self.0),
+            e => format!("{e:?}"),
+        }
+    }
+}
+
 impl fmt::Display for Errno {
+    /// Its text and its name: `Host is down (EHOSTDOWN)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // std formats an OS error as "<text> (os error N)".
-        write!(f, "{}", std::io::Error::from_raw_os_error(self.0))
+        match nix::errno::Errno::from_raw(self.0) {
+            nix::errno::Errno::UnknownErrno => write!(f, "unknown error (E{})", self.0),
+            e => write!(f, "{} ({e:?})", e.desc()),
+        }
     }
 }
 
@@ -127,3 +141,23 @@ impl std::error::Error for Errno {}
 
 /// Result of a system call wrapper.
 pub type SysResult<T> = Result<T, Errno>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_errno_says_its_text_and_its_name() {
+        assert_eq!(Errno(libc::EHOSTDOWN).name(), "EHOSTDOWN");
+        assert_eq!(
+            Errno(libc::ENOENT).to_string(),
+            "No such file or directory (ENOENT)"
+        );
+        assert_eq!(
+            Errno(libc::EHOSTDOWN).to_string(),
+            "Host is down (EHOSTDOWN)"
+        );
+        assert_eq!(Errno(4242).name(), "E4242");
+        assert_eq!(Errno(4242).to_string(), "unknown error (E4242)");
+    }
+}
