@@ -558,3 +558,96 @@ fn a_view_killed_after_a_walk_knows_every_node_id_it_listed() {
     drop(held);
     recovered_then_unpublished(&rt, &d, &target);
 }
+
+/// Sends `SIGCONT` to a stopped share's daemon when dropped, so that a failing test
+/// leaves nothing waiting on it.
+struct Thaw(u32);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        let _ = kill_process(Pid::from_raw(self.0 as i32).unwrap(), Signal::CONT);
+    }
+}
+
+/// A view whose share stops answering (every worker waits on it, as on an NFS `hard`
+/// mount whose server is away) is not killed by the keeper: it waits as the share's own
+/// callers wait, the keeper says so, and once the share answers the same process serves
+/// every waiting call. NodeGetVolumeStats answers meanwhile, in time, that the share
+/// does not answer, and normal once it does. The share is a FUSE mount whose daemon the test stops, so that
+/// the view's workers wait in the kernel's FUSE client as they would in NFS's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_view_waiting_on_its_share_is_left_serving() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let cg = TestCgroup::new();
+    let keepers = Keepers::new(&cg, root, &["--hang-timeout".into(), "1".into()]);
+    let share = f.subdir("share");
+    let share_view = Mounted::start(&f.subdir("disk"), &share, &["-o", "gid=0"]).unwrap();
+    let mut keeper = keepers.start("1");
+    let bin = Path::new(BIN);
+    let socket = keepers.socket().to_str().unwrap();
+    let args = ["--share-key-file", "none", "--keeper-socket", socket];
+    let mut d = Driver::start_in(root, share.clone(), CONTAINER, bin, &args);
+    let mut c = d.clients().await;
+    let (staging, target) = (f.subdir("staging"), root.join("target"));
+    let guards = [Unmount(target.clone()), Unmount(staging.clone())];
+    c.create_stage_publish("a", &staging, &target, "2000").await;
+    let pid = view_pid(&target);
+
+    kill_process(
+        Pid::from_raw(share_view.pid() as i32).unwrap(),
+        Signal::STOP,
+    )
+    .unwrap();
+    let thaw = Thaw(share_view.pid());
+    // More callers than the view has workers, each looking up a name of its own: every
+    // worker waits on the share, and the keeper's check waits behind them.
+    let callers: Vec<_> = (0..16)
+        .map(|i| {
+            let path = target.join(format!("name{i}"));
+            thread::spawn(move || fs::symlink_metadata(path).err().map(|e| e.kind()))
+        })
+        .collect();
+    assert_logged_within(
+        || keepers.log("1"),
+        "waits on its share: leaving it serving",
+        Duration::from_secs(30),
+    );
+    // Kubelet is told, in time, twice (the second while the first one's measurement
+    // still waits on the share).
+    for _ in 0..2 {
+        let (abnormal, message) = volume_condition(&mut c, "a", &target).await;
+        assert!(
+            abnormal && message.contains("the share does not answer"),
+            "{message}"
+        );
+    }
+    // Many rounds of the check (every quarter of a second) later, still the same.
+    thread::sleep(Duration::from_secs(2));
+    assert_eq!(view_pid(&target), pid, "{}", keepers.log("1"));
+    assert!(
+        !keepers.log("1").contains("killing it"),
+        "{}",
+        keepers.log("1")
+    );
+
+    drop(thaw);
+    for caller in callers {
+        assert_eq!(caller.join().unwrap(), Some(std::io::ErrorKind::NotFound));
+    }
+    assert_logged_within(
+        || keepers.log("1"),
+        "the view answers again",
+        Duration::from_secs(30),
+    );
+    assert_eq!(view_pid(&target), pid);
+    let (abnormal, message) = volume_condition(&mut c, "a", &target).await;
+    assert!(!abnormal, "{message}");
+    c.node
+        .node_unpublish_volume(unpublish_req("a", &target))
+        .await
+        .unwrap();
+    keeper.stop(Duration::from_secs(10));
+    d.signal_first_process(Signal::TERM);
+    drop(guards);
+}

@@ -139,7 +139,10 @@ impl pb::node_server::Node for NodeService {
         let path = validate::lookup_path(&r.volume_path, "volume_path")?;
         let node = Arc::clone(&self.node);
         let span = info_span!("NodeGetVolumeStats", volume_id = %id, path = %path.display());
-        let stats = blocking(span, move || node.stats(&id, &path)).await?;
+        let stats = blocking(span, move || {
+            node.stats_within(&id, &path, crate::volume::node::STATS_WAIT)
+        })
+        .await?;
         // Both units always: kubelet's csi_client.go `NodeGetVolumeStats` refuses an
         // answer without usage before it reads the volume condition.
         Ok(Response::new(pb::NodeGetVolumeStatsResponse {

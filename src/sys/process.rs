@@ -94,6 +94,65 @@ pub fn kill(pid: u32) -> super::SysResult<()> {
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).map_err(super::failed("kill"))
 }
 
+/// What the threads of a process are waiting on, as `/proc/PID/task/*/stat` and
+/// `wchan` tell: what a keeper asks of a view that has not answered for a while, to
+/// tell a view that waits on its share (the share stalls or its server is away) from
+/// one hung in itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// A thread waits in a file system, not stopped by a signal: in the kernel's
+    /// uninterruptible or killable sleep (`D`, where the NFS, CIFS and Ceph clients
+    /// wait for their servers), or in FUSE's wait for its daemon's answer
+    /// (`request_wait_answer`, an interruptible sleep until a signal comes).
+    OnFileSystem,
+    /// A thread is stopped (`T`, `t`): by `SIGSTOP` or a tracer.
+    Stopped,
+    /// Neither: its threads run, or sleep in user space's waits (a futex, a poll).
+    Elsewhere,
+    /// The process is gone, or its threads cannot be read.
+    Unknown,
+}
+
+/// What the threads of process `pid` are waiting on ([`Waiting`]). A stopped thread
+/// outweighs one waiting in a file system: a stopped process answers nothing even once
+/// its share does.
+pub fn waiting(pid: u32) -> Waiting {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Waiting::Unknown;
+    };
+    let mut seen = Waiting::Unknown;
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+            continue;
+        };
+        let wchan = std::fs::read_to_string(dir.join("wchan")).unwrap_or_default();
+        match thread_waiting(&stat, &wchan) {
+            Waiting::Stopped => return Waiting::Stopped,
+            Waiting::OnFileSystem => seen = Waiting::OnFileSystem,
+            Waiting::Elsewhere if seen == Waiting::Unknown => seen = Waiting::Elsewhere,
+            _ => {}
+        }
+    }
+    seen
+}
+
+/// What one thread waits on, from its `stat` line (the state is the field after the
+/// command name's closing parenthesis, which the name itself may contain) and its
+/// `wchan` (the kernel function it sleeps in; `0` where the kernel hides it).
+fn thread_waiting(stat: &str, wchan: &str) -> Waiting {
+    let state = stat
+        .rfind(')')
+        .and_then(|end| stat[end + 1..].trim_start().chars().next());
+    match state {
+        None => Waiting::Unknown,
+        Some('T' | 't') => Waiting::Stopped,
+        Some('D') => Waiting::OnFileSystem,
+        Some(_) if wchan.trim() == "request_wait_answer" => Waiting::OnFileSystem,
+        Some(_) => Waiting::Elsewhere,
+    }
+}
+
 /// The mount namespace of process `pid` (`"self"`, or a number), as its
 /// `/proc/PID/ns/mnt` link names it (`mnt:[INODE]`): two processes whose answers are
 /// equal share their mounts. `None` where it cannot be read.
@@ -427,6 +486,33 @@ pub fn redirect_stderr(file: &impl std::os::fd::AsFd) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_waits_where_its_state_and_wchan_say() {
+        let stat = |state: &str| format!("4242 (mount (view)) {state} 1 4242 4242 0 -1");
+        assert_eq!(thread_waiting(&stat("D"), "0"), Waiting::OnFileSystem);
+        assert_eq!(
+            thread_waiting(&stat("S"), "request_wait_answer\n"),
+            Waiting::OnFileSystem
+        );
+        assert_eq!(
+            thread_waiting(&stat("S"), "futex_wait_queue"),
+            Waiting::Elsewhere
+        );
+        assert_eq!(thread_waiting(&stat("R"), "0"), Waiting::Elsewhere);
+        assert_eq!(
+            thread_waiting(&stat("T"), "do_signal_stop"),
+            Waiting::Stopped
+        );
+        assert_eq!(thread_waiting(&stat("t"), "ptrace_stop"), Waiting::Stopped);
+        assert_eq!(thread_waiting("garbage", ""), Waiting::Unknown);
+    }
+
+    #[test]
+    fn this_process_waits_on_no_file_system() {
+        assert_eq!(waiting(std::process::id()), Waiting::Elsewhere);
+        assert_eq!(waiting(u32::MAX), Waiting::Unknown);
+    }
 
     #[test]
     fn id_maps_translate_between_namespaces() {

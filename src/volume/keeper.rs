@@ -213,6 +213,9 @@ struct Keeper {
     cgroups: Option<Cgroup>,
     /// Liveness checks under way, by mountpoint: when each started.
     checks: Mutex<HashMap<PathBuf, Instant>>,
+    /// Views whose check went unanswered past the hang timeout while they waited on
+    /// their share: left serving, and said once, until they answer again.
+    waiting: Mutex<std::collections::HashSet<PathBuf>>,
     /// The FUSE protocol minor this kernel's INIT offers (asked once, at start), which
     /// each view it starts is told ([`handover::FUSE_MINOR_ENV`]): whether a view's
     /// workers may read the connection the keeper holds depends on whether the kernel
@@ -583,11 +586,17 @@ impl Keeper {
     }
 
     /// Looks a reserved name up in every view whose connection it holds, each in a
-    /// thread of its own. A view whose lookup is still unanswered after `timeout`
-    /// (deadlocked, stopped with SIGSTOP, every worker stuck) is SIGKILLed: its death
-    /// is then recovered like any other, the kernel resends what it had read, and the
-    /// lookup left waiting is answered by its successor. A view that cannot be
-    /// recovered (nothing held for it) is only reported: killing it would end its mount.
+    /// thread of its own. A view whose lookup is still unanswered after `timeout` is
+    /// asked what its threads wait on ([`crate::sys::process::waiting`]). One that
+    /// waits on a file system (its share stalls, or its server is away: an NFS `hard`
+    /// mount waits for minutes, and so do its callers on the raw mount) is left
+    /// serving, said once, and asked again each round: a kill would be recovered only
+    /// once the share answers, and the successor would wait on it the same. One that
+    /// waits on nothing of the kind (deadlocked, stopped with SIGSTOP) is SIGKILLed:
+    /// its death is then recovered like any other, the kernel resends what it had
+    /// read, and the lookup left waiting is answered by its successor. A view that
+    /// cannot be recovered (nothing held for it) is only reported: killing it would
+    /// end its mount.
     fn check(&'static self, timeout: Duration) {
         let serving: Vec<(PathBuf, u32)> = {
             let holds = lock(&self.holds);
@@ -606,7 +615,20 @@ impl Keeper {
         for (mountpoint, pid) in serving {
             match checks.get(&mountpoint) {
                 Some(since) if since.elapsed() > timeout => {
-                    tracing::error!(mountpoint = %mountpoint.display(), pid, waited = ?since.elapsed(), "the view answers nothing: killing it to recover it");
+                    use crate::sys::process::Waiting;
+                    let waiting = crate::sys::process::waiting(pid);
+                    if waiting == Waiting::OnFileSystem {
+                        if lock(&self.waiting).insert(mountpoint.clone()) {
+                            tracing::warn!(mountpoint = %mountpoint.display(), pid, waited = ?since.elapsed(), "the view answers nothing while it waits on its share: leaving it serving (the share's own mount waits the same)");
+                        }
+                        continue;
+                    }
+                    lock(&self.waiting).remove(&mountpoint);
+                    let what = match waiting {
+                        Waiting::Stopped => "it is stopped",
+                        _ => "it waits on no file system",
+                    };
+                    tracing::error!(mountpoint = %mountpoint.display(), pid, waited = ?since.elapsed(), "the view answers nothing and {what}: killing it to recover it");
                     let _ = crate::sys::process::kill(pid);
                     // Not again until its successor has answered this check.
                     checks.insert(mountpoint, Instant::now() + Duration::from_secs(3600));
@@ -620,6 +642,9 @@ impl Keeper {
                             // ENOENT is the answer; any answer will do.
                             let _ = std::fs::symlink_metadata(mountpoint.join(ALIVE_NAME));
                             lock(&self.checks).remove(&mountpoint);
+                            if lock(&self.waiting).remove(&mountpoint) {
+                                tracing::info!(mountpoint = %mountpoint.display(), "the view answers again: its share answered");
+                            }
                         });
                     if let Err(e) = spawned {
                         tracing::warn!(error = %e, "cannot start a liveness check");
@@ -866,6 +891,7 @@ fn start_with(
         adopting: Mutex::new(()),
         cgroups,
         checks: Mutex::new(HashMap::new()),
+        waiting: Mutex::new(std::collections::HashSet::new()),
     }));
     let socket = Arc::new(NamedSocket::bind(&keeper.cfg.socket)?);
     tracing::info!(socket = %keeper.cfg.socket.display(), instance = %keeper.instance, "keeper listening");

@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use std::collections::BTreeMap;
 
@@ -74,6 +75,24 @@ pub struct VolumeStats {
     pub abnormal: Option<String>,
 }
 
+impl VolumeStats {
+    /// An abnormal volume whose usage could not be measured: zeros, which kubelet
+    /// takes (it refuses an answer without usage before it reads the condition).
+    fn abnormal(why: String) -> VolumeStats {
+        VolumeStats {
+            bytes: Usage::default(),
+            inodes: Usage::default(),
+            abnormal: Some(why),
+        }
+    }
+}
+
+/// How long NodeGetVolumeStats waits for the share before it answers that the share
+/// does not answer: well within kubelet's deadline for the call (two minutes,
+/// kubernetes pkg/volume/csi/csi_metrics.go `csiTimeout`), and longer than any answer
+/// of a share that serves.
+pub const STATS_WAIT: Duration = Duration::from_secs(5);
+
 /// One published view as the metrics see it.
 #[derive(Clone, Debug)]
 pub struct ViewInfo {
@@ -119,6 +138,9 @@ pub struct Node {
     runtime_dir: PathBuf,
     state_path: PathBuf,
     state: Mutex<NodeState>,
+    /// The paths whose usage a [`Node::stats_within`] measures now, in a thread that
+    /// may wait on the share: one at a time for each.
+    measuring: Mutex<std::collections::HashSet<PathBuf>>,
 }
 
 impl Node {
@@ -159,6 +181,7 @@ impl Node {
             fuse_idmap,
             state_path,
             state: Mutex::new(state),
+            measuring: Mutex::new(std::collections::HashSet::new()),
         });
         node.recover();
         Ok(node)
@@ -166,6 +189,10 @@ impl Node {
 
     pub fn node_id(&self) -> &str {
         &self.node_id
+    }
+
+    fn measuring(&self) -> MutexGuard<'_, std::collections::HashSet<PathBuf>> {
+        self.measuring.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn state(&self) -> MutexGuard<'_, NodeState> {
@@ -1018,6 +1045,54 @@ impl Node {
             || st.staged.get(id).is_some_and(|s| s.staging_path == path)
     }
 
+    /// [`Node::stats`], waiting no longer than `wait` for the share: a share whose
+    /// server is away or stalls (an NFS `hard` mount waits for it without end) makes the
+    /// volume abnormal, "the share does not answer", and kubelet gets its answer in
+    /// time. The measurement goes on in its thread until the share answers; while it
+    /// does, another call for the same path does not start one more, and answers the
+    /// same at once.
+    ///
+    /// # Errors
+    /// Those of [`Node::stats`].
+    pub fn stats_within(
+        self: &Arc<Self>,
+        id: &VolumeId,
+        path: &Path,
+        wait: Duration,
+    ) -> Result<VolumeStats, VolumeError> {
+        let unanswered = || {
+            let share = self.share.data_path(id);
+            tracing::warn!(volume_id = %id, path = %path.display(), share = %share.display(), "the share does not answer: the volume is abnormal until it does");
+            Ok(VolumeStats::abnormal(format!(
+                "the share does not answer at {} (not within {} s: its server is away, or stalls); pods' calls wait on it",
+                share.display(),
+                wait.as_secs_f64()
+            )))
+        };
+        if !self.measuring().insert(path.to_path_buf()) {
+            return unanswered();
+        }
+        let (sent, answer) = std::sync::mpsc::sync_channel(1);
+        let node = Arc::clone(self);
+        let (id2, path2) = (id.clone(), path.to_path_buf());
+        let spawned = std::thread::Builder::new()
+            .name("volume-stats".into())
+            .spawn(move || {
+                let stats = node.stats(&id2, &path2);
+                node.measuring().remove(&path2);
+                let _ = sent.send(stats);
+            });
+        if let Err(e) = spawned {
+            self.measuring().remove(path);
+            tracing::warn!(error = %e, "cannot start a thread to measure a volume: measuring it here, unbounded");
+            return self.stats(id, path);
+        }
+        match answer.recv_timeout(wait) {
+            Ok(stats) => stats,
+            Err(_) => unanswered(),
+        }
+    }
+
     /// Usage of a published (or staged) volume as its pods see it, always in bytes
     /// and inodes: kubelet refuses an answer without usage before it reads the volume
     /// condition (kubernetes pkg/volume/csi/csi_client.go `NodeGetVolumeStats`: "usage
@@ -1039,14 +1114,27 @@ impl Node {
         let secret_view = published
             .as_ref()
             .is_some_and(|p| p.kind == ViewKind::InlineSecrets);
-        if !secret_view && self.share.get(id)?.is_none() {
-            return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
-        }
         if !self.is_at(id, path) {
             return Err(VolumeError::NotFound(format!(
                 "volume {id} is not published or staged at {}",
                 path.display()
             )));
+        }
+        if !secret_view {
+            match self.share.get(id) {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
+                }
+                // A share that answers with an error (a `soft` mount whose server is
+                // away: EHOSTDOWN, EIO) makes the volume abnormal, not the call.
+                Err(crate::share::ShareError::Io { what, errno }) => {
+                    return Ok(VolumeStats::abnormal(format!(
+                        "the share fails: {what}: {errno}"
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         let abnormal = match mount::health(path) {
             Health::Dead => Some(format!(
@@ -1064,11 +1152,15 @@ impl Node {
         };
         let usage = match crate::sys::file::statvfs_path(&measured) {
             Ok(s) => Some(s),
+            // The view passes its share's answer on; a secret view's tmpfs has no
+            // share behind it.
             Err(e) if abnormal.is_none() => {
-                return Err(VolumeError::Internal(format!(
-                    "statfs of {}: {e}",
-                    path.display()
-                )));
+                let failed = format!("statfs of {}: {e}", path.display());
+                return Ok(VolumeStats::abnormal(if secret_view {
+                    failed
+                } else {
+                    format!("the share fails: {failed}")
+                }));
             }
             Err(e) => {
                 tracing::warn!(path = %measured.display(), error = %e, "statfs failed");

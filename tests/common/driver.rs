@@ -419,6 +419,22 @@ pub async fn stats_bytes(c: &mut Clients, id: &str, target: &Path) -> pb::Volume
         .unwrap()
 }
 
+/// The condition NodeGetVolumeStats reports for the volume `id` at `target`: whether
+/// it is abnormal, and the message. Fails if the answer takes a minute (kubelet's
+/// deadline is two).
+pub async fn volume_condition(c: &mut Clients, id: &str, target: &Path) -> (bool, String) {
+    let answer = tokio::time::timeout(
+        Duration::from_secs(60),
+        c.node.node_get_volume_stats(stats_req(id, target)),
+    )
+    .await
+    .expect("NodeGetVolumeStats answered within a minute")
+    .unwrap()
+    .into_inner();
+    let condition = answer.volume_condition.unwrap();
+    (condition.abnormal, condition.message)
+}
+
 pub fn unstage_req(id: &str, staging: &Path) -> pb::NodeUnstageVolumeRequest {
     pb::NodeUnstageVolumeRequest {
         volume_id: id.into(),

@@ -83,7 +83,12 @@ fn poll_replaced(target: &Path, old: u32, limit: Duration, pause: Duration) -> u
 /// just after it started the process that [`wait_replaced`] sees), and fails with the
 /// log after 10 s.
 pub fn assert_logged(read: impl Fn() -> String, line: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    assert_logged_within(read, line, Duration::from_secs(10))
+}
+
+/// [`assert_logged`], failing after `limit`.
+pub fn assert_logged_within(read: impl Fn() -> String, line: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
     loop {
         let log = read();
         if log.contains(line) {
