@@ -181,6 +181,10 @@ pub struct ViewOptions {
     pub noexec: bool,
     /// Worker threads serving the FUSE session.
     pub threads: usize,
+    /// `max_threads=`: the most worker threads, beyond `threads` started while every
+    /// worker is busy (a request waiting on the share holds up no other), each ending
+    /// after 10 s without a request; `None`: `threads` alone.
+    pub max_threads: Option<usize>,
     /// How long the kernel may cache attributes (`attr_timeout=`).
     pub attr_timeout: Duration,
     /// How long the kernel may cache names (`entry_timeout=`).
@@ -235,6 +239,7 @@ impl Default for ViewOptions {
             transport: Transport::default(),
             noexec: false,
             threads: default_threads(),
+            max_threads: None,
             attr_timeout: Duration::from_secs(1),
             entry_timeout: Duration::from_secs(1),
             selinux_context: None,
@@ -454,6 +459,13 @@ fn parse_threads(v: &str) -> Result<usize, String> {
     }
 }
 
+fn parse_max_threads(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(n) if (1..=256).contains(&n) => Ok(n),
+        _ => Err("is not a thread count from 1 to 256".into()),
+    }
+}
+
 fn parse_fsname(v: &str) -> Result<String, String> {
     if v.contains(['\\', ' ', '\t', '\n']) || v.len() > 255 {
         return Err(
@@ -646,6 +658,20 @@ pub const OPTIONS: &[ViewOption] = &[
             Ok(())
         },
         print: |o, out| out.push(format!("threads={}", o.threads)),
+        vfs: false,
+        native: NativeUse::Tuning,
+    },
+    ViewOption {
+        keys: &["max_threads"],
+        set: |p, k, v| {
+            p.o.max_threads = Some(value(k, v, parse_max_threads)?);
+            Ok(())
+        },
+        print: |o, out| {
+            if let Some(n) = o.max_threads {
+                out.push(format!("max_threads={n}"));
+            }
+        },
         vfs: false,
         native: NativeUse::Tuning,
     },
@@ -1026,8 +1052,11 @@ mod tests {
         assert_eq!(o.attr_timeout, Duration::from_millis(500));
         assert_eq!(o.entry_timeout, Duration::from_secs(2));
         assert_eq!(o.direct_io, DirectIo::Kernel);
-        let o = ViewOptions::parse("direct_io=view").unwrap();
+        assert_eq!(o.max_threads, None);
+        let o = ViewOptions::parse("direct_io=view,max_threads=64").unwrap();
         assert_eq!(o.direct_io, DirectIo::View);
+        assert_eq!(o.max_threads, Some(64));
+        assert!(o.to_option_string().contains("max_threads=64"));
     }
 
     #[test]
@@ -1111,6 +1140,10 @@ mod tests {
             (
                 "threads=0",
                 "option `threads`: `0` is not a thread count from 1 to 64",
+            ),
+            (
+                "max_threads=257",
+                "option `max_threads`: `257` is not a thread count from 1 to 256",
             ),
             (
                 "direct_io=daemon",

@@ -1000,6 +1000,110 @@ fn a_request_stuck_alone_is_timed_in_the_metrics() {
     }
 }
 
+/// The view's worker threads named `prefix…` (`fuser-x`: those started beyond
+/// `threads=`).
+fn workers_named(pid: u32, prefix: &str) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix)))
+        .count()
+}
+
+/// With `max_threads=`, requests that wait on the backing file system hold up no
+/// other: a snapshot's freeze (`fsfreeze`) holds every create, each in a directory of
+/// its own (the kernel lets one create into a directory at a time), more of them than
+/// `threads=`, and a stat of another file is answered meanwhile by a worker started
+/// for it. The workers started so end once they have waited a while for a request.
+#[test]
+fn requests_waiting_on_the_backing_hold_up_no_other() {
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+    let f = Fixture::new();
+    let run = |c: &mut Command| {
+        let out = c
+            .output()
+            .expect("e2fsprogs, util-linux and mount are installed");
+        assert!(
+            out.status.success(),
+            "{c:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let img = f.dir.path().join("backing.img");
+    fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
+    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
+    let backing = f.subdir("backing");
+    run(Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&img)
+        .arg(&backing));
+    let backing = Unmount(backing);
+    const STUCK: usize = 4;
+    for i in 0..STUCK {
+        fs::create_dir(backing.0.join(format!("sub{i}"))).unwrap();
+    }
+    fs::write(backing.0.join("other"), "x").unwrap();
+    let view = Mounted::start(
+        &backing.0,
+        &f.mnt,
+        &["-o", &format!("gid={G},threads=2,max_threads=16")],
+    )
+    .unwrap();
+    /// Thaws the backing (before the view stops: a frozen one would hold it).
+    struct Thaw<'a>(&'a std::path::Path);
+    impl Drop for Thaw<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("fsfreeze").arg("-u").arg(self.0).output();
+        }
+    }
+    run(Command::new("fsfreeze").arg("-f").arg(&backing.0));
+    let thaw = Thaw(&backing.0);
+    let creates: Vec<_> = (0..STUCK)
+        .map(|i| {
+            let path = f.mnt.join(format!("sub{i}/new"));
+            std::thread::spawn(move || fs::write(path, "x"))
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while workers_named(view.pid(), "fuser-x") < STUCK - 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no worker was started for the waiting creates"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let other = f.mnt.join("other");
+    let stat = std::thread::spawn(move || fs::metadata(other).map(|m| m.len()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !stat.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the stat waited behind the creates"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(stat.join().unwrap().unwrap(), 1);
+    assert!(
+        creates.iter().all(|c| !c.is_finished()),
+        "the freeze held no create"
+    );
+    drop(thaw);
+    for c in creates {
+        c.join().unwrap().unwrap();
+    }
+    for i in 0..STUCK {
+        assert_eq!(fs::read(f.mnt.join(format!("sub{i}/new"))).unwrap(), b"x");
+    }
+    // Idle again, the view goes back to its threads= workers.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while workers_named(view.pid(), "fuser-x") > 0 {
+        assert!(Instant::now() < deadline, "the started workers never ended");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(view);
+}
+
 /// A name that is not there is remembered as absent for the entry timeout, as a name
 /// that is there is remembered: stats of a missing file after the first ask the daemon
 /// nothing. A file made through this view shows at once; one made behind its back

@@ -80,6 +80,39 @@ impl Channel {
         }
     }
 
+    /// Like [`Channel::receive_or_stop`] (the device must be in non-blocking mode), but
+    /// gives up after waiting `idle` for a request, and `stop` may be absent.
+    pub(crate) fn receive_waiting(
+        &self,
+        buffer: &mut [u8],
+        stop: Option<BorrowedFd<'_>>,
+        idle: std::time::Duration,
+    ) -> nix::Result<Received> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let timeout = PollTimeout::try_from(idle).unwrap_or(PollTimeout::MAX);
+        loop {
+            match self.receive(buffer) {
+                Ok(size) => return Ok(Received::Request(size)),
+                Err(Errno::ENOENT | Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => {
+                    let mut fds = vec![PollFd::new(self.0.as_fd(), PollFlags::POLLIN)];
+                    if let Some(stop) = stop {
+                        fds.push(PollFd::new(stop, PollFlags::POLLIN));
+                    }
+                    match poll(&mut fds, timeout) {
+                        Ok(0) => return Ok(Received::Idle),
+                        Ok(_) | Err(Errno::EINTR) => {}
+                        Err(err) => return Err(err),
+                    }
+                    if fds.get(1).is_some_and(|f| f.any().unwrap_or(false)) {
+                        return Ok(Received::Stopped);
+                    }
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
     /// Puts the device in non-blocking mode (see [`Channel::receive_or_stop`]).
     pub(crate) fn set_nonblocking(&self) -> io::Result<()> {
         use nix::fcntl::{FcntlArg, OFlag, fcntl};
@@ -140,4 +173,15 @@ impl ChannelSender {
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         unsafe { BackingId::wrap_raw(&self.0, id) }
     }
+}
+
+/// What [`Channel::receive_waiting`] got.
+#[derive(Debug)]
+pub(crate) enum Received {
+    /// A request of this many bytes.
+    Request(usize),
+    /// The session was stopped.
+    Stopped,
+    /// No request came within the time given.
+    Idle,
 }

@@ -14,6 +14,7 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::thread::{self};
@@ -387,6 +388,29 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut threads = Vec::with_capacity(n_threads);
 
+        let pool = config
+            .max_threads
+            .filter(|max| *max > n_threads && cfg!(target_os = "linux"))
+            .map(|max| {
+                Arc::new(Pool {
+                    idle: AtomicUsize::new(n_threads),
+                    extras: AtomicUsize::new(0),
+                    max_extras: max - n_threads,
+                    started: AtomicUsize::new(0),
+                    idle_timeout: config
+                        .idle_thread_timeout
+                        .unwrap_or(std::time::Duration::from_secs(10)),
+                    ch: source_ch.clone(),
+                    clone_fd: config.clone_fd,
+                    filesystem: filesystem.clone(),
+                    allowed,
+                    session_owner,
+                    stop: stop.clone(),
+                    read_buf_size,
+                    handles: Mutex::new(Vec::new()),
+                })
+            });
+
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
             let event_loop = SessionEventLoop {
@@ -397,6 +421,8 @@ impl<FS: Filesystem> Session<FS> {
                 session_owner,
                 stop: stop.clone(),
                 read_buf_size,
+                pool: pool.clone(),
+                retire_after: None,
             };
             threads.push(
                 thread::Builder::new()
@@ -415,6 +441,8 @@ impl<FS: Filesystem> Session<FS> {
                 session_owner,
                 stop: None,
                 read_buf_size,
+                pool: None,
+                retire_after: None,
             };
             threads.push(
                 thread::Builder::new()
@@ -434,6 +462,21 @@ impl<FS: Filesystem> Session<FS> {
             if let Err(e) = res {
                 if reply.is_ok() {
                     reply = Err(e);
+                }
+            }
+        }
+
+        // The extra workers: each one's handle is kept before the worker that started
+        // it can end, so once none is left to take, every one has ended.
+        if let Some(pool) = pool {
+            loop {
+                let Some(extra) = pool.handles.lock().pop() else {
+                    break;
+                };
+                match extra.join() {
+                    Ok(Err(e)) if reply.is_ok() => reply = Err(e),
+                    Ok(_) => {}
+                    Err(_) => return Err(io::Error::other("event loop thread panicked")),
                 }
             }
         }
@@ -637,6 +680,119 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) session_owner: Uid,
     stop: Option<StopState>,
     read_buf_size: usize,
+    /// The session's workers beyond `n_threads` ([`Config::max_threads`]).
+    pool: Option<Arc<Pool<FS>>>,
+    /// For an extra worker that can tell it waited: how long it waits for a request
+    /// before it ends.
+    retire_after: Option<std::time::Duration>,
+}
+
+/// The workers a session starts beyond `n_threads` while every worker is busy
+/// ([`Config::max_threads`]), and what each needs.
+struct Pool<FS: Filesystem> {
+    /// Workers waiting for a request, of all.
+    idle: AtomicUsize,
+    /// Extra workers running, and the most.
+    extras: AtomicUsize,
+    max_extras: usize,
+    /// Extra workers ever started, which names them.
+    started: AtomicUsize,
+    idle_timeout: std::time::Duration,
+    ch: Channel,
+    clone_fd: bool,
+    filesystem: Arc<FilesystemHolder<FS>>,
+    allowed: SessionACL,
+    session_owner: Uid,
+    stop: Option<StopState>,
+    read_buf_size: usize,
+    handles: Mutex<Vec<JoinHandle<io::Result<()>>>>,
+}
+
+impl<FS: Filesystem> Pool<FS> {
+    /// A worker took a request: if it was the last one waiting, another is started.
+    fn taken(self: &Arc<Self>) {
+        if self.idle.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.grow();
+        }
+    }
+
+    /// A worker answered its request and waits again.
+    fn answered(&self) {
+        self.idle.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn grow(self: &Arc<Self>) {
+        let mut extras = self.extras.load(Ordering::Acquire);
+        loop {
+            if extras >= self.max_extras {
+                return;
+            }
+            match self.extras.compare_exchange(
+                extras,
+                extras + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => extras = now,
+            }
+        }
+        let undo = || {
+            self.extras.fetch_sub(1, Ordering::AcqRel);
+        };
+        // A descriptor of its own can be made non-blocking without touching the
+        // others', and then the worker can tell it waited; so can a worker of a
+        // session that can be stopped (every descriptor is non-blocking).
+        let ch = if self.clone_fd {
+            match self.ch.clone_fd().and_then(|ch| ch.set_nonblocking().map(|()| ch)) {
+                Ok(ch) => ch,
+                Err(e) => {
+                    warn!("cannot start another worker: {e}");
+                    undo();
+                    return;
+                }
+            }
+        } else {
+            self.ch.clone()
+        };
+        let retire_after = (self.clone_fd || self.stop.is_some()).then_some(self.idle_timeout);
+        let n = self.started.fetch_add(1, Ordering::Relaxed);
+        let thread_name = format!("fuser-x{n}");
+        let event_loop = SessionEventLoop {
+            thread_name: thread_name.clone(),
+            ch,
+            filesystem: self.filesystem.clone(),
+            allowed: self.allowed,
+            session_owner: self.session_owner,
+            stop: self.stop.clone(),
+            read_buf_size: self.read_buf_size,
+            pool: Some(Arc::clone(self)),
+            retire_after,
+        };
+        self.idle.fetch_add(1, Ordering::AcqRel);
+        let mut handles = self.handles.lock();
+        match thread::Builder::new()
+            .name(thread_name)
+            .spawn(move || event_loop.event_loop())
+        {
+            Ok(handle) => handles.push(handle),
+            Err(e) => {
+                warn!("cannot start another worker: {e}");
+                self.idle.fetch_sub(1, Ordering::AcqRel);
+                undo();
+            }
+        }
+    }
+}
+
+/// Counts an extra worker out of its pool when it ends, however it ends.
+struct Leaving<'a, FS: Filesystem>(&'a Pool<FS>);
+
+impl<FS: Filesystem> Drop for Leaving<'_, FS> {
+    fn drop(&mut self) {
+        self.0.idle.fetch_sub(1, Ordering::AcqRel);
+        self.0.extras.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Requests that come other than by reading the session's channel (FUSE over
@@ -673,16 +829,29 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         // it is reused immediately after dispatching to conserve memory and allocations.
         let mut buf = FuseReadBuf::new(self.read_buf_size);
         let buf = buf.as_mut();
+        let _leaving = self
+            .retire_after
+            .and(self.pool.as_deref())
+            .map(|pool| Leaving(pool));
         loop {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
-            let received = match &self.stop {
-                Some(stop) => match self.ch.receive_or_stop(buf, stop.wake_read.as_fd()) {
+            let received = match (&self.stop, self.retire_after) {
+                (stop, Some(idle)) => {
+                    use crate::channel::Received;
+                    let stop = stop.as_ref().map(|s| s.wake_read.as_fd());
+                    match self.ch.receive_waiting(buf, stop, idle) {
+                        Ok(Received::Request(size)) => Ok(size),
+                        Ok(Received::Stopped | Received::Idle) => return Ok(()),
+                        Err(err) => Err(err),
+                    }
+                }
+                (Some(stop), None) => match self.ch.receive_or_stop(buf, stop.wake_read.as_fd()) {
                     Ok(Some(size)) => Ok(size),
                     Ok(None) => return Ok(()),
                     Err(err) => Err(err),
                 },
-                None => self.ch.receive_retrying(buf),
+                (None, None) => self.ch.receive_retrying(buf),
             };
             match received {
                 Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
@@ -692,7 +861,13 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                             req.reply::<ReplyEmpty>().ok();
                             return Ok(());
                         } else {
+                            if let Some(pool) = &self.pool {
+                                pool.taken();
+                            }
                             req.dispatch(self);
+                            if let Some(pool) = &self.pool {
+                                pool.answered();
+                            }
                             if let Some(stop) = &self.stop {
                                 if stop.stopped.load(Ordering::Acquire) {
                                     return Ok(());
