@@ -328,3 +328,37 @@ async fn secrets_in_requests_never_reach_logs_or_state() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// A share that answers with an error (a `soft` mount whose server is away answers
+/// `EHOSTDOWN`; here a FUSE share whose daemon died answers `ENOTCONN`) makes the
+/// volume abnormal, with the share's errno by name, where NodeGetVolumeStats failed
+/// `INTERNAL`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_share_that_fails_makes_the_volume_abnormal_with_its_errno() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let share = f.subdir("share");
+    let share_view = Mounted::start(&f.subdir("disk"), &share, &["-o", "gid=0"]).unwrap();
+    let d = Driver::start_with(root, share.clone(), &["--share-key-file", "none"]);
+    let mut c = d.clients().await;
+    let (staging, target) = (f.subdir("staging"), root.join("target"));
+    let _guards = [Unmount(target.clone()), Unmount(staging.clone())];
+    c.create_stage_publish("a", &staging, &target, "2000").await;
+    let (abnormal, message) = volume_condition(&mut c, "a", &target).await;
+    assert!(!abnormal, "{message}");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(share_view.pid() as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let (abnormal, message) = volume_condition(&mut c, "a", &target).await;
+    assert!(
+        abnormal && message.contains("the share fails") && message.contains("(ENOTCONN)"),
+        "{message}"
+    );
+    c.node
+        .node_unpublish_volume(unpublish_req("a", &target))
+        .await
+        .unwrap();
+    drop(share_view);
+}
