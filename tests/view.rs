@@ -908,6 +908,55 @@ fn a_walk_lists_the_next_directories_ahead() {
     }
 }
 
+/// Runs `c`, which must succeed.
+fn run_ok(c: &mut std::process::Command) {
+    let out = c
+        .output()
+        .expect("e2fsprogs, util-linux and mount are installed");
+    assert!(
+        out.status.success(),
+        "{c:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A backing of its own, which can be frozen: an ext4 image mounted in the fixture,
+/// unmounted (after the view) whatever happens to the test.
+fn ext4_backing(f: &Fixture) -> Unmount {
+    use std::process::Command;
+    let img = f.dir.path().join("backing.img");
+    fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
+    run_ok(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
+    let backing = f.subdir("backing");
+    run_ok(
+        Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&backing),
+    );
+    Unmount(backing)
+}
+
+/// A file system frozen for a snapshot (`fsfreeze`): every change waits, reads go on.
+/// Thawed when dropped (before the view stops: a frozen backing would hold it).
+struct Frozen<'a>(&'a std::path::Path);
+
+impl<'a> Frozen<'a> {
+    fn freeze(path: &'a std::path::Path) -> Frozen<'a> {
+        run_ok(std::process::Command::new("fsfreeze").arg("-f").arg(path));
+        Frozen(path)
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("fsfreeze")
+            .arg("-u")
+            .arg(self.0)
+            .output();
+    }
+}
+
 /// A request stuck alone while the view answers everything else shows in the view's
 /// metrics, with how long it has waited. A backing file system frozen for a snapshot
 /// (`fsfreeze`) holds every change and lets every read through: a create in a
@@ -915,35 +964,8 @@ fn a_walk_lists_the_next_directories_ahead() {
 /// view answers, passes meanwhile.
 #[test]
 fn a_request_stuck_alone_is_timed_in_the_metrics() {
-    use std::process::Command;
     let f = Fixture::new();
-    let run = |c: &mut Command| {
-        let out = c
-            .output()
-            .expect("e2fsprogs, util-linux and mount are installed");
-        assert!(
-            out.status.success(),
-            "{c:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    // The backing: an ext4 image of its own, which can be frozen.
-    let img = f.dir.path().join("backing.img");
-    fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
-    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
-    let backing = f.subdir("backing");
-    run(Command::new("mount")
-        .args(["-o", "loop"])
-        .arg(&img)
-        .arg(&backing));
-    /// Unmounts the backing (after the view), whatever happens to the test.
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
-        }
-    }
-    let backing = Unmount(backing);
+    let backing = ext4_backing(&f);
     fs::create_dir(backing.0.join("sub")).unwrap();
     let metrics = f.dir.path().join("view.json");
     let _view = Mounted::start(
@@ -957,21 +979,13 @@ fn a_request_stuck_alone_is_timed_in_the_metrics() {
         ],
     )
     .unwrap();
-    /// Thaws the backing (before the view stops: a frozen one would hold it).
-    struct Thaw<'a>(&'a std::path::Path);
-    impl Drop for Thaw<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("fsfreeze").arg("-u").arg(self.0).output();
-        }
-    }
     let oldest = || {
         metrics_snapshot(&metrics, std::time::SystemTime::now())["oldest_request_seconds"]
             .as_f64()
             .unwrap_or(0.0)
     };
     assert_eq!(oldest(), 0.0);
-    run(Command::new("fsfreeze").arg("-f").arg(&backing.0));
-    let thaw = Thaw(&backing.0);
+    let thaw = Frozen::freeze(&backing.0);
     let path = f.mnt.join("sub/new");
     let stuck = std::thread::spawn(move || fs::write(path, "x"));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
@@ -1017,28 +1031,9 @@ fn workers_named(pid: u32, prefix: &str) -> usize {
 /// for it. The workers started so end once they have waited a while for a request.
 #[test]
 fn requests_waiting_on_the_backing_hold_up_no_other() {
-    use std::process::Command;
     use std::time::{Duration, Instant};
     let f = Fixture::new();
-    let run = |c: &mut Command| {
-        let out = c
-            .output()
-            .expect("e2fsprogs, util-linux and mount are installed");
-        assert!(
-            out.status.success(),
-            "{c:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let img = f.dir.path().join("backing.img");
-    fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
-    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
-    let backing = f.subdir("backing");
-    run(Command::new("mount")
-        .args(["-o", "loop"])
-        .arg(&img)
-        .arg(&backing));
-    let backing = Unmount(backing);
+    let backing = ext4_backing(&f);
     const STUCK: usize = 4;
     for i in 0..STUCK {
         fs::create_dir(backing.0.join(format!("sub{i}"))).unwrap();
@@ -1050,15 +1045,7 @@ fn requests_waiting_on_the_backing_hold_up_no_other() {
         &["-o", &format!("gid={G},threads=2,max_threads=16")],
     )
     .unwrap();
-    /// Thaws the backing (before the view stops: a frozen one would hold it).
-    struct Thaw<'a>(&'a std::path::Path);
-    impl Drop for Thaw<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("fsfreeze").arg("-u").arg(self.0).output();
-        }
-    }
-    run(Command::new("fsfreeze").arg("-f").arg(&backing.0));
-    let thaw = Thaw(&backing.0);
+    let thaw = Frozen::freeze(&backing.0);
     let creates: Vec<_> = (0..STUCK)
         .map(|i| {
             let path = f.mnt.join(format!("sub{i}/new"));
