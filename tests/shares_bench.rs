@@ -166,3 +166,132 @@ fn latency_job(one_way: &str, suffix: &str, more: &[&str]) {
         &args,
     );
 }
+
+/// Many callers at once (issue 58): 32 threads, each in a directory of its own (as
+/// pods of one volume each have their own files), over a 10 ms round trip on the
+/// VM's loopback, against the raw mount, the driver's default view, and the same view
+/// with `max_threads=64`, one after the other, two rounds. Each thread creates files
+/// for a few seconds; then, after the kernel's caches are dropped, each stats its
+/// files once, and after another drop opens, reads and closes each once. The rates of
+/// each (calls a second, all threads together) and their ratios to the raw mount's go
+/// to `bench-callers.md` in the tier's log directory.
+#[test]
+#[ignore = "a benchmark job for the VM tier (see the top of this file)"]
+fn bench_many_callers_on_the_shares() {
+    let mut table = String::from(
+        "| share | target | round | creates/s | stats/s | open-read-closes/s |\n|---|---|---|---|---|---|\n",
+    );
+    {
+        let f = Fixture::new();
+        let s = SambaShare::start(&f, AZURE_FILES);
+        let _latency = Latency::on("5ms");
+        callers_on(&f, &s.share, "azure-files", AZURE_VIEW, &mut table);
+    }
+    {
+        let f = Fixture::new();
+        let (_knfsd, _mount, share) = nfs_share(&f);
+        let _latency = Latency::on("5ms");
+        callers_on(&f, &share, "nfs", "ownership=emulate-user", &mut table);
+    }
+    eprintln!("{table}");
+    if let Some(out) = std::env::var_os("MOUNTGROUP_VM_OUT") {
+        std::fs::write(Path::new(&out).join("bench-callers.md"), &table).unwrap();
+    }
+}
+
+const CALLERS: usize = 32;
+
+/// The many-callers rounds on `share` (see [`bench_many_callers_on_the_shares`]),
+/// each target's rates a row of `table`.
+fn callers_on(f: &Fixture, share: &Path, name: &str, view_options: &str, table: &mut String) {
+    let release = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/mountgroup");
+    assert!(release.exists(), "cargo build --release first");
+    // Mounted runs the tests' binary: exec the release one in its place.
+    let script = format!("shift; exec {} \"$@\"", release.display());
+    let wrapper = ["sh", "-c", script.as_str(), "sh"];
+    for round in 0..2 {
+        for (i, (target, more)) in [
+            ("raw", None),
+            ("view", Some("")),
+            ("view max_threads=64", Some(",max_threads=64")),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mnt = f.subdir(&format!("mnt-{round}-{i}"));
+            let view = more.map(|more| {
+                Mounted::start_with(
+                    &wrapper,
+                    share,
+                    &mnt,
+                    &["-o", &format!("{view_options}{more}")],
+                )
+                .unwrap()
+            });
+            let top = if view.is_some() {
+                mnt.clone()
+            } else {
+                share.to_path_buf()
+            };
+            let work = top.join(format!("callers-{round}-{i}"));
+            std::fs::create_dir(&work).unwrap();
+            let rates = callers_round(&work);
+            table.push_str(&format!(
+                "| {name} | {target} | {round} | {:.0} | {:.0} | {:.0} |\n",
+                rates[0], rates[1], rates[2]
+            ));
+            drop(view);
+        }
+    }
+}
+
+/// One round of [`CALLERS`] threads in `work`: the rates of creates, stats and
+/// open-read-closes.
+fn callers_round(work: &Path) -> [f64; 3] {
+    use std::time::{Duration, Instant};
+    let dirs: Vec<_> = (0..CALLERS).map(|c| work.join(format!("c{c}"))).collect();
+    for d in &dirs {
+        std::fs::create_dir(d).unwrap();
+    }
+    let drop_caches = || std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+    // Creates for 5 s, at most 200 a caller.
+    let start = Instant::now();
+    let made: Vec<usize> = std::thread::scope(|s| {
+        let all: Vec<_> = dirs
+            .iter()
+            .map(|d| {
+                s.spawn(move || {
+                    let mut n = 0;
+                    while n < 200 && start.elapsed() < Duration::from_secs(5) {
+                        std::fs::File::create(d.join(format!("f{n}"))).unwrap();
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        all.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let creates = made.iter().sum::<usize>() as f64 / start.elapsed().as_secs_f64();
+    let each = |op: &(dyn Fn(&Path) + Sync)| {
+        drop_caches();
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for (d, n) in dirs.iter().zip(&made) {
+                s.spawn(move || {
+                    for i in 0..*n {
+                        op(&d.join(format!("f{i}")));
+                    }
+                });
+            }
+        });
+        made.iter().sum::<usize>() as f64 / start.elapsed().as_secs_f64()
+    };
+    let stats = each(&|p| {
+        std::fs::metadata(p).unwrap();
+    });
+    let reads = each(&|p| {
+        std::fs::read(p).unwrap();
+    });
+    [creates, stats, reads]
+}

@@ -424,13 +424,18 @@ pub fn smb_requests(at: &Path) -> std::collections::HashMap<String, u64> {
     counts
 }
 
-/// What `during` sent the server of the SMB mount at `at`: each command's count.
+/// What `during` sent the server of the SMB mount at `at`: each command's count. A
+/// tree connection the client drops meanwhile takes its counts with it (the sum over
+/// the tree's connections can fall): a command whose sum fell counts 0.
 pub fn smb_requests_of(at: &Path, during: impl FnOnce()) -> std::collections::HashMap<String, u64> {
     let before = smb_requests(at);
     during();
     smb_requests(at)
         .into_iter()
-        .map(|(op, n)| (op.clone(), n - before.get(&op).copied().unwrap_or(0)))
+        .map(|(op, n)| {
+            let was = before.get(&op).copied().unwrap_or(0);
+            (op, n.saturating_sub(was))
+        })
         .filter(|(_, n)| *n > 0)
         .collect()
 }
