@@ -137,6 +137,18 @@ pub fn waiting(pid: u32) -> Waiting {
     seen
 }
 
+/// Where a caller of a FUSE file system sleeps until its daemon answers: Linux
+/// fs/fuse/dev.c `request_wait_answer`, or, where the compiler folded it into its
+/// callers, those (`__fuse_request_send`, `__fuse_simple_request`, before 5.16
+/// `fuse_simple_request`). Not `fuse_dev_do_read`, where a daemon's own worker waits
+/// for requests.
+const FUSE_WAITS: &[&str] = &[
+    "request_wait_answer",
+    "__fuse_request_send",
+    "__fuse_simple_request",
+    "fuse_simple_request",
+];
+
 /// What one thread waits on, from its `stat` line (the state is the field after the
 /// command name's closing parenthesis, which the name itself may contain) and its
 /// `wchan` (the kernel function it sleeps in; `0` where the kernel hides it).
@@ -148,7 +160,7 @@ fn thread_waiting(stat: &str, wchan: &str) -> Waiting {
         None => Waiting::Unknown,
         Some('T' | 't') => Waiting::Stopped,
         Some('D') => Waiting::OnFileSystem,
-        Some(_) if wchan.trim() == "request_wait_answer" => Waiting::OnFileSystem,
+        Some(_) if FUSE_WAITS.contains(&wchan.trim()) => Waiting::OnFileSystem,
         Some(_) => Waiting::Elsewhere,
     }
 }
@@ -494,6 +506,14 @@ mod tests {
         assert_eq!(
             thread_waiting(&stat("S"), "request_wait_answer\n"),
             Waiting::OnFileSystem
+        );
+        assert_eq!(
+            thread_waiting(&stat("S"), "__fuse_simple_request"),
+            Waiting::OnFileSystem
+        );
+        assert_eq!(
+            thread_waiting(&stat("S"), "fuse_dev_do_read"),
+            Waiting::Elsewhere
         );
         assert_eq!(
             thread_waiting(&stat("S"), "futex_wait_queue"),
