@@ -66,17 +66,48 @@ impl Default for OpStats {
     }
 }
 
-/// Threads whose requests in progress are tracked (a view serves on a few: one worker
-/// per CPU, or one per ring queue); a thread past these is served, not tracked.
+/// Threads whose requests in progress are tracked at once (a view serves on a few: one
+/// worker per CPU, one per ring queue, and with `max_threads=` up to 256); a thread
+/// past these is served, not tracked.
 const BUSY_SLOTS: usize = 256;
 
-thread_local! {
-    /// This thread's place among [`BUSY_SLOTS`], given on its first request.
-    static BUSY_SLOT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+/// A thread's place among [`BUSY_SLOTS`], given on its first request and given back
+/// when the thread ends (workers started beyond `threads=` come and go).
+struct BusySlot(std::cell::Cell<Option<usize>>);
+
+impl BusySlot {
+    fn get(&self) -> Option<usize> {
+        if self.0.get().is_none() {
+            let freed = BUSY_SLOTS_FREED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop();
+            self.0.set(Some(freed.unwrap_or_else(|| {
+                BUSY_SLOTS_GIVEN.fetch_add(1, Ordering::Relaxed)
+            })));
+        }
+        self.0.get()
+    }
 }
 
-/// Places given to threads so far, over the process.
+impl Drop for BusySlot {
+    fn drop(&mut self) {
+        if let Some(i) = self.0.get().filter(|i| *i < BUSY_SLOTS) {
+            BUSY_SLOTS_FREED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(i);
+        }
+    }
+}
+
+thread_local! {
+    static BUSY_SLOT: BusySlot = const { BusySlot(std::cell::Cell::new(None)) };
+}
+
+/// Places given to threads so far, over the process, and those given back.
 static BUSY_SLOTS_GIVEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static BUSY_SLOTS_FREED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
 
 /// The counters of one view.
 pub struct ViewStats {
@@ -197,12 +228,7 @@ impl ViewStats {
 
     /// Marks a request in progress on this thread until the guard is dropped.
     pub fn busy(&self) -> Busy<'_> {
-        let slot = BUSY_SLOT.with(|c| {
-            if c.get().is_none() {
-                c.set(Some(BUSY_SLOTS_GIVEN.fetch_add(1, Ordering::Relaxed)));
-            }
-            c.get()
-        });
+        let slot = BUSY_SLOT.with(BusySlot::get);
         let slot = slot.and_then(|i| self.busy.get(i));
         if let Some(slot) = slot {
             let since = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
@@ -392,6 +418,22 @@ mod tests {
         // Every errno by its name, a share's too (a soft mount's server away).
         s.record(Op::Lookup, t, Some(libc::EHOSTDOWN));
         assert_eq!(s.snapshot().ops["lookup"].errnos["EHOSTDOWN"], 1);
+    }
+
+    #[test]
+    fn threads_that_came_and_went_leave_their_slots_to_others() {
+        let s = std::sync::Arc::new(ViewStats::default());
+        // More threads over time than there are slots, one at a time: each is tracked.
+        for _ in 0..BUSY_SLOTS + 10 {
+            let s = std::sync::Arc::clone(&s);
+            std::thread::spawn(move || {
+                let _busy = s.busy();
+                std::thread::sleep(Duration::from_millis(2));
+                assert!(s.oldest_request() > Duration::ZERO, "an untracked thread");
+            })
+            .join()
+            .unwrap();
+        }
     }
 
     #[test]
