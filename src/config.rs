@@ -183,7 +183,9 @@ pub struct ViewOptions {
     pub threads: usize,
     /// `max_threads=`: the most worker threads, beyond `threads` started while every
     /// worker is busy (a request waiting on the share holds up no other), each ending
-    /// after 10 s without a request; `None`: `threads` alone.
+    /// after 10 s without a request; `None`: [`DEFAULT_MAX_THREADS`] (left out of the
+    /// canonical string, which running views' state holds). At or below `threads`:
+    /// `threads` alone.
     pub max_threads: Option<usize>,
     /// How long the kernel may cache attributes (`attr_timeout=`).
     pub attr_timeout: Duration,
@@ -262,6 +264,19 @@ fn one_of<T: Copy>(v: &str, choices: &[(&str, T)]) -> Result<T, String> {
     } else {
         format!("is not {} or {last}", rest.join(", "))
     })
+}
+
+/// The most worker threads a view runs where `max_threads=` is not given. With 32
+/// callers over a 10 ms round trip in the VM tier, 64 gave 3 to 5 times what the view's
+/// two workers gave (docs/BENCHMARKS.md, *Many callers at once*); an extra worker costs
+/// a thread and its read buffer while it lives.
+pub const DEFAULT_MAX_THREADS: usize = 64;
+
+impl ViewOptions {
+    /// The most worker threads the view runs ([`ViewOptions::max_threads`]).
+    pub fn max_threads(&self) -> usize {
+        self.max_threads.unwrap_or(DEFAULT_MAX_THREADS)
+    }
 }
 
 fn default_threads() -> usize {
@@ -1053,6 +1068,7 @@ mod tests {
         assert_eq!(o.entry_timeout, Duration::from_secs(2));
         assert_eq!(o.direct_io, DirectIo::Kernel);
         assert_eq!(o.max_threads, None);
+        assert_eq!(o.max_threads(), DEFAULT_MAX_THREADS);
         let o = ViewOptions::parse("direct_io=view,max_threads=64").unwrap();
         assert_eq!(o.direct_io, DirectIo::View);
         assert_eq!(o.max_threads, Some(64));

@@ -1024,8 +1024,8 @@ fn workers_named(pid: u32, prefix: &str) -> usize {
         .count()
 }
 
-/// With `max_threads=`, requests that wait on the backing file system hold up no
-/// other: a snapshot's freeze (`fsfreeze`) holds every create, each in a directory of
+/// Requests that wait on the backing file system hold up no other (`max_threads=`,
+/// 64 unless given): a snapshot's freeze (`fsfreeze`) holds every create, each in a directory of
 /// its own (the kernel lets one create into a directory at a time), more of them than
 /// `threads=`, and a stat of another file is answered meanwhile by a worker started
 /// for it. The workers started so end once they have waited a while for a request.
@@ -1039,12 +1039,7 @@ fn requests_waiting_on_the_backing_hold_up_no_other() {
         fs::create_dir(backing.0.join(format!("sub{i}"))).unwrap();
     }
     fs::write(backing.0.join("other"), "x").unwrap();
-    let view = Mounted::start(
-        &backing.0,
-        &f.mnt,
-        &["-o", &format!("gid={G},threads=2,max_threads=16")],
-    )
-    .unwrap();
+    let view = Mounted::start(&backing.0, &f.mnt, &["-o", &format!("gid={G},threads=2")]).unwrap();
     let thaw = Frozen::freeze(&backing.0);
     let creates: Vec<_> = (0..STUCK)
         .map(|i| {

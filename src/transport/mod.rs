@@ -200,7 +200,7 @@ pub fn session_config(source: &Path, options: &ViewOptions) -> ::fuser::Config {
     cfg.clone_fd = true;
     cfg.read_buffer_size = Some(fuse::READ_BUFFER);
     if options.transport != Transport::Ring {
-        cfg.max_threads = options.max_threads;
+        cfg.max_threads = Some(options.max_threads());
     }
     cfg
 }
