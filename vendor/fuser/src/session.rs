@@ -388,9 +388,13 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut threads = Vec::with_capacity(n_threads);
 
+        // An extra worker must be able to tell it waited for a request, so that it can
+        // end: on a descriptor of its own, made non-blocking, or on the session's, which
+        // a session that can be stopped reads non-blocking already.
         let pool = config
             .max_threads
             .filter(|max| *max > n_threads && cfg!(target_os = "linux"))
+            .filter(|_| config.clone_fd || stop.is_some())
             .map(|max| {
                 Arc::new(Pool {
                     idle: AtomicUsize::new(n_threads),
@@ -737,51 +741,67 @@ impl<FS: Filesystem> Pool<FS> {
                 Err(now) => extras = now,
             }
         }
-        let undo = || {
-            self.extras.fetch_sub(1, Ordering::AcqRel);
-        };
-        // A descriptor of its own can be made non-blocking without touching the
-        // others', and then the worker can tell it waited; so can a worker of a
-        // session that can be stopped (every descriptor is non-blocking).
+        // Waiting from now, so that no other worker starts one more for the same lack;
+        // counted out by `Leaving` when it ends.
+        self.idle.fetch_add(1, Ordering::AcqRel);
+        let n = self.started.fetch_add(1, Ordering::Relaxed);
+        let thread_name = format!("fuser-x{n}");
+        let pool = Arc::clone(self);
+        let name = thread_name.clone();
+        let mut handles = self.handles.lock();
+        // Those that ended are joined now: a session that lives long keeps the
+        // handles of running workers only.
+        let (ended, running): (Vec<_>, Vec<_>) =
+            handles.drain(..).partition(|h| h.is_finished());
+        *handles = running;
+        for h in ended {
+            if let Ok(Err(e)) = h.join() {
+                warn!("a worker ended with an error: {e}");
+            }
+        }
+        match thread::Builder::new()
+            .name(thread_name)
+            .spawn(move || pool.serve_extra(name))
+        {
+            Ok(handle) => handles.push(handle),
+            Err(e) => {
+                warn!("cannot start another worker: {e}");
+                drop(Leaving(self));
+            }
+        }
+    }
+
+    /// An extra worker's life. Its channel is made here, not by the worker that
+    /// started it, whose request would wait meanwhile.
+    fn serve_extra(self: Arc<Self>, thread_name: String) -> io::Result<()> {
         let ch = if self.clone_fd {
-            match self.ch.clone_fd().and_then(|ch| ch.set_nonblocking().map(|()| ch)) {
+            match self
+                .ch
+                .clone_fd()
+                .and_then(|ch| ch.set_nonblocking().map(|()| ch))
+            {
                 Ok(ch) => ch,
                 Err(e) => {
                     warn!("cannot start another worker: {e}");
-                    undo();
-                    return;
+                    drop(Leaving(&self));
+                    return Ok(());
                 }
             }
         } else {
             self.ch.clone()
         };
-        let retire_after = (self.clone_fd || self.stop.is_some()).then_some(self.idle_timeout);
-        let n = self.started.fetch_add(1, Ordering::Relaxed);
-        let thread_name = format!("fuser-x{n}");
-        let event_loop = SessionEventLoop {
-            thread_name: thread_name.clone(),
+        SessionEventLoop {
+            thread_name,
             ch,
             filesystem: self.filesystem.clone(),
             allowed: self.allowed,
             session_owner: self.session_owner,
             stop: self.stop.clone(),
             read_buf_size: self.read_buf_size,
-            pool: Some(Arc::clone(self)),
-            retire_after,
-        };
-        self.idle.fetch_add(1, Ordering::AcqRel);
-        let mut handles = self.handles.lock();
-        match thread::Builder::new()
-            .name(thread_name)
-            .spawn(move || event_loop.event_loop())
-        {
-            Ok(handle) => handles.push(handle),
-            Err(e) => {
-                warn!("cannot start another worker: {e}");
-                self.idle.fetch_sub(1, Ordering::AcqRel);
-                undo();
-            }
+            pool: Some(Arc::clone(&self)),
+            retire_after: Some(self.idle_timeout),
         }
+        .event_loop()
     }
 }
 

@@ -27,11 +27,12 @@ pub struct Config {
     pub read_buffer_size: Option<usize>,
     /// The most event loop threads: beyond `n_threads`, a worker is started whenever
     /// every worker is busy with a request, up to this many in all, and such an extra
-    /// worker ends once it has waited [`Config::idle_thread_timeout`] for a request
-    /// (where it reads a descriptor of its own, `clone_fd`, or the session can be
-    /// stopped; otherwise it stays). A request that waits long in the filesystem (a
-    /// network file system whose server is away) then holds up no other. If
-    /// unspecified, or not above `n_threads`, the session keeps `n_threads`.
+    /// worker ends once it has waited [`Config::idle_thread_timeout`] for a request. A
+    /// request that waits long in the filesystem (a network file system whose server
+    /// is away) then holds up no other. If unspecified, or not above `n_threads`, or
+    /// where an extra worker could not tell it waited (neither `clone_fd` nor a
+    /// session that can be stopped, whose workers read the device non-blocking), the
+    /// session keeps `n_threads`.
     pub max_threads: Option<usize>,
     /// How long an extra worker (see [`Config::max_threads`]) waits for a request
     /// before it ends; if unspecified, 10 seconds.
