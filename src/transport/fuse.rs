@@ -32,7 +32,7 @@ use crate::sys::fuse::Backing;
 
 use super::ops::{Attr, Created, Listing, Opened, Room, SetAttr, ViewFs, XattrReply};
 use super::ratelimit::{RateLimit, Verdict};
-use super::stats::{Op, ViewStats, errno_name};
+use super::stats::{Op, ViewStats};
 use crate::fs::error::FsError;
 use crate::fs::inode::DataFile;
 use crate::fs::journal::Negotiated;
@@ -354,7 +354,7 @@ impl FuseView {
     /// at trace only (a pod can send as many as it likes; the metrics count them).
     fn refuse<R: Fail>(&self, op: Op, ino: u64, reply: R, errno: i32) {
         self.stats.record(op, Instant::now(), Some(errno));
-        tracing::trace!(op = op.name(), ino, errno = %errno_name(errno), "not served");
+        tracing::trace!(op = op.name(), ino, errno = %crate::sys::Errno(errno).name(), "not served");
         reply.fail(Errno::from_i32(errno));
     }
 
@@ -368,7 +368,7 @@ impl FuseView {
             _ => "-",
         };
         if expected(errno) || matches!(e, FsError::NameAppeared) {
-            tracing::debug!(op = op.name(), ino, syscall, errno = %errno_name(errno), error = %e, "operation failed");
+            tracing::debug!(op = op.name(), ino, syscall, errno = %crate::sys::Errno(errno).name(), error = %e, "operation failed");
             return;
         }
         match self.warnings.check(Instant::now()) {
@@ -379,7 +379,7 @@ impl FuseView {
                         "unexpected failures were not logged (rate limit); the metrics count them"
                     );
                 }
-                tracing::warn!(op = op.name(), ino, syscall, errno = %errno_name(errno), error = %e, "operation failed");
+                tracing::warn!(op = op.name(), ino, syscall, errno = %crate::sys::Errno(errno).name(), error = %e, "operation failed");
             }
             Verdict::Hold => {}
         }
@@ -570,7 +570,7 @@ fn redo_as_done<T>(
     match r {
         Err(e) if resent(unique) && e.errno() == already => {
             tracing::info!(
-                errno = %errno_name(already),
+                errno = %crate::sys::Errno(already).name(),
                 "a resent request was carried out before its first server died"
             );
             then()

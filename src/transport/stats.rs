@@ -307,7 +307,7 @@ impl ViewStats {
                                 let name = if e == 0 {
                                     "other".to_string()
                                 } else {
-                                    errno_name(e as i32)
+                                    crate::sys::Errno(e as i32).name()
                                 };
                                 (name, n)
                             })
@@ -369,12 +369,6 @@ impl Snapshot {
             }
         }
     }
-}
-
-/// The symbolic name of an errno (`ENOENT`, `EHOSTDOWN`), or `E<number>` for one the C
-/// library does not name.
-pub fn errno_name(errno: i32) -> String {
-    crate::sys::Errno(errno).name()
 }
 
 #[cfg(test)]
