@@ -569,12 +569,13 @@ impl Drop for Thaw {
     }
 }
 
-/// A view whose share stops answering (every worker waits on it, as on an NFS `hard`
-/// mount whose server is away) is not killed by the keeper: it waits as the share's own
+/// A view whose share stops answering (its calls wait on it, as on an NFS `hard` mount
+/// whose server is away) is not killed by the keeper: it waits as the share's own
 /// callers wait, the keeper says so, and once the share answers the same process serves
 /// every waiting call. NodeGetVolumeStats answers meanwhile, in time, that the share
-/// does not answer, and normal once it does. The share is a FUSE mount whose daemon the test stops, so that
-/// the view's workers wait in the kernel's FUSE client as they would in NFS's.
+/// does not answer, and normal once it does. The share is a FUSE mount whose daemon
+/// the test stops, so that the view's workers wait in the kernel's FUSE client as they
+/// would in NFS's.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_view_waiting_on_its_share_is_left_serving() {
     let f = Fixture::new();
@@ -600,8 +601,10 @@ async fn a_view_waiting_on_its_share_is_left_serving() {
     )
     .unwrap();
     let thaw = Thaw(share_view.pid());
-    // More callers than the view has workers, each looking up a name of its own: every
-    // worker waits on the share, and the keeper's check waits behind them.
+    // Callers looking up names of their own, each holding a worker in the share; the
+    // keeper's check waits on the share as well, in the kernel's permission check of
+    // the view's root, whose attributes the view reads from the share once they have
+    // expired (fs/fuse/dir.c `fuse_permission`), whatever workers are free.
     let callers: Vec<_> = (0..16)
         .map(|i| {
             let path = target.join(format!("name{i}"));

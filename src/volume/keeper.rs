@@ -586,8 +586,12 @@ impl Keeper {
     }
 
     /// Looks a reserved name up in every view whose connection it holds, each in a
-    /// thread of its own. A view whose lookup is still unanswered after `timeout` is
-    /// asked what its threads wait on ([`crate::sys::process::waiting`]). One that
+    /// thread of its own. The lookup waits on the share too where the view's root's
+    /// attributes have expired: the kernel's permission check asks the view for them
+    /// first (fs/fuse/dir.c `fuse_permission`, `fuse_perm_getattr`), and the view
+    /// reads them from the share, whatever workers it has free. A view whose lookup
+    /// is still unanswered after `timeout` is asked what its threads wait on
+    /// ([`crate::sys::process::waiting`]). One that
     /// waits on a file system (its share stalls, or its server is away: an NFS `hard`
     /// mount waits for minutes, and so do its callers on the raw mount) is left
     /// serving, said once, and asked again each round: a kill would be recovered only
@@ -640,9 +644,13 @@ impl Keeper {
                         .name("keeper-check".into())
                         .spawn(move || {
                             // ENOENT is the answer; any answer will do.
-                            let _ = std::fs::symlink_metadata(mountpoint.join(ALIVE_NAME));
+                            let answer = std::fs::symlink_metadata(mountpoint.join(ALIVE_NAME));
                             lock(&self.checks).remove(&mountpoint);
-                            if lock(&self.waiting).remove(&mountpoint) {
+                            // Not a view unmounted meanwhile (ENOTCONN, EINVAL).
+                            let answered = answer
+                                .err()
+                                .is_none_or(|e| e.kind() == std::io::ErrorKind::NotFound);
+                            if lock(&self.waiting).remove(&mountpoint) && answered {
                                 tracing::info!(mountpoint = %mountpoint.display(), "the view answers again: its share answered");
                             }
                         });
