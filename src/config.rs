@@ -467,17 +467,11 @@ const PASSTHROUGHS: &[(&str, Passthrough)] = &[
 const DIRECT_IOS: &[(&str, DirectIo)] = &[("view", DirectIo::View), ("kernel", DirectIo::Kernel)];
 const TRANSPORTS: &[(&str, Transport)] = &[("dev", Transport::Dev), ("ring", Transport::Ring)];
 
-fn parse_threads(v: &str) -> Result<usize, String> {
+/// A thread count from 1 to `most`.
+fn parse_thread_count(v: &str, most: usize) -> Result<usize, String> {
     match v.parse::<usize>() {
-        Ok(n) if (1..=64).contains(&n) => Ok(n),
-        _ => Err("is not a thread count from 1 to 64".into()),
-    }
-}
-
-fn parse_max_threads(v: &str) -> Result<usize, String> {
-    match v.parse::<usize>() {
-        Ok(n) if (1..=256).contains(&n) => Ok(n),
-        _ => Err("is not a thread count from 1 to 256".into()),
+        Ok(n) if (1..=most).contains(&n) => Ok(n),
+        _ => Err(format!("is not a thread count from 1 to {most}")),
     }
 }
 
@@ -669,7 +663,7 @@ pub const OPTIONS: &[ViewOption] = &[
     ViewOption {
         keys: &["threads"],
         set: |p, k, v| {
-            p.o.threads = value(k, v, parse_threads)?;
+            p.o.threads = value(k, v, |v| parse_thread_count(v, 64))?;
             Ok(())
         },
         print: |o, out| out.push(format!("threads={}", o.threads)),
@@ -679,14 +673,10 @@ pub const OPTIONS: &[ViewOption] = &[
     ViewOption {
         keys: &["max_threads"],
         set: |p, k, v| {
-            p.o.max_threads = Some(value(k, v, parse_max_threads)?);
+            p.o.max_threads = Some(value(k, v, |v| parse_thread_count(v, 256))?);
             Ok(())
         },
-        print: |o, out| {
-            if let Some(n) = o.max_threads {
-                out.push(format!("max_threads={n}"));
-            }
-        },
+        print: |o, out| out.extend(o.max_threads.map(|n| format!("max_threads={n}"))),
         vfs: false,
         native: NativeUse::Tuning,
     },

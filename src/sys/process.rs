@@ -502,29 +502,18 @@ mod tests {
     #[test]
     fn a_thread_waits_where_its_state_and_wchan_say() {
         let stat = |state: &str| format!("4242 (mount (view)) {state} 1 4242 4242 0 -1");
-        assert_eq!(thread_waiting(&stat("D"), "0"), Waiting::OnFileSystem);
-        assert_eq!(
-            thread_waiting(&stat("S"), "request_wait_answer\n"),
-            Waiting::OnFileSystem
-        );
-        assert_eq!(
-            thread_waiting(&stat("S"), "__fuse_simple_request"),
-            Waiting::OnFileSystem
-        );
-        assert_eq!(
-            thread_waiting(&stat("S"), "fuse_dev_do_read"),
-            Waiting::Elsewhere
-        );
-        assert_eq!(
-            thread_waiting(&stat("S"), "futex_wait_queue"),
-            Waiting::Elsewhere
-        );
-        assert_eq!(thread_waiting(&stat("R"), "0"), Waiting::Elsewhere);
-        assert_eq!(
-            thread_waiting(&stat("T"), "do_signal_stop"),
-            Waiting::Stopped
-        );
-        assert_eq!(thread_waiting(&stat("t"), "ptrace_stop"), Waiting::Stopped);
+        for (state, wchan, want) in [
+            ("D", "0", Waiting::OnFileSystem),
+            ("S", "request_wait_answer\n", Waiting::OnFileSystem),
+            ("S", "__fuse_simple_request", Waiting::OnFileSystem),
+            ("S", "fuse_dev_do_read", Waiting::Elsewhere),
+            ("S", "futex_wait_queue", Waiting::Elsewhere),
+            ("R", "0", Waiting::Elsewhere),
+            ("T", "do_signal_stop", Waiting::Stopped),
+            ("t", "ptrace_stop", Waiting::Stopped),
+        ] {
+            assert_eq!(thread_waiting(&stat(state), wchan), want, "{state} {wchan}");
+        }
         assert_eq!(thread_waiting("garbage", ""), Waiting::Unknown);
     }
 
