@@ -979,6 +979,15 @@ fn serve(
         dev,
     }) = handover
     else {
+        // fuser starts no extra worker that could not tell it waited for a request
+        // (`Config::max_threads`): one reading the connection's own descriptor, which
+        // blocks, in a session that is never stopped.
+        if !cfg.clone_fd && cfg.max_threads > cfg.n_threads {
+            tracing::warn!(
+                threads = ?cfg.n_threads,
+                "this view runs its threads= workers alone, not up to max_threads=: they read the connection's own descriptor (the keeper holds it and this kernel resends requests) and the view cannot be handed over (no control directory), so an extra worker could never end; a call waiting on the share holds a worker. Give the view a control directory (--control-dir) to have extra workers"
+            );
+        }
         return session
             .run_with_sources(sources)
             .map_err(MountError::Session);
