@@ -91,6 +91,33 @@ fn replace_stale_socket(path: &Path) -> Result<(), String> {
     }
 }
 
+/// Binds a socket at `path` and returns it with the identity of the file it made.
+///
+/// The socket is bound under a name of this process's own beside `path`, its
+/// identity read there, and only then renamed onto `path`: from the moment another
+/// process can see the path, this one knows which file is its own (binding at `path`
+/// and reading it after left a window in which a successor's socket could be taken
+/// for it, and deleted at shutdown). The rename also replaces a stale socket without
+/// a moment in which the path is missing.
+fn bind_in_place(path: &Path) -> Result<(UnixListener, Option<(u64, u64)>), String> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| "names no file".to_string())?
+        .to_string_lossy();
+    let staged = path.with_file_name(format!(".{name}.{}.binding", std::process::id()));
+    replace_stale_socket(&staged)?;
+    let listener = UnixListener::bind(&staged).map_err(|e| e.to_string())?;
+    let bound = socket_identity(&staged);
+    let placed = not_a_foreign_file(path).and_then(|()| {
+        std::fs::rename(&staged, path).map_err(|e| format!("renaming {}: {e}", staged.display()))
+    });
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&staged);
+        return Err(e);
+    }
+    Ok((listener, bound))
+}
+
 /// The device and inode of the socket file at `path`, if there is one.
 fn socket_identity(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
@@ -160,10 +187,8 @@ pub async fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
         serve_http(listener, Arc::clone(&metrics));
     }
     let shutdown = shutdown_signal().map_err(|e| setup("SIGTERM and SIGINT handlers", &e))?;
-    replace_stale_socket(&socket).map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e))?;
-    let listener = UnixListener::bind(&socket)
-        .map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e.to_string()))?;
-    let bound = socket_identity(&socket);
+    let (listener, bound) =
+        bind_in_place(&socket).map_err(|e| ServeError::Endpoint(cfg.endpoint.clone(), e))?;
     tracing::info!(
         endpoint = %socket.display(),
         driver = %cfg.driver_name,
