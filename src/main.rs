@@ -279,7 +279,7 @@ struct MountArgs {
     source: PathBuf,
     /// Where the view appears.
     mountpoint: PathBuf,
-    /// Mount options, comma separated (gid=N, mode=fsgroup|cifs, ownership=emulate|off,
+    /// Mount options, comma separated (gid=N, mode=fsgroup|cifs, ownership=emulate|emulate-user|off,
     /// ro, uid=, file_mode=, dir_mode=, noperm, passthrough=auto|on|off,
     /// direct_io=view|kernel, transport=dev|ring, threads=N, attr_timeout=S,
     /// entry_timeout=S; all in docs/SEMANTICS.md). May be repeated; later ones win.
@@ -298,8 +298,9 @@ struct MountArgs {
     /// Same as `-o mode=M`.
     #[arg(long, value_name = "fsgroup|cifs")]
     mode: Option<String>,
-    /// Same as `-o ownership=O`.
-    #[arg(long, value_name = "emulate|off")]
+    /// Same as `-o ownership=O`. Without it, the view keeps what the source can keep,
+    /// as the driver decides (docs/SEMANTICS.md).
+    #[arg(long, value_name = "emulate|emulate-user|off")]
     ownership: Option<String>,
     /// Same as `-o passthrough=P`.
     #[arg(long, value_name = "auto|on|off")]
@@ -322,6 +323,16 @@ struct MountArgs {
 }
 
 impl MountArgs {
+    /// Whether the options name `ownership=` (then they are served as given).
+    fn names_ownership(&self) -> bool {
+        self.ownership.is_some()
+            || self
+                .options
+                .iter()
+                .flat_map(|o| o.split(','))
+                .any(|item| item.trim().starts_with("ownership="))
+    }
+
     /// The option strings in order: `-o` first, then the long flags (which so win).
     fn option_strings(&self) -> Vec<String> {
         let mut v = self.options.clone();
@@ -340,6 +351,22 @@ impl MountArgs {
         }
         v
     }
+}
+
+/// The options the driver would serve `source` with (options that name no
+/// `ownership=` are decided as the driver decides for its share), said in the log.
+fn hand_mount_options(source: &std::path::Path, options: ViewOptions) -> ViewOptions {
+    let (served, fallback) = mountgroup::volume::serve::hand_mount_options(source, &options);
+    if let Some(f) = fallback {
+        tracing::warn!(
+            source = %source.display(),
+            fallback = f.code(),
+            why = %f,
+            options = %served.to_option_string(),
+            "not the options asked for, as the driver would serve this source; name ownership= to have exactly what is asked"
+        );
+    }
+    served
 }
 
 fn init_logging(default: &str, json: bool, file: Option<BoundedLog>) {
@@ -452,6 +479,11 @@ fn main() -> ExitCode {
             if args.native {
                 return native_mount(&args.source, &args.mountpoint, &options);
             }
+            let options = if args.names_ownership() {
+                options
+            } else {
+                hand_mount_options(&args.source, options)
+            };
             match mountgroup::transport::run_foreground(
                 &args.source,
                 &args.mountpoint,

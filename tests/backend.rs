@@ -191,6 +191,48 @@ async fn the_default_publish_on_a_share_that_keeps_no_records_serves_cifs_semant
     c.unpublish_unstage("vol", &target, &staging).await;
 }
 
+/// `mountgroup mount` by hand on the same kind of share decides as the driver does:
+/// options that name no `ownership=` (fsGroup semantics, CIFS options) get the CIFS
+/// view without records the driver would serve, and the log says so and why; options
+/// that name it get exactly it, or the error naming what to use instead.
+#[test]
+fn a_hand_mount_of_a_share_that_keeps_no_records_decides_as_the_driver_does() {
+    let f = Fixture::new();
+    let real = f.subdir("real");
+    let _share = bindfs(
+        &[
+            "--xattr-none",
+            "--chown-ignore",
+            "--chgrp-ignore",
+            "--chmod-ignore",
+        ],
+        &real,
+        &f.src,
+    );
+    {
+        let m = f.mount(&format!("gid={G}"));
+        let log = m.log_text();
+        assert!(
+            log.contains("share-keeps-no-records") && log.contains("trusted.mountgroup.owner"),
+            "{log}"
+        );
+        assert_cifs_view_without_records(&f.mnt, G);
+    }
+    {
+        let _m = f.mount(&format!("uid=1000,gid={G},file_mode=0640,dir_mode=0750"));
+        fs::write(f.mnt.join("c"), "c").unwrap();
+        assert_eq!(owner(&f.mnt.join("c")), (1000, G, 0o640));
+    }
+    let named = Mounted::start(
+        &f.src,
+        &f.mnt,
+        &["-o", &format!("gid={G},ownership=emulate")],
+    )
+    .err()
+    .expect("ownership=emulate named where the share keeps no trusted.* attributes");
+    assert!(named.contains("ownership=emulate-user"), "{named}");
+}
+
 /// A plain view on a backend without unnamed files (`O_TMPFILE`; bindfs here, NFS and
 /// CephFS for real) makes a new entry under a reserved name and chowns it to its
 /// creator before it gets its name: the attributes the view answers the create with

@@ -135,18 +135,7 @@ pub fn open_source(source: &Path, options: &ViewOptions) -> Result<OwnedFd, Moun
         if !crate::sys::process::is_root() {
             return Err(MountError::EmulateNeedsRoot);
         }
-        // A read-only view writes no record: reading them is what it needs; so it is
-        // where the root is not the daemon's to write (a squashed daemon's).
-        let read = || xattr::get(root.as_fd(), name).map(|_| ());
-        let kept = if options.readonly {
-            read()
-        } else {
-            match xattr::probe(root.as_fd(), record::probe_xattr(name)) {
-                Err(Errno::EACCES | Errno::EPERM) => read(),
-                other => other,
-            }
-        };
-        match kept {
+        match keeps_records(root.as_fd(), name, options.readonly) {
             Ok(()) => {}
             Err(errno @ (Errno::EOPNOTSUPP | Errno::ENOSYS)) => {
                 return Err(MountError::NoXattr {
@@ -160,6 +149,28 @@ pub fn open_source(source: &Path, options: &ViewOptions) -> Result<OwnedFd, Moun
         }
     }
     Ok(root)
+}
+
+/// Whether the directory `root` keeps records named `name` (a record xattr): a view
+/// that writes them probes by writing one of their namespace; a read-only view, or
+/// one whose daemon may not write there (a squashed daemon's), reads them.
+///
+/// # Errors
+/// `EOPNOTSUPP` (or `ENOSYS`) where the file system keeps no such attributes, else the
+/// error of the probe.
+pub fn keeps_records(
+    root: std::os::fd::BorrowedFd<'_>,
+    name: &std::ffi::CStr,
+    readonly: bool,
+) -> Result<(), Errno> {
+    let read = || xattr::get(root, name).map(|_| ());
+    if readonly {
+        return read();
+    }
+    match xattr::probe(root, record::probe_xattr(name)) {
+        Err(Errno::EACCES | Errno::EPERM) => read(),
+        other => other,
+    }
 }
 
 /// The fuser configuration of a view.

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{CifsOptions, NativeUse, Ownership, ViewMode, ViewOptions};
 use crate::fs::view::Policy;
+use crate::sys::Errno;
 use crate::sys::mount::{self, Health};
 
 use super::VolumeError;
@@ -494,6 +495,58 @@ pub fn unrecorded_options(options: &ViewOptions) -> ViewOptions {
     }
 }
 
+/// Where a FUSE view with `options` would keep records the share cannot keep
+/// (`records`, asked only then): the mechanism that serves it instead, and why.
+fn records_fallback(
+    options: &ViewOptions,
+    records: impl FnOnce() -> Records,
+) -> Option<(Mechanism, Fallback)> {
+    if !Policy::from_options(options).keeps_records() {
+        return None;
+    }
+    match records() {
+        Records::Trusted => None,
+        Records::User(_) if options.ownership == Ownership::EmulateUser => None,
+        Records::User(why) => Some((Mechanism::UserRecords, Fallback::UserRecords(why))),
+        Records::None(why) => Some((Mechanism::Unrecorded, Fallback::NoRecords(why))),
+    }
+}
+
+/// What `mountgroup mount` serves of `source` for `options` that name no
+/// `ownership=`: what the driver serves of a share with the same attributes
+/// ([`decide`]'s records step): the options themselves where the source keeps
+/// `trusted.` records, `user.` ones where it keeps only those, CIFS semantics without
+/// records where it keeps none; with the [`Fallback`] taken. A source that cannot be
+/// probed is left to the mount, which names what is wrong with it.
+pub fn hand_mount_options(source: &Path, options: &ViewOptions) -> (ViewOptions, Option<Fallback>) {
+    use crate::fs::record::{RECORD_XATTR, USER_RECORD_XATTR};
+    let Ok(root) = crate::sys::file::open_root(source) else {
+        return (options.clone(), None);
+    };
+    let keeps = |name: &std::ffi::CStr| {
+        crate::transport::keeps_records(std::os::fd::AsFd::as_fd(&root), name, options.readonly)
+            .map_err(|e| match e {
+                Errno::EOPNOTSUPP | Errno::ENOSYS => format!(
+                    "the source's file system keeps no extended attributes {} ({e})",
+                    name.to_string_lossy()
+                ),
+                e => format!("extended attribute {}: {e}", name.to_string_lossy()),
+            })
+    };
+    let records = || match keeps(RECORD_XATTR) {
+        Ok(()) => Records::Trusted,
+        Err(trusted) => match keeps(USER_RECORD_XATTR) {
+            Ok(()) => Records::User(trusted),
+            Err(user) => Records::None(format!("{trusted}; {user}")),
+        },
+    };
+    match records_fallback(options, records) {
+        Some((Mechanism::UserRecords, f)) => (user_record_options(options), Some(f)),
+        Some((_, f)) => (unrecorded_options(options), Some(f)),
+        None => (options.clone(), None),
+    }
+}
+
 /// How a publish is served, or why it is refused; the one place that decides it.
 ///
 /// - A repeat (`recorded`) is served as it was, except that a native view is native
@@ -556,24 +609,13 @@ pub fn decide(publish: &Publish<'_>, node: &mut impl Ask) -> Result<Served, Refu
     };
     if mechanism == Mechanism::Fuse
         && !publish.secrets
-        && Policy::from_options(publish.options).keeps_records()
+        && let Some((mechanism, fallback)) =
+            records_fallback(publish.options, || node.share_records())
     {
-        match node.share_records() {
-            Records::Trusted => {}
-            Records::User(_) if publish.options.ownership == Ownership::EmulateUser => {}
-            Records::User(why) => {
-                return Ok(Served {
-                    mechanism: Mechanism::UserRecords,
-                    fallback: Some(Fallback::UserRecords(why)),
-                });
-            }
-            Records::None(why) => {
-                return Ok(Served {
-                    mechanism: Mechanism::Unrecorded,
-                    fallback: Some(Fallback::NoRecords(why)),
-                });
-            }
-        }
+        return Ok(Served {
+            mechanism,
+            fallback: Some(fallback),
+        });
     }
     let expected = matches!(fallback, Fallback::NotNative | Fallback::Secrets);
     Ok(Served {
