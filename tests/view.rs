@@ -1177,3 +1177,72 @@ fn attributes_from_listings_and_creates_expire_with_attr_timeout() {
         );
     }
 }
+
+/// A group view and a CIFS view show no file capabilities, as they show no set-id bit
+/// but their records': the kernel's `security.capability` lookup before a write
+/// (after each refresh of a file's attributes) is answered without the share. A view
+/// that shows the disk shows them, as a native view does.
+#[test]
+fn only_a_view_that_shows_the_disk_shows_file_capabilities() {
+    use rustix::fs::{XattrFlags, getxattr, listxattr, setxattr};
+    let f = Fixture::new();
+    // cap_net_raw+ep, as setcap writes it (VFS_CAP_REVISION_2, effective).
+    let mut caps = Vec::new();
+    for word in [0x0200_0001u32, 1 << 13, 0, 0, 0] {
+        caps.extend_from_slice(&word.to_le_bytes());
+    }
+    fs::write(f.src.join("tool"), "x").unwrap();
+    setxattr(
+        f.src.join("tool"),
+        "security.capability",
+        &caps,
+        XattrFlags::empty(),
+    )
+    .unwrap();
+    let shown = |mnt: &std::path::Path| {
+        let mut value = vec![0u8; 64];
+        let got = getxattr(mnt.join("tool"), "security.capability", &mut value)
+            .map(|n| value[..n].to_vec());
+        let mut names = vec![0u8; 4096];
+        let n = listxattr(mnt.join("tool"), &mut names).unwrap();
+        let listed = names[..n]
+            .split(|b| *b == 0)
+            .any(|name| name == b"security.capability");
+        (got, listed)
+    };
+    for options in [
+        "gid=4242",
+        "gid=4242,mode=cifs,uid=1000,file_mode=0640,dir_mode=0750",
+    ] {
+        let _m = f.mount(options);
+        assert_eq!(
+            shown(&f.mnt),
+            (Err(rustix::io::Errno::NODATA), false),
+            "{options}"
+        );
+        // A write after the attributes were refreshed still works, and the backing
+        // file system drops the capability itself, as on any write.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        fs::metadata(f.mnt.join("tool")).unwrap();
+        fs::OpenOptions::new()
+            .append(true)
+            .open(f.mnt.join("tool"))
+            .and_then(|mut w| std::io::Write::write_all(&mut w, b"y"))
+            .unwrap();
+        let mut value = vec![0u8; 64];
+        assert_eq!(
+            getxattr(f.src.join("tool"), "security.capability", &mut value),
+            Err(rustix::io::Errno::NODATA),
+            "{options}: the share's file lost its capability on the write"
+        );
+        setxattr(
+            f.src.join("tool"),
+            "security.capability",
+            &caps,
+            XattrFlags::empty(),
+        )
+        .unwrap();
+    }
+    let _m = f.mount("");
+    assert_eq!(shown(&f.mnt), (Ok(caps.clone()), true), "a plain view");
+}

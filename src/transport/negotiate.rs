@@ -8,7 +8,8 @@ use crate::config::Passthrough;
 
 /// What a view asks at INIT whatever the kernel: each where offered.
 pub fn always() -> InitFlags {
-    // HANDLE_KILLPRIV_V2: no security.capability lookup per write (see ops::open).
+    // HANDLE_KILLPRIV_V2: the view drops set-id bits (see ops::open); the kernel still
+    // looks security.capability up after each attribute refresh (ops::xattrs).
     InitFlags::FUSE_HANDLE_KILLPRIV_V2
         // Every listing is READDIRPLUS, without the kernel's AUTO rule: the view
         // decides which entries carry attributes (fs/listing.rs).

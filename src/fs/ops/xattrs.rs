@@ -10,7 +10,7 @@ impl ViewFs {
     /// # Errors
     /// `ENODATA` when absent or hidden, `ERANGE` when `size` is too small.
     pub fn getxattr(&self, ino: u64, name: &OsStr, size: u32) -> FsResult<XattrReply> {
-        if record::is_reserved(name.as_bytes()) {
+        if record::is_reserved(name.as_bytes()) || self.hides(name.as_bytes()) {
             return Err(FsError::NoAttribute);
         }
         let inode = self.inodes.get(ino)?;
@@ -37,13 +37,26 @@ impl ViewFs {
             })
         };
         for name in all.split_inclusive(|b| *b == 0) {
-            let hidden =
-                record::is_reserved(name) || (name.starts_with(b"trusted.") && !is_admin());
+            let hidden = record::is_reserved(name)
+                || self.hides(name.strip_suffix(b"\0").unwrap_or(name))
+                || (name.starts_with(b"trusted.") && !is_admin());
             if !hidden {
                 shown.extend_from_slice(name);
             }
         }
         sized(shown, size)
+    }
+
+    /// Whether the view shows no attribute `name` whatever the share holds: a view
+    /// that presents ownership of its own (fsGroup and CIFS semantics) shows no file
+    /// capabilities, as it shows no set-id bit but its records' (docs/SEMANTICS.md),
+    /// and so answers the kernel's `security.capability` lookup, which it makes
+    /// before a write after each refresh of the file's attributes (fs/inode.c
+    /// `file_remove_privs`, whatever `FUSE_HANDLE_KILLPRIV_V2` says), without a
+    /// request to the share. A view that shows the disk (plain, the native twin)
+    /// shows its capabilities, as a native view does.
+    fn hides(&self, name: &[u8]) -> bool {
+        name == b"security.capability" && !self.policy.changes_disk()
     }
 
     /// Sets an xattr. Only the `user.` namespace is writable through a view, and not
