@@ -803,6 +803,110 @@ async fn a_view_outlives_its_share_servers_crash() {
         .unwrap();
 }
 
+/// The NFS server goes away for longer than the keeper's hang timeout (30 s) from a
+/// hard mount, whose calls wait for it: the keeper sees the view waiting on its share
+/// and leaves it serving (it used to kill it, to no end), kubelet is told the volume
+/// is abnormal while the server is away and normal once it is back, and every append
+/// the view acknowledged is on the server.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let export = f.subdir("export");
+    chown(&export, 65534, 65534);
+    let _knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4243");
+    let share = f.subdir("share");
+    let _share = mount_nfs(&export, &share, "");
+    let (d, mut c, target, _unmount) = default_publish(root, &f.subdir("staging"), G).await;
+    let mount_id = || {
+        fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .find(|l| l.split(' ').nth(4) == target.to_str())
+            .and_then(|l| l.split(' ').next().map(str::to_string))
+    };
+    let before = mount_id();
+    assert!(before.is_some());
+    // An appender through the view: a line, fsync, close, and only then counted.
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let appender = {
+        let (stop, log) = (stop.clone(), target.join("appended"));
+        std::thread::spawn(move || {
+            let mut acknowledged = 0u32;
+            let mut errors = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let wrote = fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .and_then(|mut w| {
+                        w.write_all(format!("line {acknowledged}\n").as_bytes())?;
+                        w.sync_all()
+                    });
+                match wrote {
+                    Ok(()) => acknowledged += 1,
+                    Err(e) => errors.push(e.to_string()),
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (acknowledged, errors)
+        })
+    };
+    eventually(Duration::from_secs(60), "appends before the outage", || {
+        fs::read_to_string(target.join("appended")).is_ok_and(|t| t.lines().count() >= 3)
+    });
+
+    sh("rpc.nfsd 0");
+    eventually(
+        Duration::from_secs(120),
+        "the keeper sees the view waiting on its share",
+        || {
+            d.log_text()
+                .contains("waits on its share: leaving it serving")
+        },
+    );
+    let (abnormal, message) = volume_condition(&mut c, "vol", &target).await;
+    assert!(
+        abnormal && message.contains("the share does not answer"),
+        "{message}"
+    );
+    // Past the keeper's hang timeout (30 s) from the first check that waited.
+    std::thread::sleep(Duration::from_secs(35));
+    assert!(!d.log_text().contains("killing it"), "{}", d.log_text());
+    assert_eq!(mount_id(), before);
+
+    sh("rpc.nfsd --no-nfs-version 3 --no-udp 4");
+    eventually(Duration::from_secs(180), "the view answers again", || {
+        d.log_text().contains("the view answers again")
+    });
+    let mut normal = false;
+    for _ in 0..60 {
+        let (abnormal, _) = volume_condition(&mut c, "vol", &target).await;
+        if !abnormal {
+            normal = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(normal, "the volume is normal again once its server is back");
+    stop.store(true, Ordering::Relaxed);
+    let (acknowledged, errors) = appender.join().unwrap();
+    // A hard mount waits: nothing fails, nothing acknowledged is lost.
+    assert!(errors.is_empty(), "{errors:?}");
+    let on_server = fs::read_to_string(export.join("volumes/vol/appended")).unwrap();
+    let expected: Vec<String> = (0..acknowledged).map(|i| format!("line {i}")).collect();
+    assert_eq!(on_server.lines().collect::<Vec<_>>(), expected);
+    assert_eq!(mount_id(), before);
+    assert!(!d.log_text().contains("killing it"), "{}", d.log_text());
+    c.node
+        .node_unpublish_volume(unpublish_req("vol", &target))
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 async fn a_root_squashed_nfs_export_serves_the_default_publish() {
