@@ -41,6 +41,22 @@ fn bindfs(options: &[&str], real: &std::path::Path, at: &std::path::Path) -> Bin
     BindfsGuard(at.to_path_buf())
 }
 
+/// A bindfs mount of `real` on `at` as an SMB share without extended attributes or
+/// unix extensions (Azure Files) or an NFS export before 4.2 looks to a view: no
+/// extended attributes, chown and chmod succeed with no effect.
+fn azure_files_like(real: &std::path::Path, at: &std::path::Path) -> BindfsGuard {
+    bindfs(
+        &[
+            "--xattr-none",
+            "--chown-ignore",
+            "--chgrp-ignore",
+            "--chmod-ignore",
+        ],
+        real,
+        at,
+    )
+}
+
 fn refusing_backend(f: &Fixture) -> Refusing {
     let real = f.subdir("real");
     fs::write(real.join("a.txt"), "a\n").unwrap();
@@ -153,16 +169,7 @@ async fn the_default_publish_on_a_share_that_keeps_no_records_serves_cifs_semant
     let root = f.dir.path();
     let real = f.subdir("real");
     let share = f.subdir("share");
-    let _share = bindfs(
-        &[
-            "--xattr-none",
-            "--chown-ignore",
-            "--chgrp-ignore",
-            "--chmod-ignore",
-        ],
-        &real,
-        &share,
-    );
+    let _share = azure_files_like(&real, &share);
     let refused = std::process::Command::new("setfattr")
         .args(["-n", "trusted.x", "-v", "1"])
         .arg(&share)
@@ -199,16 +206,7 @@ async fn the_default_publish_on_a_share_that_keeps_no_records_serves_cifs_semant
 fn a_hand_mount_of_a_share_that_keeps_no_records_decides_as_the_driver_does() {
     let f = Fixture::new();
     let real = f.subdir("real");
-    let _share = bindfs(
-        &[
-            "--xattr-none",
-            "--chown-ignore",
-            "--chgrp-ignore",
-            "--chmod-ignore",
-        ],
-        &real,
-        &f.src,
-    );
+    let _share = azure_files_like(&real, &f.src);
     {
         let m = f.mount(&format!("gid={G}"));
         let log = m.log_text();

@@ -762,13 +762,7 @@ async fn a_view_outlives_its_share_servers_crash() {
     let ran = member("echo before > f && exec 3<f && cat f");
     assert!(ran.ok && ran.stdout == "before\n", "{ran:?}");
     // The view's mount, by its id: the same one must serve after the crash.
-    let mount_id = || {
-        fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .find(|l| l.split(' ').nth(4) == target.to_str())
-            .and_then(|l| l.split(' ').next().map(str::to_string))
-    };
+    let mount_id = || view_mount_id(&target);
     let before = mount_id();
     assert!(before.is_some());
     s.samba.crash();
@@ -803,6 +797,31 @@ async fn a_view_outlives_its_share_servers_crash() {
         .unwrap();
 }
 
+/// The id of the mount at `target` in this process's mount table: a view killed and
+/// recovered is another mount.
+fn view_mount_id(target: &Path) -> Option<String> {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .find(|l| l.split(' ').nth(4) == target.to_str())
+        .and_then(|l| l.split(' ').next().map(str::to_string))
+}
+
+/// A knfsd export exported `root_squash` with the filesystem id `fsid`, mounted as
+/// the driver's share at `f`'s `share`: the export is nobody's, so that the driver
+/// (root, squashed) can lay the share out in it. The export's directory, the server
+/// and the mount.
+fn squashed_nfs_share(f: &Fixture, fsid: u32) -> (std::path::PathBuf, Knfsd, Unmount) {
+    let export = f.subdir("export");
+    chown(&export, 65534, 65534);
+    let knfsd = Knfsd::start(
+        &export,
+        &format!("rw,root_squash,no_subtree_check,fsid={fsid}"),
+    );
+    let share = mount_nfs(&export, &f.subdir("share"), "");
+    (export, knfsd, share)
+}
+
 /// The NFS server goes away for longer than the keeper's hang timeout (30 s) from a
 /// hard mount, whose calls wait for it: the keeper sees the view waiting on its share
 /// and leaves it serving (it used to kill it, to no end), kubelet is told the volume
@@ -815,19 +834,9 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let f = Fixture::new();
     let root = f.dir.path();
-    let export = f.subdir("export");
-    chown(&export, 65534, 65534);
-    let _knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4243");
-    let share = f.subdir("share");
-    let _share = mount_nfs(&export, &share, "");
+    let (export, _knfsd, _share) = squashed_nfs_share(&f, 4243);
     let (d, mut c, target, _unmount) = default_publish(root, &f.subdir("staging"), G).await;
-    let mount_id = || {
-        fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .find(|l| l.split(' ').nth(4) == target.to_str())
-            .and_then(|l| l.split(' ').next().map(str::to_string))
-    };
+    let mount_id = || view_mount_id(&target);
     let before = mount_id();
     assert!(before.is_some());
     // An appender through the view: a line, fsync, close, and only then counted.
@@ -912,13 +921,8 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
 async fn a_root_squashed_nfs_export_serves_the_default_publish() {
     let f = Fixture::new();
     let root = f.dir.path();
-    let export = f.subdir("export");
-    // Root is squashed to nobody: the export is nobody's, so that the driver (root,
-    // squashed) can lay the share out in it.
-    chown(&export, 65534, 65534);
-    let _knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4242");
-    let share = f.subdir("share");
-    let _share = mount_nfs(&export, &share, "");
+    let (export, _knfsd, _share) = squashed_nfs_share(&f, 4242);
+    let share = f.dir.path().join("share");
     // Root is squashed: what the driver makes is nobody's on the server.
     fs::write(share.join("probe"), "").unwrap();
     assert_eq!(owner(&export.join("probe")).0, 65534);

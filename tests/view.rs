@@ -1191,14 +1191,17 @@ fn only_a_view_that_shows_the_disk_shows_file_capabilities() {
     for word in [0x0200_0001u32, 1 << 13, 0, 0, 0] {
         caps.extend_from_slice(&word.to_le_bytes());
     }
+    let give_caps = || {
+        setxattr(
+            f.src.join("tool"),
+            "security.capability",
+            &caps,
+            XattrFlags::empty(),
+        )
+        .unwrap()
+    };
     fs::write(f.src.join("tool"), "x").unwrap();
-    setxattr(
-        f.src.join("tool"),
-        "security.capability",
-        &caps,
-        XattrFlags::empty(),
-    )
-    .unwrap();
+    give_caps();
     let shown = |mnt: &std::path::Path| {
         let mut value = vec![0u8; 64];
         let got = getxattr(mnt.join("tool"), "security.capability", &mut value)
@@ -1235,13 +1238,7 @@ fn only_a_view_that_shows_the_disk_shows_file_capabilities() {
             Err(rustix::io::Errno::NODATA),
             "{options}: the share's file lost its capability on the write"
         );
-        setxattr(
-            f.src.join("tool"),
-            "security.capability",
-            &caps,
-            XattrFlags::empty(),
-        )
-        .unwrap();
+        give_caps();
     }
     let _m = f.mount("");
     assert_eq!(shown(&f.mnt), (Ok(caps.clone()), true), "a plain view");
