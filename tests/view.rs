@@ -1027,11 +1027,12 @@ fn workers_named(pid: u32, prefix: &str) -> usize {
         .count()
 }
 
-/// Requests that wait on the backing file system hold up no other (`max_threads=`,
-/// 64 unless given): a snapshot's freeze (`fsfreeze`) holds every create, each in a directory of
-/// its own (the kernel lets one create into a directory at a time), more of them than
-/// `threads=`, and a stat of another file is answered meanwhile by a worker started
-/// for it. The workers started so end once they have waited a while for a request.
+/// Requests that wait on the backing file system hold up no other (`max_threads=`, 64
+/// unless given): a snapshot's freeze (`fsfreeze`) holds every create, each in a
+/// directory of its own (the kernel lets one create into a directory at a time), more
+/// of them than `threads=`, and a stat of another file is answered meanwhile by a
+/// worker started for it. The workers started so end once they have waited a while
+/// for a request.
 #[test]
 fn requests_waiting_on_the_backing_hold_up_no_other() {
     use std::time::{Duration, Instant};

@@ -753,13 +753,9 @@ impl Node {
     /// ones, else none.
     fn share_records(&self) -> serve::Records {
         use crate::fs::record::{TRUSTED_PROBE_XATTR, USER_PROBE_XATTR};
-        match self.share.keeps_xattr(TRUSTED_PROBE_XATTR) {
-            Ok(()) => serve::Records::Trusted,
-            Err(trusted) => match self.share.keeps_xattr(USER_PROBE_XATTR) {
-                Ok(()) => serve::Records::User(trusted),
-                Err(user) => serve::Records::None(format!("{trusted}; {user}")),
-            },
-        }
+        serve::Records::probed(self.share.keeps_xattr(TRUSTED_PROBE_XATTR), || {
+            self.share.keeps_xattr(USER_PROBE_XATTR)
+        })
     }
 
     /// Makes the source of a publish exist: checks a persistent volume is on the share

@@ -78,16 +78,23 @@ impl Mechanism {
             Mechanism::Native { disk_group, shown } => {
                 native::mount(source, target, disk_group, shown, options).map(|()| None)
             }
-            Mechanism::Twin { disk_group } => views
-                .start(source, target, &native::twin_options(options, disk_group))
+            Mechanism::Twin { .. }
+            | Mechanism::Fuse
+            | Mechanism::Unrecorded
+            | Mechanism::UserRecords => views
+                .start(source, target, &self.fuse_options(options))
                 .map(Some),
-            Mechanism::Fuse => views.start(source, target, options).map(Some),
-            Mechanism::Unrecorded => views
-                .start(source, target, &unrecorded_options(options))
-                .map(Some),
-            Mechanism::UserRecords => views
-                .start(source, target, &user_record_options(options))
-                .map(Some),
+        }
+    }
+
+    /// The options a FUSE view serves the request's `options` with this way (a native
+    /// view's are the request's own).
+    pub fn fuse_options(self, options: &ViewOptions) -> ViewOptions {
+        match self {
+            Mechanism::Twin { disk_group } => native::twin_options(options, disk_group),
+            Mechanism::Unrecorded => unrecorded_options(options),
+            Mechanism::UserRecords => user_record_options(options),
+            Mechanism::Fuse | Mechanism::Native { .. } => options.clone(),
         }
     }
 
@@ -463,6 +470,24 @@ pub enum Records {
     None(String),
 }
 
+impl Records {
+    /// The records a share keeps, from its answers: `keeps_trusted` for `trusted.`
+    /// attributes, and, only where it keeps none, `keeps_user` for `user.` ones (each
+    /// an error saying why not).
+    pub fn probed(
+        keeps_trusted: Result<(), String>,
+        keeps_user: impl FnOnce() -> Result<(), String>,
+    ) -> Records {
+        match keeps_trusted {
+            Ok(()) => Records::Trusted,
+            Err(trusted) => match keeps_user() {
+                Ok(()) => Records::User(trusted),
+                Err(user) => Records::None(format!("{trusted}; {user}")),
+            },
+        }
+    }
+}
+
 /// The options of a view that keeps its records in `user.` extended attributes.
 pub fn user_record_options(options: &ViewOptions) -> ViewOptions {
     ViewOptions {
@@ -533,16 +558,9 @@ pub fn hand_mount_options(source: &Path, options: &ViewOptions) -> (ViewOptions,
                 e => format!("extended attribute {}: {e}", name.to_string_lossy()),
             })
     };
-    let records = || match keeps(RECORD_XATTR) {
-        Ok(()) => Records::Trusted,
-        Err(trusted) => match keeps(USER_RECORD_XATTR) {
-            Ok(()) => Records::User(trusted),
-            Err(user) => Records::None(format!("{trusted}; {user}")),
-        },
-    };
+    let records = || Records::probed(keeps(RECORD_XATTR), || keeps(USER_RECORD_XATTR));
     match records_fallback(options, records) {
-        Some((Mechanism::UserRecords, f)) => (user_record_options(options), Some(f)),
-        Some((_, f)) => (unrecorded_options(options), Some(f)),
+        Some((mechanism, f)) => (mechanism.fuse_options(options), Some(f)),
         None => (options.clone(), None),
     }
 }
@@ -1012,6 +1030,23 @@ mod tests {
         assert_eq!(
             opened.to_option_string(),
             opts("gid=4242,ownership=emulate-user").to_option_string()
+        );
+    }
+
+    #[test]
+    fn records_are_trusted_else_user_else_none_with_every_reason() {
+        let no = |why: &str| Err::<(), String>(why.into());
+        assert_eq!(
+            Records::probed(Ok(()), || panic!("user.* asked")),
+            Records::Trusted
+        );
+        assert_eq!(
+            Records::probed(no("t"), || Ok(())),
+            Records::User("t".into())
+        );
+        assert_eq!(
+            Records::probed(no("t"), || no("u")),
+            Records::None("t; u".into())
         );
     }
 
