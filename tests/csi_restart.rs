@@ -199,34 +199,39 @@ async fn views_survive_a_killed_driver_and_dead_views_come_back() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopping_driver_removes_only_its_own_socket() {
-    let f = Fixture::new();
-    let mut d = Driver::launch(f.dir.path());
-    // Another driver (a surge pod's, on the same hostPath) binds the path the moment
-    // this one's socket appears: the driver must know its own socket from then on (it
-    // once read the path's identity only after binding, and CI's VM saw it take the
-    // successor's socket for its own).
-    let started = Instant::now();
-    while fs::symlink_metadata(&d.socket).is_err() {
-        assert!(started.elapsed() < Duration::from_secs(60), "no socket");
-        std::hint::spin_loop();
+    // Rounds, each a driver started and its socket replaced at once: the old driver
+    // (identity read after binding) lost its successor's socket within two rounds on
+    // the host.
+    for _ in 0..20 {
+        let f = Fixture::new();
+        let mut d = Driver::launch(f.dir.path());
+        // Another driver (a surge pod's, on the same hostPath) binds the path the moment
+        // this one's socket appears: the driver must know its own socket from then on (it
+        // once read the path's identity only after binding, and CI's VM saw it take the
+        // successor's socket for its own).
+        let started = Instant::now();
+        while fs::symlink_metadata(&d.socket).is_err() {
+            assert!(started.elapsed() < Duration::from_secs(60), "no socket");
+            std::hint::spin_loop();
+        }
+        fs::remove_file(&d.socket).unwrap();
+        let successor = std::os::unix::net::UnixListener::bind(&d.socket).unwrap();
+        assert_eq!(d.terminate(), Some(0), "{}", d.log_text());
+        assert!(
+            d.socket.exists(),
+            "the stopping driver deleted its successor's socket"
+        );
+        let left: Vec<_> = fs::read_dir(d.socket.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            left,
+            ["csi.sock"],
+            "nothing but the socket is left beside it"
+        );
+        drop(successor);
     }
-    fs::remove_file(&d.socket).unwrap();
-    let successor = std::os::unix::net::UnixListener::bind(&d.socket).unwrap();
-    assert_eq!(d.terminate(), Some(0), "{}", d.log_text());
-    assert!(
-        d.socket.exists(),
-        "the stopping driver deleted its successor's socket"
-    );
-    let left: Vec<_> = fs::read_dir(d.socket.parent().unwrap())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(
-        left,
-        ["csi.sock"],
-        "nothing but the socket is left beside it"
-    );
-    drop(successor);
 }
 
 #[tokio::test(flavor = "multi_thread")]
