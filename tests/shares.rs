@@ -834,7 +834,7 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let f = Fixture::new();
     let root = f.dir.path();
-    let (export, _knfsd, _share) = squashed_nfs_share(&f, 4243);
+    let (export, knfsd, _share) = squashed_nfs_share(&f, 4243);
     let (d, mut c, target, _unmount) = default_publish(root, &f.subdir("staging"), G).await;
     let mount_id = || view_mount_id(&target);
     let before = mount_id();
@@ -868,7 +868,7 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
         fs::read_to_string(target.join("appended")).is_ok_and(|t| t.lines().count() >= 3)
     });
 
-    sh("rpc.nfsd 0");
+    let outage = knfsd.outage();
     eventually(
         Duration::from_secs(120),
         "the keeper sees the view waiting on its share",
@@ -887,7 +887,7 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
     assert!(!d.log_text().contains("killing it"), "{}", d.log_text());
     assert_eq!(mount_id(), before);
 
-    sh("rpc.nfsd --no-nfs-version 3 --no-udp 4");
+    drop(outage);
     eventually(Duration::from_secs(180), "the view answers again", || {
         d.log_text().contains("the view answers again")
     });

@@ -251,9 +251,9 @@ impl Knfsd {
         // period knfsd takes: in its grace period (90 s by default, from its start)
         // it answers every create "try later", and a driver laying its share out
         // waits that long.
-        sh(
-            "rpc.nfsd 0 && echo 10 > /proc/fs/nfsd/nfsv4gracetime && echo 10 > /proc/fs/nfsd/nfsv4leasetime && rpc.nfsd --no-nfs-version 3 --no-udp 4",
-        );
+        sh(&format!(
+            "rpc.nfsd 0 && echo 10 > /proc/fs/nfsd/nfsv4gracetime && echo 10 > /proc/fs/nfsd/nfsv4leasetime && {NFSD_START}"
+        ));
         sh(&format!(
             "exportfs -i -o {options} 127.0.0.1:{}",
             export.display()
@@ -267,6 +267,28 @@ impl Knfsd {
             var_lib_nfs,
             _one: one,
         }
+    }
+}
+
+/// How the tests start knfsd's threads: NFS 4 over TCP.
+const NFSD_START: &str = "rpc.nfsd --no-nfs-version 3 --no-udp 4";
+
+impl Knfsd {
+    /// Stops the server's threads (its exports and state directory kept) until the
+    /// returned guard is dropped, which starts them again: a test that fails during
+    /// the outage does not leave callers of a `hard` mount waiting for ever.
+    pub fn outage(&self) -> Outage {
+        sh("rpc.nfsd 0");
+        Outage
+    }
+}
+
+/// knfsd away ([`Knfsd::outage`]) until dropped.
+pub struct Outage;
+
+impl Drop for Outage {
+    fn drop(&mut self) {
+        let _ = Command::new("sh").args(["-c", NFSD_START]).status();
     }
 }
 
