@@ -211,7 +211,8 @@ struct Keeper {
     adopting: Mutex<()>,
     /// The parent of the views' cgroups, with `--views-cgroup`.
     cgroups: Option<Cgroup>,
-    /// Liveness checks under way, by mountpoint: when each started.
+    /// Liveness checks under way, by mountpoint: since when each view has answered
+    /// nothing while waiting on nothing but itself ([`judge`]).
     checks: Mutex<HashMap<PathBuf, Instant>>,
     /// Views whose check went unanswered past the hang timeout while they waited on
     /// their share: left serving, and said once, until they answer again.
@@ -591,7 +592,7 @@ impl Keeper {
     /// first (fs/fuse/dir.c `fuse_permission`, `fuse_perm_getattr`), and the view
     /// reads them from the share, whatever workers it has free. A view whose lookup
     /// is still unanswered after `timeout` is asked what its threads wait on
-    /// ([`crate::sys::process::waiting`]). One that
+    /// ([`crate::sys::process::waiting`], [`judge`]). One that
     /// waits on a file system (its share stalls, or its server is away: an NFS `hard`
     /// mount waits for minutes, and so do its callers on the raw mount) is left
     /// serving, said once, and asked again each round: a kill would be recovered only
@@ -617,27 +618,24 @@ impl Keeper {
         };
         let mut checks = lock(&self.checks);
         for (mountpoint, pid) in serving {
-            match checks.get(&mountpoint) {
-                Some(since) if since.elapsed() > timeout => {
-                    use crate::sys::process::Waiting;
-                    let waiting = crate::sys::process::waiting(pid);
-                    if waiting == Waiting::OnFileSystem {
-                        if lock(&self.waiting).insert(mountpoint.clone()) {
-                            tracing::warn!(mountpoint = %mountpoint.display(), pid, waited = ?since.elapsed(), "the view answers nothing while it waits on its share: leaving it serving (the share's own mount waits the same)");
+            match checks.get_mut(&mountpoint) {
+                Some(quiet_since) => {
+                    let waited = quiet_since.elapsed();
+                    let waiting = || crate::sys::process::waiting(pid);
+                    match judge(quiet_since, Instant::now(), timeout, waiting) {
+                        Judgement::Patience => {}
+                        Judgement::WaitsOnShare => {
+                            if lock(&self.waiting).insert(mountpoint.clone()) {
+                                tracing::warn!(mountpoint = %mountpoint.display(), pid, ?waited, "the view answers nothing while it waits on its share: leaving it serving (the share's own mount waits the same)");
+                            }
                         }
-                        continue;
+                        Judgement::Hung(what) => {
+                            lock(&self.waiting).remove(&mountpoint);
+                            tracing::error!(mountpoint = %mountpoint.display(), pid, ?waited, "the view answers nothing and {what}: killing it to recover it");
+                            let _ = crate::sys::process::kill(pid);
+                        }
                     }
-                    lock(&self.waiting).remove(&mountpoint);
-                    let what = match waiting {
-                        Waiting::Stopped => "it is stopped",
-                        _ => "it waits on no file system",
-                    };
-                    tracing::error!(mountpoint = %mountpoint.display(), pid, waited = ?since.elapsed(), "the view answers nothing and {what}: killing it to recover it");
-                    let _ = crate::sys::process::kill(pid);
-                    // Not again until its successor has answered this check.
-                    checks.insert(mountpoint, Instant::now() + Duration::from_secs(3600));
                 }
-                Some(_) => {}
                 None => {
                     checks.insert(mountpoint.clone(), Instant::now());
                     let spawned = std::thread::Builder::new()
@@ -681,6 +679,49 @@ impl Keeper {
             .filter(|c| c.exit.is_none() && !c.can_be_handed_over())
             .filter_map(|c| c.mountpoint().map(Path::to_path_buf))
             .collect()
+    }
+}
+
+/// What a keeper makes of a view whose liveness check is still unanswered.
+#[derive(Debug, PartialEq, Eq)]
+enum Judgement {
+    /// Not quiet for the hang timeout yet: asked nothing.
+    Patience,
+    /// Its threads wait on a file system: left serving.
+    WaitsOnShare,
+    /// Quiet for the hang timeout while waiting on nothing but itself: killed.
+    Hung(&'static str),
+}
+
+/// Judges a view that has answered nothing since `quiet_since`, asking `waiting`
+/// what its threads wait on only once it has been quiet for `timeout`. Time spent
+/// waiting on its share does not count: a round that finds it waiting there moves
+/// `quiet_since` to `now`, so a view whose share has just answered gets a whole
+/// `timeout` to answer the check in turn (it may still be working off what its callers
+/// queued meanwhile) before it is taken for hung. A hung view's `quiet_since` moves
+/// an hour ahead: it is not judged again until its successor has answered.
+fn judge(
+    quiet_since: &mut Instant,
+    now: Instant,
+    timeout: Duration,
+    waiting: impl FnOnce() -> crate::sys::process::Waiting,
+) -> Judgement {
+    use crate::sys::process::Waiting;
+    if now.saturating_duration_since(*quiet_since) <= timeout {
+        return Judgement::Patience;
+    }
+    match waiting() {
+        Waiting::OnFileSystem => {
+            *quiet_since = now;
+            Judgement::WaitsOnShare
+        }
+        other => {
+            *quiet_since = now + Duration::from_secs(3600);
+            Judgement::Hung(match other {
+                Waiting::Stopped => "it is stopped",
+                _ => "it waits on no file system",
+            })
+        }
     }
 }
 
@@ -982,4 +1023,50 @@ fn views_cgroup(cfg: &KeeperConfig) -> io::Result<Option<Cgroup>> {
 
 fn random_instance() -> String {
     format!("{:016x}", crate::sys::process::random_u128() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::process::Waiting;
+
+    #[test]
+    fn a_view_is_hung_only_after_a_whole_timeout_without_waiting_on_its_share() {
+        let timeout = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let never = || -> Waiting { panic!("asked what a view waits on within the timeout") };
+        let mut quiet = t0;
+        assert_eq!(
+            judge(&mut quiet, at(900), timeout, never),
+            Judgement::Patience
+        );
+        // Waiting on its share, round after round: left serving, and asked again
+        // only a timeout after it was last found waiting.
+        for ms in [1100, 2200, 5000] {
+            let judged = judge(&mut quiet, at(ms), timeout, || Waiting::OnFileSystem);
+            assert_eq!(judged, Judgement::WaitsOnShare);
+        }
+        // The share answers; the view works off its callers' queue and has not yet
+        // answered the check: a round later it is not taken for hung.
+        assert_eq!(
+            judge(&mut quiet, at(5250), timeout, never),
+            Judgement::Patience
+        );
+        assert_eq!(
+            judge(&mut quiet, at(5900), timeout, never),
+            Judgement::Patience
+        );
+        // A whole timeout later, still quiet and waiting on nothing: hung, once.
+        let judged = judge(&mut quiet, at(6100), timeout, || Waiting::Elsewhere);
+        assert_eq!(judged, Judgement::Hung("it waits on no file system"));
+        assert_eq!(
+            judge(&mut quiet, at(60_000), timeout, never),
+            Judgement::Patience
+        );
+
+        let mut quiet = t0;
+        let judged = judge(&mut quiet, at(1100), timeout, || Waiting::Stopped);
+        assert_eq!(judged, Judgement::Hung("it is stopped"));
+    }
 }
