@@ -78,6 +78,12 @@ async fn metrics_count_calls_views_and_operations_and_logs_are_json() {
         Some(1.0),
         "{text}"
     );
+    // Nothing waits on the view now: no request in progress.
+    assert_eq!(
+        sample(&text, "mountgroup_view_requests_in_progress{"),
+        Some(0.0),
+        "{text}"
+    );
     // What the view costs, per volume: a process of at least a MiB that has run.
     let rss = sample(&text, "mountgroup_view_resident_memory_bytes{").unwrap_or(0.0);
     assert!(rss >= (1 << 20) as f64, "{text}");

@@ -138,6 +138,11 @@ const PER_VIEW: &[PerView] = &[
         |s| Sample::GaugeF(s.oldest_request_seconds),
     ),
     (
+        "mountgroup_view_requests_in_progress",
+        "Requests a view is serving now, each on a worker of its own: while its share stalls or its server is away, as many as its callers waiting on it (up to the view's max_threads)",
+        |s| Sample::Gauge(s.requests_in_progress as i64),
+    ),
+    (
         "mountgroup_view_walked_ahead_dirs",
         "Directories a view listed and warmed ahead of a walk through it",
         |s| Sample::Counter(s.walked_ahead),

@@ -185,6 +185,10 @@ pub struct Snapshot {
     /// How long the oldest request in progress has waited, in seconds (0: none).
     #[serde(default)]
     pub oldest_request_seconds: f64,
+    /// The requests in progress: what the view has in flight to its share while its
+    /// callers wait on it.
+    #[serde(default)]
+    pub requests_in_progress: u64,
     pub ops: BTreeMap<String, OpSnapshot>,
     /// What the view's process costs (absent from files of older views).
     #[serde(default)]
@@ -251,6 +255,14 @@ impl ViewStats {
             })
             .max()
             .unwrap_or_default()
+    }
+
+    /// How many requests are in progress now, one per worker busy with one.
+    pub fn requests_in_progress(&self) -> u64 {
+        self.busy
+            .iter()
+            .filter(|s| s.load(Ordering::Relaxed) != 0)
+            .count() as u64
     }
 
     /// Counts one request that came over io_uring.
@@ -324,6 +336,7 @@ impl ViewStats {
             walked_ahead: self.walked_ahead.load(Ordering::Relaxed),
             opened_ahead: self.opened_ahead.load(Ordering::Relaxed),
             oldest_request_seconds: self.oldest_request().as_secs_f64(),
+            requests_in_progress: self.requests_in_progress(),
             ops,
             process: ProcessUsage {
                 resident_bytes,
@@ -353,6 +366,7 @@ impl Snapshot {
         self.oldest_request_seconds = self
             .oldest_request_seconds
             .max(other.oldest_request_seconds);
+        self.requests_in_progress += other.requests_in_progress;
         for (name, o) in &other.ops {
             let e = self.ops.entry(name.clone()).or_insert_with(|| OpSnapshot {
                 buckets: vec![0; BUCKETS.len()],
@@ -453,8 +467,14 @@ mod tests {
         let oldest = s.oldest_request();
         assert!(oldest >= Duration::from_millis(150), "{oldest:?}");
         assert!(s.snapshot().oldest_request_seconds >= 0.15);
+        assert_eq!(s.snapshot().requests_in_progress, 1, "the stuck one");
+        {
+            let _busy = s.busy();
+            assert_eq!(s.requests_in_progress(), 2);
+        }
         drop(held);
         stuck.join().unwrap();
         assert_eq!(s.oldest_request(), Duration::ZERO, "none in progress");
+        assert_eq!(s.requests_in_progress(), 0);
     }
 }
