@@ -140,3 +140,64 @@ async fn metrics_count_calls_views_and_operations_and_logs_are_json() {
     }
     assert!(publish_seen, "{log}");
 }
+
+/// A view whose share stops answering (a share that is itself a FUSE mount, stopped:
+/// as an NFS `hard` mount whose server is away) holds up no scrape: the view is
+/// counted `waiting`, its own numbers are there, and it counts as serving again once
+/// the share answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scrape_answers_while_a_views_share_does_not() {
+    use rustix::process::{Pid, Signal, kill_process};
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let share = f.subdir("share");
+    let share_view = Mounted::start(&f.subdir("disk"), &share, &["-o", "gid=0"]).unwrap();
+    let d = Driver::start_with_metrics(root);
+    let addr = d.metrics_addr();
+    let mut c = d.clients().await;
+    let (staging, target) = (f.subdir("staging"), root.join("target"));
+    let _unmount = [Unmount(target.clone()), Unmount(staging.clone())];
+    c.create_stage_publish("w", &staging, &target, "42").await;
+    let state =
+        |text: &str, state: &str| sample(text, &format!("mountgroup_views{{state=\"{state}\"}}"));
+    assert_eq!(state(&scrape(&addr), "serving"), Some(1.0));
+
+    let share_pid = Pid::from_raw(share_view.pid() as i32).unwrap();
+    kill_process(share_pid, Signal::STOP).unwrap();
+    struct Thaw(Pid);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            let _ = kill_process(self.0, Signal::CONT);
+        }
+    }
+    let thaw = Thaw(share_pid);
+    // Past the attribute timeout of the view's root: a stat of it asks the view, which
+    // asks the share.
+    std::thread::sleep(Duration::from_secs(2));
+    let (sent, answer) = std::sync::mpsc::channel();
+    let scraper = addr.clone();
+    std::thread::spawn(move || sent.send(scrape(&scraper)));
+    let text = answer
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the scrape answers while the share does not");
+    assert_eq!(state(&text, "waiting"), Some(1.0), "{text}");
+    assert_eq!(state(&text, "serving"), Some(0.0), "{text}");
+    assert!(
+        sample(&text, "mountgroup_view_requests_in_progress{").is_some(),
+        "{text}"
+    );
+
+    drop(thaw);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(&scrape(&addr), "serving") != Some(1.0) {
+        assert!(
+            Instant::now() < deadline,
+            "serving again once the share answers"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    c.node
+        .node_unpublish_volume(unpublish_req("w", &target))
+        .await
+        .unwrap();
+}

@@ -22,7 +22,7 @@ use tonic::codegen::http;
 
 use crate::transport::probe::KernelFuse;
 use crate::transport::stats::{BUCKETS, Snapshot};
-use crate::volume::node::Node;
+use crate::volume::node::{Node, ViewState};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
@@ -177,17 +177,20 @@ impl Collector for NodeCollector {
                 .encode_gauge(&i64::from(k.idmap))?;
         }
         let views = self.node.views_overview();
-        let serving = views.iter().filter(|v| v.serving).count() as i64;
         let mut m = encoder.encode_descriptor(
             "mountgroup_views",
-            "Published views by state",
+            "Published views by state: serving; waiting (its mount did not answer within a second: its share stalls or its server is away); dead",
             None,
             MetricType::Gauge,
         )?;
-        m.encode_family(&[("state", "serving")])?
-            .encode_gauge(&serving)?;
-        m.encode_family(&[("state", "dead")])?
-            .encode_gauge(&(views.len() as i64 - serving))?;
+        for (name, state) in [
+            ("serving", ViewState::Serving),
+            ("waiting", ViewState::Waiting),
+            ("dead", ViewState::Dead),
+        ] {
+            let n = views.iter().filter(|v| v.state == state).count() as i64;
+            m.encode_family(&[("state", name)])?.encode_gauge(&n)?;
+        }
 
         // Per view: how it is served, and why not natively where its volume is native.
         let mut m = encoder.encode_descriptor(
@@ -207,11 +210,11 @@ impl Collector for NodeCollector {
             .encode_gauge(&1)?;
         }
 
-        // Per view: the serving views that wrote a snapshot, labelled by volume and
-        // target.
+        // Per view: the views that serve, or wait on their share, and wrote a
+        // snapshot, labelled by volume and target.
         let per_view: Vec<(&str, String, &Snapshot)> = views
             .iter()
-            .filter(|v| v.serving)
+            .filter(|v| v.state != ViewState::Dead)
             .filter_map(|v| {
                 let s = v.stats.as_ref()?;
                 Some((v.volume_id.as_str(), v.target.display().to_string(), s))

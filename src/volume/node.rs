@@ -98,7 +98,7 @@ pub const STATS_WAIT: Duration = Duration::from_secs(5);
 pub struct ViewInfo {
     pub volume_id: String,
     pub target: PathBuf,
-    pub serving: bool,
+    pub state: ViewState,
     /// The view's last operation snapshot, if it wrote one (never for a native view).
     pub stats: Option<crate::transport::stats::Snapshot>,
     /// How it is served (`native`, `fuse`, `fuse-native`).
@@ -106,6 +106,22 @@ pub struct ViewInfo {
     /// Why a native volume is not served natively there.
     pub fallback: Option<String>,
 }
+
+/// What is at a published target, as the metrics see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ViewState {
+    Serving,
+    /// Mounted, and its mount did not answer a stat within [`CHECK_WAIT`]: its share
+    /// stalls or its server is away (the view reads its root's expired attributes from
+    /// the share, fs/fuse/dir.c `fuse_getattr`). It serves once the share answers.
+    Waiting,
+    /// Its process ended with nothing to recover it, or nothing is mounted there.
+    Dead,
+}
+
+/// How long the metrics wait for a view's mount to answer a stat before they count it
+/// [`ViewState::Waiting`]: a scrape answers within its deadline whatever the shares do.
+pub const CHECK_WAIT: Duration = Duration::from_secs(1);
 
 /// A published target as recovery left it: its view's process, and the mechanism it
 /// is served with now where recovery served it.
@@ -141,6 +157,9 @@ pub struct Node {
     /// The paths whose usage a [`Node::stats_within`] measures now, in a thread that
     /// may wait on the share: one at a time for each.
     measuring: Mutex<std::collections::HashSet<PathBuf>>,
+    /// The targets a [`Node::views_overview`] checks now, in a thread that may wait on
+    /// the share: one at a time for each.
+    checking: Arc<Mutex<std::collections::HashSet<PathBuf>>>,
 }
 
 impl Node {
@@ -182,6 +201,7 @@ impl Node {
             state_path,
             state: Mutex::new(state),
             measuring: Mutex::new(std::collections::HashSet::new()),
+            checking: Arc::new(Mutex::new(std::collections::HashSet::new())),
         });
         node.recover();
         Ok(node)
@@ -344,7 +364,11 @@ impl Node {
             .into_iter()
             .map(|(target, p)| ViewInfo {
                 volume_id: p.volume_id.to_string(),
-                serving: p.mechanism.check(&target) == Check::Serving,
+                state: match self.check_within(p.mechanism, &target) {
+                    Some(Check::Serving) => ViewState::Serving,
+                    None => ViewState::Waiting,
+                    Some(_) => ViewState::Dead,
+                },
                 stats: p
                     .mechanism
                     .has_process()
@@ -356,6 +380,34 @@ impl Node {
                 target,
             })
             .collect()
+    }
+
+    /// [`Mechanism::check`] of `target`, waiting no longer than [`CHECK_WAIT`]: `None`
+    /// where it did not answer by then (the check goes on in its thread until the
+    /// share answers; meanwhile another for the same target does not start one more,
+    /// and answers `None` at once).
+    fn check_within(&self, mechanism: Mechanism, target: &Path) -> Option<Check> {
+        let checking = || self.checking.lock().unwrap_or_else(|e| e.into_inner());
+        if !checking().insert(target.to_path_buf()) {
+            return None;
+        }
+        let (sent, answer) = std::sync::mpsc::sync_channel(1);
+        let (all, target2) = (Arc::clone(&self.checking), target.to_path_buf());
+        let spawned = std::thread::Builder::new()
+            .name("view-check".into())
+            .spawn(move || {
+                let check = mechanism.check(&target2);
+                all.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&target2);
+                let _ = sent.send(check);
+            });
+        if let Err(e) = spawned {
+            checking().remove(target);
+            tracing::warn!(error = %e, "cannot start a thread to check a view: checking it here, unbounded");
+            return Some(mechanism.check(target));
+        }
+        answer.recv_timeout(CHECK_WAIT).ok()
     }
 
     /// Where the volume is in use on this node, if anywhere.
