@@ -15,15 +15,19 @@ mod common;
 mod driver;
 #[path = "common/nodes.rs"]
 mod nodes;
+#[path = "common/outage.rs"]
+mod outage;
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
+use std::time::Duration;
 
 use ceph::*;
 use common::*;
 use driver::*;
 use nodes::*;
+use outage::*;
 
 const G: u32 = 4242;
 const MIB: u64 = 1 << 20;
@@ -77,7 +81,7 @@ async fn publish_small(c: &mut Clients, f: &Fixture) -> (std::path::PathBuf, Unm
 async fn the_default_publish_on_cephfs_takes_a_pods_writes() {
     let f = Fixture::new();
     let root = f.dir.path();
-    let ceph = Ceph::start(&root.join("ceph"), Release::Installed);
+    let mut ceph = Ceph::start(&root.join("ceph"), Release::Installed);
     let share = f.subdir("share");
     let _share = ceph.mount(&share);
     let (d, mut c, target, _unmount) = default_publish(root, &f.subdir("staging"), G).await;
@@ -107,6 +111,7 @@ async fn the_default_publish_on_cephfs_takes_a_pods_writes() {
         "{}",
         d.log_text()
     );
+    an_mds_restart_loses_nothing(&mut ceph, &d, &mut c, &target, &share.join("volumes/vol")).await;
     c.node
         .node_unpublish_volume(unpublish_req("vol", &target))
         .await
@@ -200,6 +205,55 @@ async fn the_default_publish_on_cephfs_takes_a_pods_writes() {
         .node_unpublish_volume(unpublish_req("small", &small))
         .await
         .unwrap();
+}
+
+/// The MDS restarts (a crash, an upgrade) under appends through the view of the
+/// volume `vol` at `target` and on the share's own mount at `raw`: both go on once it
+/// is back, every acknowledged append is on the share, no append through the view
+/// fails but as one on the share's mount does, the keeper kills nothing and the
+/// volume is normal.
+async fn an_mds_restart_loses_nothing(
+    ceph: &mut Ceph,
+    d: &Driver,
+    c: &mut Clients,
+    target: &Path,
+    raw: &Path,
+) {
+    let through_view = Appender::start(target.join("appended"));
+    let on_share = Appender::start(raw.join("appended-raw"));
+    let (view_log, raw_log) = (raw.join("appended"), raw.join("appended-raw"));
+    eventually(
+        Duration::from_secs(120),
+        "appends before the restart",
+        || lines_in(&view_log) >= 3 && lines_in(&raw_log) >= 3,
+    );
+    ceph.restart_mds();
+    let (view_then, raw_then) = (lines_in(&view_log), lines_in(&raw_log));
+    eventually(
+        Duration::from_secs(300),
+        "appends after the restart",
+        || lines_in(&view_log) >= view_then + 3 && lines_in(&raw_log) >= raw_then + 3,
+    );
+    let (view, direct) = (through_view.stop(), on_share.stop());
+    eprintln!(
+        "an MDS restart: the longest append through the view {:?} ({} failed), on the share's mount {:?} ({} failed)",
+        view.longest,
+        view.errors.len(),
+        direct.longest,
+        direct.errors.len()
+    );
+    let failed = |a: &Appended| a.errors.iter().cloned().collect::<BTreeSet<_>>();
+    assert!(
+        failed(&view).is_subset(&failed(&direct)),
+        "{:?} against {:?}",
+        view.errors,
+        direct.errors
+    );
+    appended_lines_kept(&view_log, view.acknowledged);
+    appended_lines_kept(&raw_log, direct.acknowledged);
+    assert!(!d.log_text().contains("killing it"), "{}", d.log_text());
+    let (abnormal, message) = volume_condition(c, "vol", target).await;
+    assert!(!abnormal, "{message}");
 }
 
 /// The default publish on a Ceph whose MDS takes a creation's owner from the client

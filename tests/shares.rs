@@ -11,6 +11,8 @@ mod common;
 mod driver;
 #[path = "common/nodes.rs"]
 mod nodes;
+#[path = "common/outage.rs"]
+mod outage;
 #[path = "common/shares.rs"]
 mod shares;
 
@@ -23,6 +25,7 @@ use std::time::Duration;
 use common::*;
 use driver::*;
 use nodes::*;
+use outage::*;
 use shares::*;
 
 const G: u32 = 4242;
@@ -741,16 +744,22 @@ fn assert_user_records_view(root: &Path, target: &Path) {
     postgres_runs(&target.join("pg"), &pg_sockets(root), &[G]).expect("PostgreSQL on the share");
 }
 
-/// The share's server crashes and comes back: the view does not die with it, its calls
-/// fail or wait while the server is away (as the share's own mount answers them),
-/// and it serves again, the same mount and the same process, once the server is back.
+/// The share's server crashes and comes back, under the `soft` mount the CIFS client
+/// makes by default (Azure Files): the view does not die with it. While the server is
+/// away a dozen callers through the view and a dozen on the share's own mount look up
+/// names of their own: every one of the view's callers has its call in progress in the
+/// view at once (none waits behind another's stalled call, as they did for a CIFS
+/// timeout each behind the view's few workers), and the view fails them with the raw
+/// mount's errnos. Kubelet is told the volume is abnormal, and normal again; the same
+/// mount and process serve once the server is back; every append the view
+/// acknowledged is on the server.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
-async fn a_view_outlives_its_share_servers_crash() {
+async fn a_view_waits_out_its_smb_servers_crash_as_the_share_does() {
     let f = Fixture::new();
     let root = f.dir.path();
     let mut s = SambaShare::start(&f, AZURE_FILES);
-    let (_d, mut c, target, _unmount) = default_publish(root, &f.subdir("staging"), G).await;
+    let (d, mut c, target, _unmount) = default_publish(root, &f.subdir("staging"), G).await;
     let member = |script: &str| {
         run_as(
             1000,
@@ -765,17 +774,47 @@ async fn a_view_outlives_its_share_servers_crash() {
     let mount_id = || view_mount_id(&target);
     let before = mount_id();
     assert!(before.is_some());
+    let appender = Appender::start(target.join("appended"));
+    eventually(Duration::from_secs(60), "appends before the crash", || {
+        fs::read_to_string(target.join("appended")).is_ok_and(|t| t.lines().count() >= 3)
+    });
+
     s.samba.crash();
-    // While the server is away: whatever the CIFS client answers, in bounded time
-    // (a soft mount's error, or the call waits for the reconnection); the view lives.
-    let away = member("timeout -s KILL 120 cat f; echo $?");
-    eprintln!("while the server was away: {away:?}");
-    use mountgroup::sys::mount::{Health, health};
-    assert_eq!(
-        health(&target),
-        Health::Mounted("fuse.mountgroup".into()),
-        "{away:?}"
+    // More callers than the few workers a view once had (its CPU count, up to 8).
+    const CALLERS: usize = 12;
+    let view_callers = Lookups::start(&target, CALLERS);
+    let raw_callers = Lookups::start(&s.share.join("volumes/vol"), CALLERS);
+    let addr = d.metrics_addr();
+    let in_progress =
+        || sample(&scrape(&addr), "mountgroup_view_requests_in_progress{").unwrap_or(0.0) as usize;
+    eventually(
+        Duration::from_secs(120),
+        "every caller's call in progress in the view at once",
+        || in_progress() >= CALLERS,
     );
+    let (abnormal, message) = volume_condition(&mut c, "vol", &target).await;
+    assert!(abnormal, "{message}");
+    // Every caller on each side has had its answer while the server was away.
+    eventually(
+        Duration::from_secs(180),
+        "every caller answered while away",
+        || view_callers.answered() >= CALLERS && raw_callers.answered() >= CALLERS,
+    );
+    let (view, raw) = (view_callers.stop(), raw_callers.stop());
+    eprintln!(
+        "while the server was away: through the view {}; on the share's mount {}",
+        view.said(),
+        raw.said()
+    );
+    assert!(
+        view.errnos.is_subset(&raw.errnos) && !view.errnos.is_empty(),
+        "the view's errnos are the share's: {} against {}",
+        view.said(),
+        raw.said()
+    );
+    use mountgroup::sys::mount::{Health, health};
+    assert_eq!(health(&target), Health::Mounted("fuse.mountgroup".into()));
+
     s.samba.restart();
     // Back: the same view serves what was there and takes new writes, once the CIFS
     // client has reconnected (its echo interval bounds that).
@@ -791,6 +830,14 @@ async fn a_view_outlives_its_share_servers_crash() {
             .next(),
         Some("before")
     );
+    let normal = volume_condition(&mut c, "vol", &target).await;
+    assert!(!normal.0, "the volume is normal again: {}", normal.1);
+    let appended = appender.stop();
+    appended_lines_kept(
+        &s.served.join("volumes/vol/appended"),
+        appended.acknowledged,
+    );
+    assert!(!d.log_text().contains("killing it"), "{}", d.log_text());
     c.node
         .node_unpublish_volume(unpublish_req("vol", &target))
         .await
@@ -830,8 +877,6 @@ fn squashed_nfs_share(f: &Fixture, fsid: u32) -> (std::path::PathBuf, Knfsd, Unm
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
-    use std::io::Write;
-    use std::sync::atomic::{AtomicBool, Ordering};
     let f = Fixture::new();
     let root = f.dir.path();
     let (export, knfsd, _share) = squashed_nfs_share(&f, 4243);
@@ -839,31 +884,7 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
     let mount_id = || view_mount_id(&target);
     let before = mount_id();
     assert!(before.is_some());
-    // An appender through the view: a line, fsync, close, and only then counted.
-    let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let appender = {
-        let (stop, log) = (stop.clone(), target.join("appended"));
-        std::thread::spawn(move || {
-            let mut acknowledged = 0u32;
-            let mut errors = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let wrote = fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .and_then(|mut w| {
-                        w.write_all(format!("line {acknowledged}\n").as_bytes())?;
-                        w.sync_all()
-                    });
-                match wrote {
-                    Ok(()) => acknowledged += 1,
-                    Err(e) => errors.push(e.to_string()),
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            (acknowledged, errors)
-        })
-    };
+    let appender = Appender::start(target.join("appended"));
     eventually(Duration::from_secs(60), "appends before the outage", || {
         fs::read_to_string(target.join("appended")).is_ok_and(|t| t.lines().count() >= 3)
     });
@@ -901,12 +922,13 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     assert!(normal, "the volume is normal again once its server is back");
-    stop.store(true, Ordering::Relaxed);
-    let (acknowledged, errors) = appender.join().unwrap();
+    let appended = appender.stop();
     // A hard mount waits: nothing fails, nothing acknowledged is lost.
-    assert!(errors.is_empty(), "{errors:?}");
+    assert!(appended.errors.is_empty(), "{:?}", appended.errors);
     let on_server = fs::read_to_string(export.join("volumes/vol/appended")).unwrap();
-    let expected: Vec<String> = (0..acknowledged).map(|i| format!("line {i}")).collect();
+    let expected: Vec<String> = (0..appended.acknowledged)
+        .map(|i| format!("line {i}"))
+        .collect();
     assert_eq!(on_server.lines().collect::<Vec<_>>(), expected);
     assert_eq!(mount_id(), before);
     assert!(!d.log_text().contains("killing it"), "{}", d.log_text());

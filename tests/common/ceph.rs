@@ -80,7 +80,8 @@ pub struct Ceph {
     pub release: Release,
     pub dir: PathBuf,
     pub port: u16,
-    daemons: Vec<Child>,
+    /// Each daemon's program and process, in the order they started.
+    daemons: Vec<(&'static str, Child)>,
 }
 
 impl Ceph {
@@ -252,22 +253,51 @@ osd crush chooseleaf type = 0
         ceph.cli("osd pool create cephfs_data 8");
         ceph.cli("fs new cephfs cephfs_metadata cephfs_data");
         ceph.daemon("ceph-mds", "a");
+        ceph.wait_mds_active(0);
+        let version = ceph.cli("version");
+        // On the test program's stderr as it happens, not captured with the test's.
+        let _ = writeln!(std::io::stderr().lock(), "Ceph up: {}", version.trim());
+        ceph
+    }
+
+    /// The file system map's epoch, which every change of an MDS's state moves on.
+    fn fs_epoch(&self) -> u64 {
+        let dump: serde_json::Value =
+            serde_json::from_str(&self.cli("fs dump --format json")).unwrap();
+        dump["epoch"].as_u64().unwrap()
+    }
+
+    /// Waits until the file system's MDS is active in a map of an epoch past `after`.
+    fn wait_mds_active(&self, after: u64) {
         let deadline = Instant::now() + Duration::from_secs(600);
         loop {
-            let stat = ceph.cli("mds stat");
-            if stat.contains("up:active") {
+            let stat = self.cli("mds stat");
+            if stat.contains("up:active") && self.fs_epoch() > after {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
                 "the MDS never became active: {stat}"
             );
-            std::thread::sleep(Duration::from_secs(2));
+            std::thread::sleep(Duration::from_secs(1));
         }
-        let version = ceph.cli("version");
-        // On the test program's stderr as it happens, not captured with the test's.
-        let _ = writeln!(std::io::stderr().lock(), "Ceph up: {}", version.trim());
-        ceph
+    }
+
+    /// Kills the MDS (as a crash or an upgrade's restart would) and starts it again:
+    /// returns once the monitors have it active again, after it replayed its journal
+    /// and its clients reconnected.
+    pub fn restart_mds(&mut self) {
+        let before = self.fs_epoch();
+        let i = self
+            .daemons
+            .iter()
+            .position(|(program, _)| *program == "ceph-mds")
+            .expect("an MDS runs");
+        let (_, mut mds) = self.daemons.remove(i);
+        let _ = mds.kill();
+        let _ = mds.wait();
+        self.daemon("ceph-mds", "a");
+        self.wait_mds_active(before);
     }
 
     /// Runs `program` of the cluster's release to its end; its output.
@@ -283,7 +313,7 @@ osd crush chooseleaf type = 0
     }
 
     /// Starts a daemon in the foreground (its log under the cluster's directory).
-    fn daemon(&mut self, program: &str, id: &str) {
+    fn daemon(&mut self, program: &'static str, id: &str) {
         let conf = self.release.seen(&self.dir).join("ceph.conf");
         let child = self
             .release
@@ -295,7 +325,7 @@ osd crush chooseleaf type = 0
             .stderr(Stdio::null())
             .spawn()
             .expect("Ceph is installed (scripts/vm-test installs it)");
-        self.daemons.push(child);
+        self.daemons.push((program, child));
     }
 
     /// Runs the `ceph` command line as client.admin; its output.
@@ -350,7 +380,7 @@ osd crush chooseleaf type = 0
 impl Drop for Ceph {
     fn drop(&mut self) {
         // Each is the daemon itself: `unshare`, `sh` and `chroot` exec it.
-        for d in self.daemons.iter_mut().rev() {
+        for (_, d) in self.daemons.iter_mut().rev() {
             let _ = d.kill();
             let _ = d.wait();
         }
