@@ -8,11 +8,15 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-/// A thread appending numbered lines to a file, each `fsync`'d and closed before it
-/// is counted as acknowledged, until stopped.
+/// A process appending numbered lines to a file, each `fsync`'d and closed before it
+/// is counted as acknowledged, until stopped. A process of its own, not a thread of
+/// the test's: while the share is away its open descriptor waits in `fsync` with the
+/// file's lock held, and a descriptor of the test process would be inherited by every
+/// process the test (or another test of the program) starts meanwhile, whose `exec`
+/// flushes it (fs/fuse/file.c `fuse_flush`) and so waits for that lock: the restart of
+/// the very server the append waits for would never come.
 pub struct Appender {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Appended>,
+    child: std::process::Child,
 }
 
 /// What an [`Appender`] did: the lines acknowledged, the errors of the appends that
@@ -23,44 +27,67 @@ pub struct Appended {
     pub longest: Duration,
 }
 
+/// The appender: one line of output per append, `ok N SECONDS` (N acknowledged so
+/// far) or `err ERRNO SECONDS`; SIGTERM ends it after the append under way.
+const APPEND: &str = r#"
+import os, signal, sys, time
+stop = False
+def on_term(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, on_term)
+n = 0
+while not stop:
+    t = time.monotonic()
+    try:
+        fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, b"line %d\n" % n)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        n += 1
+        print("ok", n, time.monotonic() - t, flush=True)
+    except OSError as e:
+        print("err", e.errno, time.monotonic() - t, flush=True)
+    time.sleep(0.05)
+"#;
+
 impl Appender {
     pub fn start(log: std::path::PathBuf) -> Appender {
-        use std::io::Write;
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut done = Appended {
-                acknowledged: 0,
-                errors: Vec::new(),
-                longest: Duration::ZERO,
-            };
-            while !stopped.load(Ordering::Relaxed) {
-                let start = std::time::Instant::now();
-                let wrote = fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .and_then(|mut w| {
-                        w.write_all(format!("line {}\n", done.acknowledged).as_bytes())?;
-                        w.sync_all()
-                    });
-                done.longest = done.longest.max(start.elapsed());
-                match wrote {
-                    Ok(()) => done.acknowledged += 1,
-                    Err(e) => done.errors.push(e.to_string()),
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            done
-        });
-        Appender { stop, thread }
+        let child = std::process::Command::new("python3")
+            .args(["-c", APPEND])
+            .arg(log)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        Appender { child }
     }
 
-    /// Stops it: what it did.
+    /// Stops it (once the append under way is done): what it did.
     pub fn stop(self) -> Appended {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.join().unwrap()
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let out = self.child.wait_with_output().unwrap();
+        let mut done = Appended {
+            acknowledged: 0,
+            errors: Vec::new(),
+            longest: Duration::ZERO,
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let words: Vec<&str> = line.split(' ').collect();
+            let [what, n, secs] = words[..] else {
+                panic!("the appender said {line:?}");
+            };
+            done.longest = done
+                .longest
+                .max(Duration::from_secs_f64(secs.parse().unwrap()));
+            match what {
+                "ok" => done.acknowledged = n.parse().unwrap(),
+                _ => done.errors.push(format!("errno {n}")),
+            }
+        }
+        done
     }
 }
 
