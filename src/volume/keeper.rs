@@ -213,7 +213,7 @@ struct Keeper {
     cgroups: Option<Cgroup>,
     /// Liveness checks under way, by mountpoint: since when each view has answered
     /// nothing while waiting on nothing but itself ([`judge`]).
-    checks: Mutex<HashMap<PathBuf, Instant>>,
+    checks: Mutex<HashMap<PathBuf, Quiet>>,
     /// Views whose check went unanswered past the hang timeout while they waited on
     /// their share: left serving, and said once, until they answer again.
     waiting: Mutex<std::collections::HashSet<PathBuf>>,
@@ -619,10 +619,13 @@ impl Keeper {
         let mut checks = lock(&self.checks);
         for (mountpoint, pid) in serving {
             match checks.get_mut(&mountpoint) {
-                Some(quiet_since) => {
-                    let waited = quiet_since.elapsed();
+                Some(quiet) => {
+                    let waited = match *quiet {
+                        Quiet::Since(t) => t.elapsed(),
+                        Quiet::OnShare => Duration::ZERO,
+                    };
                     let waiting = || crate::sys::process::waiting(pid);
-                    match judge(quiet_since, Instant::now(), timeout, waiting) {
+                    match judge(quiet, Instant::now(), timeout, waiting) {
                         Judgement::Patience => {}
                         Judgement::WaitsOnShare => {
                             if lock(&self.waiting).insert(mountpoint.clone()) {
@@ -637,7 +640,7 @@ impl Keeper {
                     }
                 }
                 None => {
-                    checks.insert(mountpoint.clone(), Instant::now());
+                    checks.insert(mountpoint.clone(), Quiet::Since(Instant::now()));
                     let spawned = std::thread::Builder::new()
                         .name("keeper-check".into())
                         .spawn(move || {
@@ -693,30 +696,45 @@ enum Judgement {
     Hung(&'static str),
 }
 
-/// Judges a view that has answered nothing since `quiet_since`, asking `waiting`
-/// what its threads wait on only once it has been quiet for `timeout`. Time spent
-/// waiting on its share does not count: a round that finds it waiting there moves
-/// `quiet_since` to `now`, so a view whose share has just answered gets a whole
-/// `timeout` to answer the check in turn (it may still be working off what its callers
-/// queued meanwhile) before it is taken for hung. A hung view's `quiet_since` moves
-/// an hour ahead: it is not judged again until its successor has answered.
+/// Where a view whose liveness check is unanswered stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Quiet {
+    /// Quiet since then, not seen waiting on its share since: the check's start, or the
+    /// first round that found it no longer waiting there.
+    Since(Instant),
+    /// Found waiting on its share at the last round.
+    OnShare,
+}
+
+/// Judges a view whose liveness check is unanswered, asking `waiting` what its threads
+/// wait on once it has been quiet for `timeout`, and at every round while it waits on
+/// its share. Time spent waiting on its share does not count: from the first round
+/// that finds it no longer waiting there, it has a whole `timeout` to answer the check
+/// (it may be working off what its callers queued meanwhile) before it is taken for
+/// hung. A hung view is not judged again for an hour: its successor answers first.
 fn judge(
-    quiet_since: &mut Instant,
+    quiet: &mut Quiet,
     now: Instant,
     timeout: Duration,
     waiting: impl FnOnce() -> crate::sys::process::Waiting,
 ) -> Judgement {
     use crate::sys::process::Waiting;
-    if now.saturating_duration_since(*quiet_since) <= timeout {
-        return Judgement::Patience;
+    if let Quiet::Since(t) = *quiet {
+        if now.saturating_duration_since(t) <= timeout {
+            return Judgement::Patience;
+        }
     }
-    match waiting() {
-        Waiting::OnFileSystem => {
-            *quiet_since = now;
+    match (waiting(), *quiet) {
+        (Waiting::OnFileSystem, _) => {
+            *quiet = Quiet::OnShare;
             Judgement::WaitsOnShare
         }
-        other => {
-            *quiet_since = now + Duration::from_secs(3600);
+        (_, Quiet::OnShare) => {
+            *quiet = Quiet::Since(now);
+            Judgement::Patience
+        }
+        (other, Quiet::Since(_)) => {
+            *quiet = Quiet::Since(now + Duration::from_secs(3600));
             Judgement::Hung(match other {
                 Waiting::Stopped => "it is stopped",
                 _ => "it waits on no file system",
@@ -1036,36 +1054,57 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let never = || -> Waiting { panic!("asked what a view waits on within the timeout") };
-        let mut quiet = t0;
+        let on_share = || Waiting::OnFileSystem;
+        let mut quiet = Quiet::Since(t0);
         assert_eq!(
             judge(&mut quiet, at(900), timeout, never),
             Judgement::Patience
         );
-        // Waiting on its share, round after round: left serving, and asked again
-        // only a timeout after it was last found waiting.
-        for ms in [1100, 2200, 5000] {
-            let judged = judge(&mut quiet, at(ms), timeout, || Waiting::OnFileSystem);
+        // Waiting on its share: left serving, and asked again every round.
+        for ms in [1100, 1350, 1600, 5000] {
+            let judged = judge(&mut quiet, at(ms), timeout, on_share);
             assert_eq!(judged, Judgement::WaitsOnShare);
         }
         // The share answers; the view works off its callers' queue and has not yet
-        // answered the check: a round later it is not taken for hung.
+        // answered the check. The first round that finds it no longer waiting starts
+        // its timeout: not hung a round later, nor just short of the timeout.
+        let working = || Waiting::Elsewhere;
         assert_eq!(
-            judge(&mut quiet, at(5250), timeout, never),
+            judge(&mut quiet, at(5250), timeout, working),
             Judgement::Patience
         );
         assert_eq!(
-            judge(&mut quiet, at(5900), timeout, never),
+            judge(&mut quiet, at(5500), timeout, never),
+            Judgement::Patience
+        );
+        assert_eq!(
+            judge(&mut quiet, at(6200), timeout, never),
             Judgement::Patience
         );
         // A whole timeout later, still quiet and waiting on nothing: hung, once.
-        let judged = judge(&mut quiet, at(6100), timeout, || Waiting::Elsewhere);
+        let judged = judge(&mut quiet, at(6300), timeout, working);
         assert_eq!(judged, Judgement::Hung("it waits on no file system"));
         assert_eq!(
             judge(&mut quiet, at(60_000), timeout, never),
             Judgement::Patience
         );
 
-        let mut quiet = t0;
+        // Waiting on its share again after a pause: left serving again.
+        let mut quiet = Quiet::Since(t0);
+        assert_eq!(
+            judge(&mut quiet, at(1100), timeout, on_share),
+            Judgement::WaitsOnShare
+        );
+        assert_eq!(
+            judge(&mut quiet, at(1350), timeout, working),
+            Judgement::Patience
+        );
+        assert_eq!(
+            judge(&mut quiet, at(2400), timeout, on_share),
+            Judgement::WaitsOnShare
+        );
+
+        let mut quiet = Quiet::Since(t0);
         let judged = judge(&mut quiet, at(1100), timeout, || Waiting::Stopped);
         assert_eq!(judged, Judgement::Hung("it is stopped"));
     }
