@@ -123,6 +123,50 @@ pub enum ViewState {
 /// [`ViewState::Waiting`]: a scrape answers within its deadline whatever the shares do.
 pub const CHECK_WAIT: Duration = Duration::from_secs(1);
 
+/// Work on a path that may wait on the share, one run at a time per path.
+#[derive(Default)]
+struct Pending(Arc<Mutex<std::collections::HashSet<PathBuf>>>);
+
+impl Pending {
+    fn lock(&self) -> MutexGuard<'_, std::collections::HashSet<PathBuf>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `work` for `path` in a thread of its own and waits no longer than `wait`
+    /// for it: `None` where it has not answered by then. The run goes on in its thread
+    /// until the share answers; meanwhile another for the same path does not start one
+    /// more, and is `None` at once. Where no thread can be started, `work` runs here,
+    /// unbounded, and the log says so.
+    fn within<T: Send + 'static>(
+        &self,
+        path: &Path,
+        wait: Duration,
+        what: &str,
+        work: impl Fn() -> T + Send + Sync + 'static,
+    ) -> Option<T> {
+        if !self.lock().insert(path.to_path_buf()) {
+            return None;
+        }
+        let (sent, answer) = std::sync::mpsc::sync_channel(1);
+        let (all, path2) = (Arc::clone(&self.0), path.to_path_buf());
+        let work = Arc::new(work);
+        let in_thread = Arc::clone(&work);
+        let spawned = std::thread::Builder::new()
+            .name("share-wait".into())
+            .spawn(move || {
+                let done = in_thread();
+                all.lock().unwrap_or_else(|e| e.into_inner()).remove(&path2);
+                let _ = sent.send(done);
+            });
+        if let Err(e) = spawned {
+            self.lock().remove(path);
+            tracing::warn!(error = %e, "cannot start a thread to {what}: doing it here, unbounded");
+            return Some(work());
+        }
+        answer.recv_timeout(wait).ok()
+    }
+}
+
 /// A published target as recovery left it: its view's process, and the mechanism it
 /// is served with now where recovery served it.
 struct Restored {
@@ -156,10 +200,10 @@ pub struct Node {
     state: Mutex<NodeState>,
     /// The paths whose usage a [`Node::stats_within`] measures now, in a thread that
     /// may wait on the share: one at a time for each.
-    measuring: Mutex<std::collections::HashSet<PathBuf>>,
+    measuring: Pending,
     /// The targets a [`Node::views_overview`] checks now, in a thread that may wait on
     /// the share: one at a time for each.
-    checking: Arc<Mutex<std::collections::HashSet<PathBuf>>>,
+    checking: Pending,
 }
 
 impl Node {
@@ -200,8 +244,8 @@ impl Node {
             fuse_idmap,
             state_path,
             state: Mutex::new(state),
-            measuring: Mutex::new(std::collections::HashSet::new()),
-            checking: Arc::new(Mutex::new(std::collections::HashSet::new())),
+            measuring: Pending::default(),
+            checking: Pending::default(),
         });
         node.recover();
         Ok(node)
@@ -209,10 +253,6 @@ impl Node {
 
     pub fn node_id(&self) -> &str {
         &self.node_id
-    }
-
-    fn measuring(&self) -> MutexGuard<'_, std::collections::HashSet<PathBuf>> {
-        self.measuring.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn state(&self) -> MutexGuard<'_, NodeState> {
@@ -383,31 +423,13 @@ impl Node {
     }
 
     /// [`Mechanism::check`] of `target`, waiting no longer than [`CHECK_WAIT`]: `None`
-    /// where it did not answer by then (the check goes on in its thread until the
-    /// share answers; meanwhile another for the same target does not start one more,
-    /// and answers `None` at once).
+    /// where it did not answer by then ([`Pending::within`]).
     fn check_within(&self, mechanism: Mechanism, target: &Path) -> Option<Check> {
-        let checking = || self.checking.lock().unwrap_or_else(|e| e.into_inner());
-        if !checking().insert(target.to_path_buf()) {
-            return None;
-        }
-        let (sent, answer) = std::sync::mpsc::sync_channel(1);
-        let (all, target2) = (Arc::clone(&self.checking), target.to_path_buf());
-        let spawned = std::thread::Builder::new()
-            .name("view-check".into())
-            .spawn(move || {
-                let check = mechanism.check(&target2);
-                all.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&target2);
-                let _ = sent.send(check);
-            });
-        if let Err(e) = spawned {
-            checking().remove(target);
-            tracing::warn!(error = %e, "cannot start a thread to check a view: checking it here, unbounded");
-            return Some(mechanism.check(target));
-        }
-        answer.recv_timeout(CHECK_WAIT).ok()
+        let target2 = target.to_path_buf();
+        self.checking
+            .within(target, CHECK_WAIT, "check a view", move || {
+                mechanism.check(&target2)
+            })
     }
 
     /// Where the volume is in use on this node, if anywhere.
@@ -1117,28 +1139,13 @@ impl Node {
                 wait.as_secs_f64()
             )))
         };
-        if !self.measuring().insert(path.to_path_buf()) {
-            return unanswered();
-        }
-        let (sent, answer) = std::sync::mpsc::sync_channel(1);
         let node = Arc::clone(self);
         let (id2, path2) = (id.clone(), path.to_path_buf());
-        let spawned = std::thread::Builder::new()
-            .name("volume-stats".into())
-            .spawn(move || {
-                let stats = node.stats(&id2, &path2);
-                node.measuring().remove(&path2);
-                let _ = sent.send(stats);
-            });
-        if let Err(e) = spawned {
-            self.measuring().remove(path);
-            tracing::warn!(error = %e, "cannot start a thread to measure a volume: measuring it here, unbounded");
-            return self.stats(id, path);
-        }
-        match answer.recv_timeout(wait) {
-            Ok(stats) => stats,
-            Err(_) => unanswered(),
-        }
+        self.measuring
+            .within(path, wait, "measure a volume", move || {
+                node.stats(&id2, &path2)
+            })
+            .unwrap_or_else(unanswered)
     }
 
     /// Usage of a published (or staged) volume as its pods see it, always in bytes
