@@ -351,6 +351,21 @@ async fn a_share_that_fails_makes_the_volume_abnormal_with_its_errno() {
         rustix::process::Signal::KILL,
     )
     .unwrap();
+    // Once the connection has ended: a request in flight while the kernel aborts it
+    // answers ECONNABORTED instead (fs/fuse/dev.c `fuse_abort_conn`), which a call
+    // racing the kill once got.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::fs::metadata(&share)
+        .map_err(|e| e.raw_os_error())
+        .err()
+        != Some(Some(libc::ENOTCONN))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the share's connection never ended"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let (abnormal, message) = volume_condition(&mut c, "a", &target).await;
     assert!(
         abnormal && message.contains("the share fails") && message.contains("(ENOTCONN)"),
