@@ -289,7 +289,8 @@ impl ViewFs {
     /// The kernel leaves dropping set-id bits on write to the view
     /// (`FUSE_HANDLE_KILLPRIV_V2`), and passthrough writes never reach the daemon. So a
     /// writer drops what the kernel drops on its first write
-    /// ([`view::set_id_bits_a_write_drops`]) when it opens the file for writing. Whether it has `CAP_FSETID`, and its groups, come
+    /// ([`view::set_id_bits_a_write_drops`]) when it opens the file for writing.
+    /// Whether it has `CAP_FSETID`, and its groups, come
     /// from `/proc`, and only for a file that has set-id bits: FUSE sends neither (nor,
     /// once the view allows idmapped mounts, its uid). The backing file system itself
     /// still removes `security.capability` on every write, passthrough included.
