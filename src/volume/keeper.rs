@@ -211,9 +211,9 @@ struct Keeper {
     adopting: Mutex<()>,
     /// The parent of the views' cgroups, with `--views-cgroup`.
     cgroups: Option<Cgroup>,
-    /// Liveness checks under way, by mountpoint: since when each view has answered
-    /// nothing while waiting on nothing but itself ([`judge`]).
-    checks: Mutex<HashMap<PathBuf, Quiet>>,
+    /// Liveness checks under way, by mountpoint: which process is judged, and since when
+    /// it has answered nothing while waiting on nothing but itself ([`judge`]).
+    checks: Mutex<HashMap<PathBuf, Watch>>,
     /// Views whose check went unanswered past the hang timeout while they waited on
     /// their share: left serving, and said once, until they answer again.
     waiting: Mutex<std::collections::HashSet<PathBuf>>,
@@ -619,13 +619,13 @@ impl Keeper {
         let mut checks = lock(&self.checks);
         for (mountpoint, pid) in serving {
             match checks.get_mut(&mountpoint) {
-                Some(quiet) => {
-                    let waited = match *quiet {
-                        Quiet::Since(t) => t.elapsed(),
-                        Quiet::OnShare => Duration::ZERO,
+                Some(watch) => {
+                    let waited = match watch.quiet {
+                        Quiet::Since(t) if watch.pid == pid => t.elapsed(),
+                        _ => Duration::ZERO,
                     };
                     let waiting = || crate::sys::process::waiting(pid);
-                    match judge(quiet, Instant::now(), timeout, waiting) {
+                    match judge(watch, pid, Instant::now(), timeout, waiting) {
                         Judgement::Patience => {}
                         Judgement::WaitsOnShare => {
                             if lock(&self.waiting).insert(mountpoint.clone()) {
@@ -640,7 +640,8 @@ impl Keeper {
                     }
                 }
                 None => {
-                    checks.insert(mountpoint.clone(), Quiet::Since(Instant::now()));
+                    let quiet = Quiet::Since(Instant::now());
+                    checks.insert(mountpoint.clone(), Watch { pid, quiet });
                     let spawned = std::thread::Builder::new()
                         .name("keeper-check".into())
                         .spawn(move || {
@@ -696,6 +697,13 @@ enum Judgement {
     Hung(&'static str),
 }
 
+/// A liveness check under way: the process it judges, and where that process stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Watch {
+    pid: u32,
+    quiet: Quiet,
+}
+
 /// Where a view whose liveness check is unanswered stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Quiet {
@@ -706,19 +714,31 @@ enum Quiet {
     OnShare,
 }
 
-/// Judges a view whose liveness check is unanswered, asking `waiting` what its threads
-/// wait on once it has been quiet for `timeout`, and at every round while it waits on
-/// its share. Time spent waiting on its share does not count: from the first round
-/// that finds it no longer waiting there, it has a whole `timeout` to answer the check
-/// (it may be working off what its callers queued meanwhile) before it is taken for
-/// hung. A hung view is not judged again for an hour: its successor answers first.
+/// Judges the view process `pid`, whose liveness check is unanswered, asking `waiting`
+/// what its threads wait on once it has been quiet for `timeout`, and at every round
+/// while it waits on its share. Time spent waiting on its share does not count: from
+/// the first round that finds it no longer waiting there, it has a whole `timeout` to
+/// answer the check (it may be working off what its callers queued meanwhile) before
+/// it is taken for hung. A hung view is not judged again for an hour: its successor
+/// answers first. A check that outlived the process it was judging (killed, or dead,
+/// and recovered by `pid`: the check's request waits for the successor) judges the
+/// successor from this round on, never by its predecessor's silence.
 fn judge(
-    quiet: &mut Quiet,
+    watch: &mut Watch,
+    pid: u32,
     now: Instant,
     timeout: Duration,
     waiting: impl FnOnce() -> crate::sys::process::Waiting,
 ) -> Judgement {
     use crate::sys::process::Waiting;
+    if watch.pid != pid {
+        *watch = Watch {
+            pid,
+            quiet: Quiet::Since(now),
+        };
+        return Judgement::Patience;
+    }
+    let quiet = &mut watch.quiet;
     if let Quiet::Since(t) = *quiet {
         if now.saturating_duration_since(t) <= timeout {
             return Judgement::Patience;
@@ -1055,14 +1075,17 @@ mod tests {
         let at = |ms| t0 + Duration::from_millis(ms);
         let never = || -> Waiting { panic!("asked what a view waits on within the timeout") };
         let on_share = || Waiting::OnFileSystem;
-        let mut quiet = Quiet::Since(t0);
+        let mut w = Watch {
+            pid: 1,
+            quiet: Quiet::Since(t0),
+        };
         assert_eq!(
-            judge(&mut quiet, at(900), timeout, never),
+            judge(&mut w, 1, at(900), timeout, never),
             Judgement::Patience
         );
         // Waiting on its share: left serving, and asked again every round.
         for ms in [1100, 1350, 1600, 5000] {
-            let judged = judge(&mut quiet, at(ms), timeout, on_share);
+            let judged = judge(&mut w, 1, at(ms), timeout, on_share);
             assert_eq!(judged, Judgement::WaitsOnShare);
         }
         // The share answers; the view works off its callers' queue and has not yet
@@ -1070,42 +1093,95 @@ mod tests {
         // its timeout: not hung a round later, nor just short of the timeout.
         let working = || Waiting::Elsewhere;
         assert_eq!(
-            judge(&mut quiet, at(5250), timeout, working),
+            judge(&mut w, 1, at(5250), timeout, working),
             Judgement::Patience
         );
         assert_eq!(
-            judge(&mut quiet, at(5500), timeout, never),
+            judge(&mut w, 1, at(5500), timeout, never),
             Judgement::Patience
         );
         assert_eq!(
-            judge(&mut quiet, at(6200), timeout, never),
+            judge(&mut w, 1, at(6200), timeout, never),
             Judgement::Patience
         );
         // A whole timeout later, still quiet and waiting on nothing: hung, once.
-        let judged = judge(&mut quiet, at(6300), timeout, working);
+        let judged = judge(&mut w, 1, at(6300), timeout, working);
         assert_eq!(judged, Judgement::Hung("it waits on no file system"));
         assert_eq!(
-            judge(&mut quiet, at(60_000), timeout, never),
+            judge(&mut w, 1, at(60_000), timeout, never),
             Judgement::Patience
         );
 
         // Waiting on its share again after a pause: left serving again.
-        let mut quiet = Quiet::Since(t0);
+        let mut w = Watch {
+            pid: 1,
+            quiet: Quiet::Since(t0),
+        };
         assert_eq!(
-            judge(&mut quiet, at(1100), timeout, on_share),
+            judge(&mut w, 1, at(1100), timeout, on_share),
             Judgement::WaitsOnShare
         );
         assert_eq!(
-            judge(&mut quiet, at(1350), timeout, working),
+            judge(&mut w, 1, at(1350), timeout, working),
             Judgement::Patience
         );
         assert_eq!(
-            judge(&mut quiet, at(2400), timeout, on_share),
+            judge(&mut w, 1, at(2400), timeout, on_share),
             Judgement::WaitsOnShare
         );
 
-        let mut quiet = Quiet::Since(t0);
-        let judged = judge(&mut quiet, at(1100), timeout, || Waiting::Stopped);
+        let mut w = Watch {
+            pid: 1,
+            quiet: Quiet::Since(t0),
+        };
+        let judged = judge(&mut w, 1, at(1100), timeout, || Waiting::Stopped);
         assert_eq!(judged, Judgement::Hung("it is stopped"));
+    }
+
+    #[test]
+    fn a_recovered_view_is_judged_from_its_own_start_not_by_its_dead_predecessors_silence() {
+        // The check began while process 1 served; it died (or was killed) and the check's
+        // lookup now waits for process 2, which recovers the view. Process 2 serves from
+        // the round that first sees it: it has a whole timeout from there.
+        let timeout = Duration::from_secs(2);
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let never = || -> Waiting { panic!("asked what a view waits on within the timeout") };
+        let mut w = Watch {
+            pid: 1,
+            quiet: Quiet::Since(t0),
+        };
+        // The keeper's own rounds while process 1 was dying and 2 was starting: 4 s.
+        assert_eq!(
+            judge(&mut w, 2, at(4000), timeout, never),
+            Judgement::Patience
+        );
+        assert_eq!(
+            w,
+            Watch {
+                pid: 2,
+                quiet: Quiet::Since(at(4000))
+            }
+        );
+        assert_eq!(
+            judge(&mut w, 2, at(4500), timeout, never),
+            Judgement::Patience
+        );
+        assert_eq!(
+            judge(&mut w, 2, at(6000), timeout, never),
+            Judgement::Patience
+        );
+        // A whole timeout of its own without an answer: hung.
+        let judged = judge(&mut w, 2, at(6100), timeout, || Waiting::Elsewhere);
+        assert_eq!(judged, Judgement::Hung("it waits on no file system"));
+        // Its successor in turn starts afresh, even though 2 was taken for hung.
+        assert_eq!(
+            judge(&mut w, 3, at(6400), timeout, never),
+            Judgement::Patience
+        );
+        assert_eq!(
+            judge(&mut w, 3, at(8300), timeout, never),
+            Judgement::Patience
+        );
     }
 }
