@@ -221,13 +221,14 @@ fn a_new_o_direct_file_and_two_writers_of_one_file_keep_every_byte() {
 fn by_default_o_direct_files_are_left_to_passthrough() {
     let f = Fixture::new();
     let (m, metrics) = mount_counted(&f, &format!("gid={G}"));
+    let path = f.mnt.join("data");
+    fs::write(&path, vec![0u8; 4 * BLOCK]).unwrap();
+    // Logged at INIT, which the mount table does not wait for; the write did.
     assert!(
         m.log_text().contains("passthrough=true"),
         "{}",
         m.log_text()
     );
-    let path = f.mnt.join("data");
-    fs::write(&path, vec![0u8; 4 * BLOCK]).unwrap();
     let writes = count(&metrics, "write");
     let direct = open_direct(&path);
     direct
