@@ -873,7 +873,10 @@ fn squashed_nfs_share(f: &Fixture, fsid: u32) -> (std::path::PathBuf, Knfsd, Unm
 /// hard mount, whose calls wait for it: the keeper sees the view waiting on its share
 /// and leaves it serving (it used to kill it, to no end), kubelet is told the volume
 /// is abnormal while the server is away and normal once it is back, and every append
-/// the view acknowledged is on the server.
+/// the view acknowledged is on the server. Then the server restarts at once, as an
+/// update restarts it: the view's appends go on as the raw mount's do. Throughout, an
+/// appender on the raw mount of the same share is the reference: neither fails a call
+/// (a hard mount waits), and their longest calls are printed side by side.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
@@ -885,8 +888,9 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
     let before = mount_id();
     assert!(before.is_some());
     let appender = Appender::start(target.join("appended"));
+    let raw_appender = Appender::start(root.join("share/raw-appended"));
     eventually(Duration::from_secs(60), "appends before the outage", || {
-        fs::read_to_string(target.join("appended")).is_ok_and(|t| t.lines().count() >= 3)
+        lines_in(&target.join("appended")) >= 3 && lines_in(&root.join("share/raw-appended")) >= 3
     });
 
     let outage = knfsd.outage();
@@ -922,9 +926,31 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     assert!(normal, "the volume is normal again once its server is back");
+
+    // A quick restart (stopped and started at once): both go on appending.
+    let (view_before, raw_before) = (
+        lines_in(&target.join("appended")),
+        lines_in(&root.join("share/raw-appended")),
+    );
+    drop(knfsd.outage());
+    eventually(
+        Duration::from_secs(180),
+        "appends after the restart",
+        || {
+            lines_in(&target.join("appended")) >= view_before + 3
+                && lines_in(&root.join("share/raw-appended")) >= raw_before + 3
+        },
+    );
     let appended = appender.stop();
+    let raw = raw_appender.stop();
+    eprintln!(
+        "NFS outage and restart: the view's longest append {:?}, the raw mount's {:?}",
+        appended.longest, raw.longest
+    );
     // A hard mount waits: nothing fails, nothing acknowledged is lost.
+    assert!(raw.errors.is_empty(), "{:?}", raw.errors);
     assert!(appended.errors.is_empty(), "{:?}", appended.errors);
+    appended_lines_kept(&export.join("raw-appended"), raw.acknowledged);
     let on_server = fs::read_to_string(export.join("volumes/vol/appended")).unwrap();
     let expected: Vec<String> = (0..appended.acknowledged)
         .map(|i| format!("line {i}"))
