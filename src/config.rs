@@ -97,6 +97,12 @@ pub enum Ownership {
     EmulateUser,
     /// Nowhere: chown/chmod succeed with no effect, as on CIFS.
     Off,
+    /// On the share itself, which keeps owners and checks permissions (NFS): the view
+    /// acts as each caller there (its uid, and its groups with the pod's group swapped
+    /// for the volume's own), so that what a pod makes is its own on the share and the
+    /// share decides what it may do. The view shows the share's owners: `mode=native`,
+    /// or no `gid=`.
+    Share,
 }
 
 /// Whether reads and writes go through kernel FUSE passthrough.
@@ -307,6 +313,10 @@ pub enum OptionError {
     NativeNeedsGroups,
     #[error("option `disk_gid` only applies to mode=native")]
     DiskGidOnlyNative,
+    #[error(
+        "ownership=share shows the share's own owners: it needs mode=native (the volume's group on disk as `disk_gid=`, shown as `gid=`) or no `gid=`, not mode={0}"
+    )]
+    ShareOwnersShowTheDisk(&'static str),
     #[error("option `{0}` is never allowed: mountgroup views are always nodev,nosuid")]
     Forbidden(String),
     #[error("option `gid={option}` disagrees with the requested mount group {requested}")]
@@ -458,6 +468,7 @@ const OWNERSHIPS: &[(&str, Ownership)] = &[
     ("emulate", Ownership::Emulate),
     ("emulate-user", Ownership::EmulateUser),
     ("off", Ownership::Off),
+    ("share", Ownership::Share),
 ];
 const PASSTHROUGHS: &[(&str, Passthrough)] = &[
     ("auto", Passthrough::Auto),
@@ -871,6 +882,14 @@ impl ViewOptions {
                 return Err(OptionError::DiskGidOnlyNative);
             }
             _ => {}
+        }
+        if o.ownership == Ownership::Share {
+            match (o.mode, o.group) {
+                (ViewMode::Native, _) | (ViewMode::FsGroup, None) => {}
+                (mode, _) => {
+                    return Err(OptionError::ShareOwnersShowTheDisk(name_of(&mode, MODES)));
+                }
+            }
         }
         Ok(o)
     }

@@ -279,10 +279,11 @@ struct MountArgs {
     source: PathBuf,
     /// Where the view appears.
     mountpoint: PathBuf,
-    /// Mount options, comma separated (gid=N, mode=fsgroup|cifs, ownership=emulate|emulate-user|off,
-    /// ro, uid=, file_mode=, dir_mode=, noperm, passthrough=auto|on|off,
-    /// direct_io=view|kernel, transport=dev|ring, threads=N, attr_timeout=S,
-    /// entry_timeout=S; all in docs/SEMANTICS.md). May be repeated; later ones win.
+    /// Mount options, comma separated (gid=N, mode=fsgroup|cifs|native, disk_gid=N,
+    /// ownership=emulate|emulate-user|off|share, ro, uid=, file_mode=, dir_mode=,
+    /// noperm, passthrough=auto|on|off, direct_io=view|kernel, transport=dev|ring,
+    /// threads=N, attr_timeout=S, entry_timeout=S; all in docs/SEMANTICS.md). May be
+    /// repeated; later ones win.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// A native view: the kernel's idmapped bind mount of SOURCE that shows SOURCE's
@@ -300,7 +301,7 @@ struct MountArgs {
     mode: Option<String>,
     /// Same as `-o ownership=O`. Without it, the view keeps what the source can keep,
     /// as the driver decides (docs/SEMANTICS.md).
-    #[arg(long, value_name = "emulate|emulate-user|off")]
+    #[arg(long, value_name = "emulate|emulate-user|off|share")]
     ownership: Option<String>,
     /// Same as `-o passthrough=P`.
     #[arg(long, value_name = "auto|on|off")]

@@ -964,6 +964,103 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
         .unwrap();
 }
 
+/// A view that acts as its callers (`ownership=share`) on a root-squashed export, by
+/// hand, on NFS 4.2 and 4.1 (the cloud file services' version, without extended
+/// attributes): what the pod makes is its own on the server, as a second client sees
+/// it; its chmod works; a member of its group writes where the group may; an outsider
+/// reads nothing private; its root is squashed as on the raw mount; and git and
+/// ssh-keygen work as the pod's user. The view keeps no records: the server keeps the
+/// owners and checks permissions itself.
+#[test]
+#[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+fn a_view_acting_as_its_callers_gives_a_pod_its_own_files_on_nfs() {
+    let f = Fixture::new();
+    let export = f.subdir("export");
+    chown(&export, 65534, 65534);
+    let _knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4246");
+    for vers in ["4.2", "4.1"] {
+        // The volume's directory, as the driver makes it: the volume's own group, setgid.
+        let vol = export.join(format!("vol-{vers}"));
+        fs::create_dir(&vol).unwrap();
+        chown(&vol, 0, 5000);
+        fs::set_permissions(&vol, fs::Permissions::from_mode(0o2775)).unwrap();
+        let share = f.subdir(&format!("share-{vers}"));
+        let options = format!("vers={vers},actimeo=1");
+        let _share = mount_nfs_with(&export, &share, &options);
+        let other = f.subdir(&format!("other-{vers}"));
+        let _other = mount_nfs_with(&export, &other, &options);
+        let mnt = f.subdir(&format!("mnt-{vers}"));
+        let m = Mounted::start(
+            &share.join(format!("vol-{vers}")),
+            &mnt,
+            &["-o", "mode=native,gid=4242,disk_gid=5000,ownership=share"],
+        )
+        .unwrap();
+        let at = mnt.display().to_string();
+        let pod = |script: &str| {
+            let ran = run_as(
+                1000,
+                1000,
+                &[4242],
+                &format!("cd {at} && export HOME={at} && {script}"),
+            );
+            assert!(ran.ok, "NFS {vers}: {script}: {}{}", ran.stdout, ran.stderr);
+            ran
+        };
+        pod(
+            "umask 002 && touch f && mkdir d && chmod 700 d && touch secret && chmod 640 secret && touch shared && chmod 660 shared",
+        );
+        pod("ssh-keygen -q -t ed25519 -N '' -f key");
+        pod(
+            "git init -q repo && cd repo && git config user.email pod@example.com && git config user.name pod && echo x > x && git add x && git commit -qm first && git log --oneline | grep -q first",
+        );
+        let seen = |name: &str| owner(&other.join(format!("vol-{vers}")).join(name));
+        for (name, mode) in [
+            ("f", 0o664),
+            ("secret", 0o640),
+            ("key", 0o600),
+            ("d", 0o2700),
+        ] {
+            assert_eq!(
+                seen(name),
+                (1000, 5000, mode),
+                "NFS {vers}: {name} as another client sees it"
+            );
+            assert_eq!(
+                owner(&mnt.join(name)),
+                (1000, 4242, mode),
+                "NFS {vers}: {name} in the view"
+            );
+        }
+        assert_eq!(seen("repo/.git/config").0, 1000, "NFS {vers}");
+        // A member of the group writes where the group may; an outsider reads nothing
+        // private; the pod's root gives nothing away (squashed, as on the raw mount).
+        let member = run_as(1001, 1001, &[4242], &format!("echo more >> {at}/shared"));
+        assert!(member.ok, "NFS {vers}: {}", member.stderr);
+        for name in ["secret", "key"] {
+            let outsider = run_as(1002, 1002, &[], &format!("cat {at}/{name}"));
+            assert!(!outsider.ok, "NFS {vers}: an outsider read {name}");
+        }
+        let root = run_as(0, 0, &[4242], &format!("chown 1001 {at}/f"));
+        assert!(
+            !root.ok,
+            "NFS {vers}: the pod's root gave the pod's file away"
+        );
+        assert_eq!(seen("f").0, 1000);
+        // No records: nothing of the daemon's on the files.
+        let xattrs = Command::new("getfattr")
+            .args(["-d", "-m", "-"])
+            .arg(export.join(format!("vol-{vers}/f")))
+            .output()
+            .unwrap();
+        assert!(
+            !String::from_utf8_lossy(&xattrs.stdout).contains("mountgroup"),
+            "NFS {vers}"
+        );
+        drop(m);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 async fn a_root_squashed_nfs_export_serves_the_default_publish() {

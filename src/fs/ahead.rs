@@ -330,7 +330,15 @@ impl WalkAhead {
         let shared = Arc::clone(&self.shared);
         let started = std::thread::Builder::new()
             .name("walk-ahead".into())
-            .spawn(move || shared.run());
+            .spawn(move || {
+                // Started by a request: where the view acts as its callers, it was
+                // acting as that request's, and it serves every walk from now on.
+                if let Err(e) = crate::sys::creds::as_the_process() {
+                    tracing::warn!(error = %e, "the walk-ahead thread cannot act as the view; it does not start");
+                    return;
+                }
+                shared.run()
+            });
         // No thread to be had (a pids limit): the walk goes on unwarmed.
         if started.is_ok() {
             s.running = true;

@@ -46,7 +46,7 @@ pub fn record_xattr(ownership: crate::config::Ownership) -> Option<&'static std:
     match ownership {
         Ownership::Emulate => Some(RECORD_XATTR),
         Ownership::EmulateUser => Some(USER_RECORD_XATTR),
-        Ownership::Off => None,
+        Ownership::Off | Ownership::Share => None,
     }
 }
 

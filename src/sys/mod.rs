@@ -6,6 +6,7 @@
 
 pub mod btrfs;
 pub mod cgroup;
+pub mod creds;
 pub mod dir;
 pub mod direct;
 pub mod fdpass;

@@ -604,10 +604,29 @@ fn creator(req: &Request) -> Result<Creator, FsError> {
     })
 }
 
+/// Whether a file created with `mode` denies its owner the access an open with
+/// `flags` asks.
+fn denies_its_creator(mode: u32, flags: i32) -> bool {
+    let access = flags & libc::O_ACCMODE;
+    let writes = access != libc::O_RDONLY;
+    let reads = access != libc::O_WRONLY;
+    (writes && mode & 0o200 == 0) || (reads && mode & 0o400 == 0)
+}
+
 /// `FUSE_INVALID_UIDGID` (include/uapi/linux/fuse.h).
 const FUSE_INVALID_UIDGID: u32 = u32::MAX;
 
 impl Filesystem for FuseView {
+    fn enter(&self, req: &Request) -> Result<Option<Box<dyn std::any::Any>>, Errno> {
+        match self.fs.act_for(req.uid(), req.gid(), req.pid()) {
+            Ok(acting) => Ok(acting.map(|a| Box::new(a) as Box<dyn std::any::Any>)),
+            Err(e) => {
+                tracing::warn!(error = %e, uid = req.uid(), gid = req.gid(), pid = req.pid(), "cannot act as the caller; the request fails");
+                Err(Errno::from_i32(e.errno()))
+            }
+        }
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
@@ -621,6 +640,7 @@ impl Filesystem for FuseView {
                 // Registrations are made on the connection's descriptor, which only a
                 // view that mounted itself (as root) holds.
                 can_register: crate::sys::process::is_root() && self.dev.is_some(),
+                acts_as_callers: self.fs.acts_as_callers(),
             },
         )
         .map_err(|why| io::Error::new(io::ErrorKind::Unsupported, why))?;
@@ -888,6 +908,19 @@ impl Filesystem for FuseView {
                 // open bound the inode to a backing file already (a resent create that
                 // found the file), since the kernel would refuse this one.
                 if self.creates_served && self.passthrough() && data.keep_off_passthrough() {
+                    self.fs.journal_served(attr.ino, data.writable);
+                }
+                // Made as its caller on a share that checks the caller's permissions
+                // on each open (NFS), with a mode that denies its owner what this open
+                // asks (git writes its objects through a descriptor of a file it
+                // creates 0444): the kernel's passthrough open of it, which is not a
+                // create, would be refused and the caller's create answered EIO. The
+                // daemon's descriptor, opened by the create itself, serves it.
+                if self.fs.acts_as_callers()
+                    && self.passthrough()
+                    && denies_its_creator(mode, flags)
+                    && data.keep_off_passthrough()
+                {
                     self.fs.journal_served(attr.ino, data.writable);
                 }
                 let flags = open_flags(direct);

@@ -34,6 +34,9 @@ pub struct Asked {
     /// The view can register backing files: it runs as root and holds the
     /// connection's descriptor (it mounted itself).
     pub can_register: bool,
+    /// The view acts as each caller on its share (`ownership=share`), which needs
+    /// every request's uid and gid.
+    pub acts_as_callers: bool,
 }
 
 /// What a view asks at INIT, and why it goes without what it does not get.
@@ -81,6 +84,12 @@ pub fn negotiate(offered: InitFlags, asked: Asked) -> Result<Negotiation, String
         offered.contains(InitFlags::FUSE_ALLOW_IDMAP),
         asked.kernel_checks,
     ) {
+        (true, true) if asked.acts_as_callers => (
+            false,
+            Some(
+                "ownership=share: the view acts as each caller, and an idmapped FUSE mount sends no caller's ids but a creator's; pods in user namespaces cannot use this view",
+            ),
+        ),
         (true, true) => (true, None),
         (true, false) => (
             false,
@@ -124,6 +133,7 @@ mod tests {
         kernel_checks: true,
         ring: false,
         can_register: true,
+        acts_as_callers: false,
     };
 
     /// What a kernel offers, by the release it is (the flags of its INIT).
@@ -192,6 +202,14 @@ mod tests {
                 "6.12",
                 Asked {
                     kernel_checks: false,
+                    ..ASKED
+                },
+                "passthrough=true idmap=false ring=false",
+            ),
+            (
+                "6.12",
+                Asked {
+                    acts_as_callers: true,
                     ..ASKED
                 },
                 "passthrough=true idmap=false ring=false",

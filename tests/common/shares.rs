@@ -313,10 +313,16 @@ impl Drop for Leases {
 /// options. Tried again for a while: a mountd just started answers the kernel's first
 /// questions about the exports late, and the server then answers a mount `ENOENT`.
 pub fn mount_nfs(export: &Path, at: &Path, more: &str) -> Unmount {
+    mount_nfs_with(export, at, &format!("{DEPLOY_NFS}{more}"))
+}
+
+/// Mounts `export` of this machine's knfsd on `at` with exactly `options` (another
+/// version than DEPLOY.md's, say), tried again as [`mount_nfs`] is.
+pub fn mount_nfs_with(export: &Path, at: &Path, options: &str) -> Unmount {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let out = Command::new("mount")
-            .args(["-t", "nfs4", "-o", &format!("{DEPLOY_NFS}{more}")])
+            .args(["-t", "nfs4", "-o", options])
             .arg(format!("127.0.0.1:{}", export.display()))
             .arg(at)
             .output()

@@ -211,6 +211,9 @@ pub struct ViewFs {
     /// The daemon's effective uid and gid (what a new entry gets before it is given
     /// to its caller), read once rather than on every create.
     daemon_ids: (u32, u32),
+    /// `ownership=share`: each request's calls on the share are made as its caller
+    /// ([`ViewFs::act_for`]).
+    acts_as_callers: bool,
     /// The btrfs quota group of the volume, when the root is a btrfs subvolume:
     /// statfs then reports the volume's limit and usage, not the whole file system.
     qgroup: Option<std::path::PathBuf>,
@@ -395,6 +398,7 @@ impl ViewFs {
             noreplace_missing: AtomicBool::new(false),
             tmpfile_missing: AtomicBool::new(false),
             daemon_ids: crate::sys::process::effective_ids(),
+            acts_as_callers: options.ownership == crate::config::Ownership::Share,
             journal: Default::default(),
             live_files: LiveFiles::default(),
             listing: super::listing::ListingHints::default(),
@@ -426,6 +430,74 @@ impl ViewFs {
                 options.vfs.atime == crate::config::Atime::Never || options.vfs.nodiratime,
             ),
         })
+    }
+
+    /// Whether the view acts as each caller on its share (`ownership=share`).
+    pub fn acts_as_callers(&self) -> bool {
+        self.acts_as_callers
+    }
+
+    /// Makes the calling worker thread act as the caller of a request on the share
+    /// until the returned guard is dropped, where the view acts as its callers: the
+    /// request's uid (its file-system uid); its groups from `/proc` (FUSE sends none),
+    /// with the pod's group swapped for the volume's own on disk, as the view shows
+    /// one as the other; and as file-system gid the volume's own group where the
+    /// caller is in the pod's, else its own (swapped the same). The gid is what a
+    /// server that looks a uid's groups up itself keeps of the caller's (knfsd's
+    /// `manage-gids`, Debian's default): so a member of the pod's group reaches the
+    /// volume's files on any server. A caller whose groups cannot be read (gone, or
+    /// in a pid namespace the view cannot see) acts with none: fail closed.
+    ///
+    /// # Errors
+    /// `EOVERFLOW` for a request without ids (an idmapped mount's, which a view that
+    /// acts as its callers does not allow), or the error of setting the thread's
+    /// credentials.
+    pub fn act_for(
+        &self,
+        uid: u32,
+        gid: u32,
+        pid: u32,
+    ) -> FsResult<Option<crate::sys::creds::Acting>> {
+        if !self.acts_as_callers {
+            return Ok(None);
+        }
+        if uid == u32::MAX || gid == u32::MAX {
+            return Err(FsError::Os(Errno(libc::EOVERFLOW)));
+        }
+        let groups = match pid {
+            0 => Vec::new(),
+            pid => crate::sys::creds::groups_of(pid).unwrap_or_default(),
+        };
+        let (fsgid, groups) = self.caller_ids(gid, groups);
+        if (uid, fsgid) == self.daemon_ids && groups.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(crate::sys::creds::act_as(uid, fsgid, &groups)?))
+    }
+
+    /// The file-system gid and groups a caller with `gid` and `groups` acts with on
+    /// the share ([`ViewFs::act_for`]).
+    fn caller_ids(&self, gid: u32, mut groups: Vec<u32>) -> (u32, Vec<u32>) {
+        let Policy::Plain { gids, .. } = self.policy else {
+            return (gid, groups);
+        };
+        let in_pod_group = self
+            .policy
+            .group()
+            .is_some_and(|g| gid == g || groups.contains(&g));
+        for g in &mut groups {
+            *g = gids.disk(*g);
+        }
+        let own = gids.disk(gid);
+        let fsgid = match (in_pod_group, self.policy.group()) {
+            (true, Some(shown)) => gids.disk(shown),
+            _ => own,
+        };
+        // Its own group stays one of its groups where the volume's takes its place.
+        if own != fsgid && !groups.contains(&own) {
+            groups.push(own);
+        }
+        (fsgid, groups)
     }
 
     /// What `/proc` says of `caller`'s credentials, which FUSE does not send (`None`
@@ -916,6 +988,32 @@ mod tests {
     fn view(dir: &std::path::Path, options: &str) -> ViewFs {
         let root = file::open_root(dir).unwrap();
         ViewFs::new(root, &ViewOptions::parse(options).unwrap()).unwrap()
+    }
+
+    /// What a view that acts as its callers acts with: the pod's group swapped for the
+    /// volume's, which is also the file-system gid of a caller in the pod's group,
+    /// whose own group stays among its groups; others as they are.
+    #[test]
+    fn a_caller_acts_with_the_volumes_group_in_place_of_the_pods() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(
+            dir.path(),
+            "mode=native,gid=4242,disk_gid=5000,ownership=share",
+        );
+        assert!(v.acts_as_callers());
+        assert_eq!(v.caller_ids(1000, vec![4242]), (5000, vec![5000, 1000]));
+        assert_eq!(v.caller_ids(4242, vec![]), (5000, vec![]));
+        assert_eq!(v.caller_ids(1000, vec![1000, 7]), (1000, vec![1000, 7]));
+        let plain = view(dir.path(), "ownership=share");
+        assert_eq!(plain.caller_ids(1000, vec![4242]), (1000, vec![4242]));
+        // Not acting: nothing is set.
+        let other = view(dir.path(), "gid=4242");
+        assert!(other.act_for(1000, 1000, 0).unwrap().is_none());
+        // A request without ids (an idmapped mount's) is refused.
+        assert_eq!(
+            v.act_for(u32::MAX, u32::MAX, 0).err().map(|e| e.errno()),
+            Some(libc::EOVERFLOW)
+        );
     }
 
     /// A directory holding `n` small files named `f0` to `f{n-1}`.

@@ -82,6 +82,8 @@ impl ViewFs {
     /// other than itself.
     fn placement(&self, creator: Creator) -> Placement {
         match self.policy {
+            // The share made it as the creator, who owns it there already.
+            Policy::Plain { .. } if self.acts_as_callers => Placement::Direct,
             Policy::Plain { gids, .. } => {
                 let (euid, egid) = self.daemon_ids;
                 if creator.uid == euid && gids.disk(creator.gid) == egid {

@@ -412,6 +412,15 @@ pub trait Filesystem: Send + Sync + 'static {
     /// Called on filesystem exit.
     fn destroy(&mut self) {}
 
+    /// Called on the worker thread before the operation of each request that has a
+    /// caller (all but INIT, DESTROY, FORGET, BATCH_FORGET and INTERRUPT). What it
+    /// returns lives until the operation has returned (the thread's credentials set to
+    /// the caller's, say); an error is the request's answer, and the operation is not
+    /// called.
+    fn enter(&self, _req: &Request) -> Result<Option<Box<dyn std::any::Any>>, Errno> {
+        Ok(None)
+    }
+
     /// Look up a directory entry by name and get its attributes.
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         warn!("[Not Implemented] lookup(parent: {parent:#x?}, name {name:?})");

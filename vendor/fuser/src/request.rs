@@ -121,6 +121,16 @@ impl<'a> RequestWithSender<'a> {
             return Err(Errno::EIO);
         };
 
+        // The filesystem's scope for this request's operation.
+        let _scope = match op {
+            ll::Operation::Init(_)
+            | ll::Operation::Destroy(_)
+            | ll::Operation::Forget(_)
+            | ll::Operation::BatchForget(_)
+            | ll::Operation::Interrupt(_) => None,
+            _ => filesystem.enter(self.request_header())?,
+        };
+
         match op {
             // Filesystem initialization - should not happen after handshake completed
             ll::Operation::Init(_) => {
