@@ -1068,17 +1068,26 @@ mod tests {
     use super::*;
     use crate::sys::process::Waiting;
 
+    /// What a test's view is asked when it must not be: within its timeout.
+    fn never() -> Waiting {
+        panic!("asked what a view waits on within the timeout")
+    }
+
+    /// A check of process `pid`, quiet since `t0`.
+    fn watching(pid: u32, t0: Instant) -> Watch {
+        Watch {
+            pid,
+            quiet: Quiet::Since(t0),
+        }
+    }
+
     #[test]
     fn a_view_is_hung_only_after_a_whole_timeout_without_waiting_on_its_share() {
         let timeout = Duration::from_secs(1);
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
-        let never = || -> Waiting { panic!("asked what a view waits on within the timeout") };
         let on_share = || Waiting::OnFileSystem;
-        let mut w = Watch {
-            pid: 1,
-            quiet: Quiet::Since(t0),
-        };
+        let mut w = watching(1, t0);
         assert_eq!(
             judge(&mut w, 1, at(900), timeout, never),
             Judgement::Patience
@@ -1113,10 +1122,7 @@ mod tests {
         );
 
         // Waiting on its share again after a pause: left serving again.
-        let mut w = Watch {
-            pid: 1,
-            quiet: Quiet::Since(t0),
-        };
+        let mut w = watching(1, t0);
         assert_eq!(
             judge(&mut w, 1, at(1100), timeout, on_share),
             Judgement::WaitsOnShare
@@ -1130,10 +1136,7 @@ mod tests {
             Judgement::WaitsOnShare
         );
 
-        let mut w = Watch {
-            pid: 1,
-            quiet: Quiet::Since(t0),
-        };
+        let mut w = watching(1, t0);
         let judged = judge(&mut w, 1, at(1100), timeout, || Waiting::Stopped);
         assert_eq!(judged, Judgement::Hung("it is stopped"));
     }
@@ -1142,46 +1145,23 @@ mod tests {
     fn a_recovered_view_is_judged_from_its_own_start_not_by_its_dead_predecessors_silence() {
         // The check began while process 1 served; it died (or was killed) and the check's
         // lookup now waits for process 2, which recovers the view. Process 2 serves from
-        // the round that first sees it: it has a whole timeout from there.
+        // the round that first sees it, 4 s later: it has a whole timeout from there.
         let timeout = Duration::from_secs(2);
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
-        let never = || -> Waiting { panic!("asked what a view waits on within the timeout") };
-        let mut w = Watch {
-            pid: 1,
-            quiet: Quiet::Since(t0),
-        };
-        // The keeper's own rounds while process 1 was dying and 2 was starting: 4 s.
-        assert_eq!(
-            judge(&mut w, 2, at(4000), timeout, never),
-            Judgement::Patience
-        );
-        assert_eq!(
-            w,
-            Watch {
-                pid: 2,
-                quiet: Quiet::Since(at(4000))
-            }
-        );
-        assert_eq!(
-            judge(&mut w, 2, at(4500), timeout, never),
-            Judgement::Patience
-        );
-        assert_eq!(
-            judge(&mut w, 2, at(6000), timeout, never),
-            Judgement::Patience
-        );
+        let mut w = watching(1, t0);
+        for ms in [4000, 4500, 6000] {
+            let judged = judge(&mut w, 2, at(ms), timeout, never);
+            assert_eq!(judged, Judgement::Patience, "at {ms} ms");
+            assert_eq!(w, watching(2, at(4000)));
+        }
         // A whole timeout of its own without an answer: hung.
         let judged = judge(&mut w, 2, at(6100), timeout, || Waiting::Elsewhere);
         assert_eq!(judged, Judgement::Hung("it waits on no file system"));
         // Its successor in turn starts afresh, even though 2 was taken for hung.
-        assert_eq!(
-            judge(&mut w, 3, at(6400), timeout, never),
-            Judgement::Patience
-        );
-        assert_eq!(
-            judge(&mut w, 3, at(8300), timeout, never),
-            Judgement::Patience
-        );
+        for ms in [6400, 8300] {
+            let judged = judge(&mut w, 3, at(ms), timeout, never);
+            assert_eq!(judged, Judgement::Patience, "at {ms} ms");
+        }
     }
 }
