@@ -968,9 +968,9 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
 /// hand, on NFS 4.2 and 4.1 (the cloud file services' version, without extended
 /// attributes): what the pod makes is its own on the server, as a second client sees
 /// it; its chmod works; a member of its group writes where the group may; an outsider
-/// reads nothing private; its root is squashed as on the raw mount; and git and
-/// ssh-keygen work as the pod's user. The view keeps no records: the server keeps the
-/// owners and checks permissions itself.
+/// reads nothing private; its root is squashed as on the raw mount; and git,
+/// ssh-keygen and SQLite in WAL mode work as the pod's user. The view keeps no
+/// records: the server keeps the owners and checks permissions itself.
 #[test]
 #[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 fn a_view_acting_as_its_callers_gives_a_pod_its_own_files_on_nfs() {
@@ -1013,6 +1013,9 @@ fn a_view_acting_as_its_callers_gives_a_pod_its_own_files_on_nfs() {
         pod("ssh-keygen -q -t ed25519 -N '' -f key");
         pod(
             "git init -q repo && cd repo && git config user.email pod@example.com && git config user.name pod && echo x > x && git add x && git commit -qm first && git log --oneline | grep -q first",
+        );
+        pod(
+            "sqlite3 db 'PRAGMA journal_mode=WAL; CREATE TABLE t(x); INSERT INTO t VALUES (42);' && sqlite3 db 'SELECT x FROM t' | grep -qx 42",
         );
         let seen = |name: &str| owner(&other.join(format!("vol-{vers}")).join(name));
         for (name, mode) in [
