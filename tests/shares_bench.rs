@@ -169,17 +169,19 @@ fn latency_job(one_way: &str, suffix: &str, more: &[&str]) {
 
 /// Many callers at once (issue 58): 32 threads, each in a directory of its own (as
 /// pods of one volume each have their own files), over a 10 ms round trip on the
-/// VM's loopback, against the raw mount, the driver's default view, and the same view
-/// with `max_threads=64`, one after the other, two rounds. Each thread creates files
-/// for a few seconds; then, after the kernel's caches are dropped, each stats its
-/// files once, and after another drop opens, reads and closes each once. The rates of
-/// each (calls a second, all threads together) and their ratios to the raw mount's go
-/// to `bench-callers.md` in the tier's log directory.
+/// VM's loopback, against the raw mount and the driver's default view, one after the
+/// other, two rounds. Each thread creates files for a few seconds; then, after the
+/// kernel's caches are dropped, each stats its files once, and after another drop
+/// opens, reads and closes each once. For each phase: the rate (calls a second, all
+/// threads together) and its ratio to the raw mount's; how busy the VM's CPUs were;
+/// the view's own CPU time per call; and the view's threads at work (running, or
+/// waiting in the share's client: its requests in flight), on average and at most.
+/// The table goes to `bench-callers.md` in the tier's log directory.
 #[test]
 #[ignore = "a benchmark job for the VM tier (see the top of this file)"]
 fn bench_many_callers_on_the_shares() {
     let mut table = String::from(
-        "| share | target | round | creates/s | stats/s | open-read-closes/s |\n|---|---|---|---|---|---|\n",
+        "| share | target | round | phase | calls/s | ratio | CPUs busy | view CPU ms/call | in flight (mean, most) |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     {
         let f = Fixture::new();
@@ -202,7 +204,7 @@ fn bench_many_callers_on_the_shares() {
 const CALLERS: usize = 32;
 
 /// The many-callers rounds on `share` (see [`bench_many_callers_on_the_shares`]),
-/// each target's rates a row of `table`.
+/// each target's phases rows of `table`.
 fn callers_on(f: &Fixture, share: &Path, name: &str, view_options: &str, table: &mut String) {
     let release = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/mountgroup");
     assert!(release.exists(), "cargo build --release first");
@@ -210,23 +212,11 @@ fn callers_on(f: &Fixture, share: &Path, name: &str, view_options: &str, table: 
     let script = format!("shift; exec {} \"$@\"", release.display());
     let wrapper = ["sh", "-c", script.as_str(), "sh"];
     for round in 0..2 {
-        for (i, (target, more)) in [
-            ("raw", None),
-            ("view", Some("")),
-            ("view max_threads=64", Some(",max_threads=64")),
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        let mut raw: Vec<f64> = Vec::new();
+        for (i, target) in ["raw", "view"].into_iter().enumerate() {
             let mnt = f.subdir(&format!("mnt-{round}-{i}"));
-            let view = more.map(|more| {
-                Mounted::start_with(
-                    &wrapper,
-                    share,
-                    &mnt,
-                    &["-o", &format!("{view_options}{more}")],
-                )
-                .unwrap()
+            let view = (target == "view").then(|| {
+                Mounted::start_with(&wrapper, share, &mnt, &["-o", view_options]).unwrap()
             });
             let top = if view.is_some() {
                 mnt.clone()
@@ -235,19 +225,137 @@ fn callers_on(f: &Fixture, share: &Path, name: &str, view_options: &str, table: 
             };
             let work = top.join(format!("callers-{round}-{i}"));
             std::fs::create_dir(&work).unwrap();
-            let rates = callers_round(&work);
-            table.push_str(&format!(
-                "| {name} | {target} | {round} | {:.0} | {:.0} | {:.0} |\n",
-                rates[0], rates[1], rates[2]
-            ));
+            let phases = callers_round(&work, view.as_ref().map(Mounted::pid));
+            for (p, (phase, m)) in ["create", "stat", "open-read-close"]
+                .iter()
+                .zip(&phases)
+                .enumerate()
+            {
+                let ratio = match raw.get(p) {
+                    Some(r) => format!("{:.2}", m.rate / r),
+                    None => {
+                        raw.push(m.rate);
+                        "1".into()
+                    }
+                };
+                let (view_cpu, in_flight) = match &m.view {
+                    Some(v) => (
+                        format!("{:.2}", v.cpu_ms_per_call),
+                        format!("{:.1}, {}", v.in_flight_mean, v.in_flight_most),
+                    ),
+                    None => ("".into(), "".into()),
+                };
+                table.push_str(&format!(
+                    "| {name} | {target} | {round} | {phase} | {:.0} | {ratio} | {:.2} | {view_cpu} | {in_flight} |\n",
+                    m.rate, m.cpus_busy
+                ));
+            }
             drop(view);
         }
     }
 }
 
-/// One round of [`CALLERS`] threads in `work`: the rates of creates, stats and
-/// open-read-closes.
-fn callers_round(work: &Path) -> [f64; 3] {
+/// One phase of a round: its rate, how busy the machine's CPUs were, and what the view
+/// (if any) did.
+struct Phase {
+    rate: f64,
+    cpus_busy: f64,
+    view: Option<ViewWork>,
+}
+
+struct ViewWork {
+    cpu_ms_per_call: f64,
+    in_flight_mean: f64,
+    in_flight_most: usize,
+}
+
+/// The CPUs' busy and total time so far, in ticks (/proc/stat: idle and iowait are
+/// not busy).
+fn cpu_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .skip(1)
+        .map(|t| t.parse().unwrap())
+        .collect();
+    let total: u64 = ticks.iter().sum();
+    (total - ticks[3] - ticks[4], total)
+}
+
+/// The CPU time of process `pid` so far, in ticks (user and system).
+fn process_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// The threads of `pid` at work: running, or in an uninterruptible wait (the share's
+/// client); a worker waiting for a request sleeps interruptibly.
+fn threads_at_work(pid: u32) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| {
+                let state = s[s.rfind(')').unwrap() + 2..].chars().next();
+                matches!(state, Some('R' | 'D'))
+            })
+        })
+        .count()
+}
+
+/// The unit of a process's CPU times in /proc (`USER_HZ`, 100 on Linux whatever the
+/// kernel's tick).
+const USER_HZ: f64 = 100.0;
+
+/// Runs `calls`, which says how many calls it made, measuring it as [`Phase`] says.
+fn measured(view: Option<u32>, calls: impl FnOnce() -> usize) -> Phase {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    let done = AtomicBool::new(false);
+    let (cpu0, view0) = (cpu_ticks(), view.map(process_ticks));
+    let start = Instant::now();
+    let samples = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut samples = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                if let Some(pid) = view {
+                    samples.push(threads_at_work(pid));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            samples
+        });
+        let n = calls();
+        done.store(true, Ordering::Relaxed);
+        (n, sampler.join().unwrap())
+    });
+    let (n, samples) = samples;
+    let secs = start.elapsed().as_secs_f64();
+    let cpu1 = cpu_ticks();
+    let cpus_busy = (cpu1.0 - cpu0.0) as f64 / (cpu1.1 - cpu0.1).max(1) as f64;
+    let tick_ms = 1000.0 / USER_HZ;
+    Phase {
+        rate: n as f64 / secs,
+        cpus_busy,
+        view: view.zip(view0).map(|(pid, t0)| ViewWork {
+            cpu_ms_per_call: (process_ticks(pid) - t0) as f64 * tick_ms / n.max(1) as f64,
+            in_flight_mean: samples.iter().sum::<usize>() as f64 / samples.len().max(1) as f64,
+            in_flight_most: samples.iter().copied().max().unwrap_or(0),
+        }),
+    }
+}
+
+/// One round of [`CALLERS`] threads in `work`, served by the view process `view` if
+/// any: the creates, stats and open-read-closes, measured.
+fn callers_round(work: &Path, view: Option<u32>) -> [Phase; 3] {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::{Duration, Instant};
     let dirs: Vec<_> = (0..CALLERS).map(|c| work.join(format!("c{c}"))).collect();
     for d in &dirs {
@@ -255,37 +363,39 @@ fn callers_round(work: &Path) -> [f64; 3] {
     }
     let drop_caches = || std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
     // Creates for 5 s, at most 200 a caller.
-    let start = Instant::now();
-    let made: Vec<usize> = std::thread::scope(|s| {
-        let all: Vec<_> = dirs
-            .iter()
-            .map(|d| {
-                s.spawn(move || {
-                    let mut n = 0;
-                    while n < 200 && start.elapsed() < Duration::from_secs(5) {
-                        std::fs::File::create(d.join(format!("f{n}"))).unwrap();
-                        n += 1;
-                    }
-                    n
-                })
-            })
-            .collect();
-        all.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    let creates = made.iter().sum::<usize>() as f64 / start.elapsed().as_secs_f64();
-    let each = |op: &(dyn Fn(&Path) + Sync)| {
-        drop_caches();
+    let made: Vec<AtomicUsize> = dirs.iter().map(|_| AtomicUsize::new(0)).collect();
+    let creates = measured(view, || {
         let start = Instant::now();
         std::thread::scope(|s| {
             for (d, n) in dirs.iter().zip(&made) {
                 s.spawn(move || {
-                    for i in 0..*n {
-                        op(&d.join(format!("f{i}")));
+                    let mut i = 0;
+                    while i < 200 && start.elapsed() < Duration::from_secs(5) {
+                        std::fs::File::create(d.join(format!("f{i}"))).unwrap();
+                        i += 1;
                     }
+                    n.store(i, Ordering::Relaxed);
                 });
             }
         });
-        made.iter().sum::<usize>() as f64 / start.elapsed().as_secs_f64()
+        made.iter().map(|n| n.load(Ordering::Relaxed)).sum()
+    });
+    let made: Vec<usize> = made.iter().map(|n| n.load(Ordering::Relaxed)).collect();
+    let total: usize = made.iter().sum();
+    let each = |op: &(dyn Fn(&Path) + Sync)| {
+        drop_caches();
+        measured(view, || {
+            std::thread::scope(|s| {
+                for (d, n) in dirs.iter().zip(&made) {
+                    s.spawn(move || {
+                        for i in 0..*n {
+                            op(&d.join(format!("f{i}")));
+                        }
+                    });
+                }
+            });
+            total
+        })
     };
     let stats = each(&|p| {
         std::fs::metadata(p).unwrap();
