@@ -174,14 +174,16 @@ fn latency_job(one_way: &str, suffix: &str, more: &[&str]) {
 /// kernel's caches are dropped, each stats its files once, and after another drop
 /// opens, reads and closes each once. For each phase: the rate (calls a second, all
 /// threads together) and its ratio to the raw mount's; how busy the VM's CPUs were;
-/// the view's own CPU time per call; and the view's threads at work (running, or
-/// waiting in the share's client: its requests in flight), on average and at most.
+/// the view's own CPU time per call; the view's threads at work (running, or waiting
+/// in the share's client: its requests in flight), on average and at most; and the
+/// LOOKUPs the view answered per call (a caller whose entry expired while it waited
+/// looks its path up again).
 /// The table goes to `bench-callers.md` in the tier's log directory.
 #[test]
 #[ignore = "a benchmark job for the VM tier (see the top of this file)"]
 fn bench_many_callers_on_the_shares() {
     let mut table = String::from(
-        "| share | target | round | phase | calls/s | ratio | CPUs busy | view CPU ms/call | in flight (mean, most) |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| share | target | round | phase | calls/s | ratio | CPUs busy | view CPU ms/call | in flight (mean, most) | view lookups/call |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     {
         let f = Fixture::new();
@@ -215,8 +217,11 @@ fn callers_on(f: &Fixture, share: &Path, name: &str, view_options: &str, table: 
         let mut raw: Vec<f64> = Vec::new();
         for (i, target) in ["raw", "view"].into_iter().enumerate() {
             let mnt = f.subdir(&format!("mnt-{round}-{i}"));
+            let metrics = f.dir.path().join(format!("metrics-{round}.json"));
+            let metrics_arg = metrics.display().to_string();
             let view = (target == "view").then(|| {
-                Mounted::start_with(&wrapper, share, &mnt, &["-o", view_options]).unwrap()
+                let args = ["-o", view_options, "--metrics-file", &metrics_arg];
+                Mounted::start_with(&wrapper, share, &mnt, &args).unwrap()
             });
             let top = if view.is_some() {
                 mnt.clone()
@@ -225,7 +230,11 @@ fn callers_on(f: &Fixture, share: &Path, name: &str, view_options: &str, table: 
             };
             let work = top.join(format!("callers-{round}-{i}"));
             std::fs::create_dir(&work).unwrap();
-            let phases = callers_round(&work, view.as_ref().map(Mounted::pid));
+            let served = view.as_ref().map(|m| ViewProcess {
+                pid: m.pid(),
+                metrics: metrics.clone(),
+            });
+            let phases = callers_round(&work, served.as_ref());
             for (p, (phase, m)) in ["create", "stat", "open-read-close"]
                 .iter()
                 .zip(&phases)
@@ -238,15 +247,16 @@ fn callers_on(f: &Fixture, share: &Path, name: &str, view_options: &str, table: 
                         "1".into()
                     }
                 };
-                let (view_cpu, in_flight) = match &m.view {
+                let (view_cpu, in_flight, lookups) = match &m.view {
                     Some(v) => (
                         format!("{:.2}", v.cpu_ms_per_call),
                         format!("{:.1}, {}", v.in_flight_mean, v.in_flight_most),
+                        format!("{:.2}", v.lookups_per_call),
                     ),
-                    None => ("".into(), "".into()),
+                    None => ("".into(), "".into(), "".into()),
                 };
                 table.push_str(&format!(
-                    "| {name} | {target} | {round} | {phase} | {:.0} | {ratio} | {:.2} | {view_cpu} | {in_flight} |\n",
+                    "| {name} | {target} | {round} | {phase} | {:.0} | {ratio} | {:.2} | {view_cpu} | {in_flight} | {lookups} |\n",
                     m.rate, m.cpus_busy
                 ));
             }
@@ -267,6 +277,24 @@ struct ViewWork {
     cpu_ms_per_call: f64,
     in_flight_mean: f64,
     in_flight_most: usize,
+    lookups_per_call: f64,
+}
+
+/// The view process serving a round, and the file its counters go to each second.
+struct ViewProcess {
+    pid: u32,
+    metrics: std::path::PathBuf,
+}
+
+impl ViewProcess {
+    /// The LOOKUP requests the view has answered, once its counters have caught up
+    /// with the calls made so far (they are written each second).
+    fn lookups(&self) -> u64 {
+        std::thread::sleep(std::time::Duration::from_millis(1200));
+        let text = std::fs::read_to_string(&self.metrics).unwrap();
+        let snapshot: serde_json::Value = serde_json::from_str(&text).unwrap();
+        snapshot["ops"]["lookup"]["count"].as_u64().unwrap_or(0)
+    }
 }
 
 /// The CPUs' busy and total time so far, in ticks (/proc/stat: idle and iowait are
@@ -315,10 +343,12 @@ fn threads_at_work(pid: u32) -> usize {
 const USER_HZ: f64 = 100.0;
 
 /// Runs `calls`, which says how many calls it made, measuring it as [`Phase`] says.
-fn measured(view: Option<u32>, calls: impl FnOnce() -> usize) -> Phase {
+fn measured(served: Option<&ViewProcess>, calls: impl FnOnce() -> usize) -> Phase {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
     let done = AtomicBool::new(false);
+    let view = served.map(|v| v.pid);
+    let lookups0 = served.map(ViewProcess::lookups);
     let (cpu0, view0) = (cpu_ticks(), view.map(process_ticks));
     let start = Instant::now();
     let samples = std::thread::scope(|s| {
@@ -338,23 +368,25 @@ fn measured(view: Option<u32>, calls: impl FnOnce() -> usize) -> Phase {
     });
     let (n, samples) = samples;
     let secs = start.elapsed().as_secs_f64();
-    let cpu1 = cpu_ticks();
+    let (cpu1, view1) = (cpu_ticks(), view.map(process_ticks));
     let cpus_busy = (cpu1.0 - cpu0.0) as f64 / (cpu1.1 - cpu0.1).max(1) as f64;
     let tick_ms = 1000.0 / USER_HZ;
+    let lookups = served.zip(lookups0).map(|(v, l0)| v.lookups() - l0);
     Phase {
         rate: n as f64 / secs,
         cpus_busy,
-        view: view.zip(view0).map(|(pid, t0)| ViewWork {
-            cpu_ms_per_call: (process_ticks(pid) - t0) as f64 * tick_ms / n.max(1) as f64,
+        view: view1.zip(view0).map(|(t1, t0)| ViewWork {
+            cpu_ms_per_call: (t1 - t0) as f64 * tick_ms / n.max(1) as f64,
             in_flight_mean: samples.iter().sum::<usize>() as f64 / samples.len().max(1) as f64,
             in_flight_most: samples.iter().copied().max().unwrap_or(0),
+            lookups_per_call: lookups.unwrap_or(0) as f64 / n.max(1) as f64,
         }),
     }
 }
 
 /// One round of [`CALLERS`] threads in `work`, served by the view process `view` if
 /// any: the creates, stats and open-read-closes, measured.
-fn callers_round(work: &Path, view: Option<u32>) -> [Phase; 3] {
+fn callers_round(work: &Path, view: Option<&ViewProcess>) -> [Phase; 3] {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::{Duration, Instant};
     let dirs: Vec<_> = (0..CALLERS).map(|c| work.join(format!("c{c}"))).collect();
