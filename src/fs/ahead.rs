@@ -334,7 +334,11 @@ impl WalkAhead {
                 // Started by a request: where the view acts as its callers, it was
                 // acting as that request's, and it serves every walk from now on.
                 if let Err(e) = crate::sys::creds::as_the_process() {
-                    tracing::warn!(error = %e, "the walk-ahead thread cannot act as the view; it does not start");
+                    tracing::warn!(error = %e, "the walk-ahead thread cannot act as the view; this walk goes on unwarmed");
+                    // Taken once the starter let go of it: the next walk starts anew.
+                    let mut s = lock(&shared.state);
+                    s.running = false;
+                    s.queue.clear();
                     return;
                 }
                 shared.run()
