@@ -371,6 +371,14 @@ impl FuseView {
             tracing::debug!(op = op.name(), ino, syscall, errno = %crate::sys::Errno(errno).name(), error = %e, "operation failed");
             return;
         }
+        self.warn_limited(|| {
+            tracing::warn!(op = op.name(), ino, syscall, errno = %crate::sys::Errno(errno).name(), error = %e, "operation failed");
+        });
+    }
+
+    /// Logs a failure a pod can cause with `log`, within [`WARN_BURST`] per
+    /// [`WARN_WINDOW`], saying how many were held back.
+    fn warn_limited(&self, log: impl FnOnce()) {
         match self.warnings.check(Instant::now()) {
             Verdict::Log { held_before } => {
                 if held_before > 0 {
@@ -379,7 +387,7 @@ impl FuseView {
                         "unexpected failures were not logged (rate limit); the metrics count them"
                     );
                 }
-                tracing::warn!(op = op.name(), ino, syscall, errno = %crate::sys::Errno(errno).name(), error = %e, "operation failed");
+                log();
             }
             Verdict::Hold => {}
         }
@@ -621,7 +629,9 @@ impl Filesystem for FuseView {
         match self.fs.act_for(req.uid(), req.gid(), req.pid()) {
             Ok(acting) => Ok(acting.map(|a| Box::new(a) as Box<dyn std::any::Any>)),
             Err(e) => {
-                tracing::warn!(error = %e, uid = req.uid(), gid = req.gid(), pid = req.pid(), "cannot act as the caller; the request fails");
+                self.warn_limited(|| {
+                    tracing::warn!(error = %e, uid = req.uid(), gid = req.gid(), pid = req.pid(), "cannot act as the caller; the request fails");
+                });
                 Err(Errno::from_i32(e.errno()))
             }
         }
@@ -907,20 +917,16 @@ impl Filesystem for FuseView {
                 // open of it while one made under this one lasts; not where another
                 // open bound the inode to a backing file already (a resent create that
                 // found the file), since the kernel would refuse this one.
-                if self.creates_served && self.passthrough() && data.keep_off_passthrough() {
-                    self.fs.journal_served(attr.ino, data.writable);
-                }
-                // Made as its caller on a share that checks the caller's permissions
-                // on each open (NFS), with a mode that denies its owner what this open
-                // asks (git writes its objects through a descriptor of a file it
-                // creates 0444): the kernel's passthrough open of it, which is not a
-                // create, would be refused and the caller's create answered EIO. The
-                // daemon's descriptor, opened by the create itself, serves it.
-                if self.fs.acts_as_callers()
-                    && self.passthrough()
-                    && denies_its_creator(mode, flags)
-                    && data.keep_off_passthrough()
-                {
+                //
+                // So is a file made as its caller on a share that checks the caller's
+                // permissions on each open (NFS), with a mode that denies its owner
+                // what this open asks (git writes its objects through a descriptor of
+                // a file it creates 0444): the kernel's passthrough open of it, which
+                // is not a create, would be refused and the caller's create answered
+                // EIO. The daemon's descriptor, opened by the create itself, serves it.
+                let served = self.creates_served
+                    || (self.fs.acts_as_callers() && denies_its_creator(mode, flags));
+                if served && self.passthrough() && data.keep_off_passthrough() {
                     self.fs.journal_served(attr.ino, data.writable);
                 }
                 let flags = open_flags(direct);
