@@ -214,6 +214,9 @@ pub struct ViewFs {
     /// `ownership=share`: each request's calls on the share are made as its caller
     /// ([`ViewFs::act_for`]).
     acts_as_callers: bool,
+    /// Whether a caller this process cannot see has been said to act without its
+    /// groups.
+    warned_unseen_caller: AtomicBool,
     /// The btrfs quota group of the volume, when the root is a btrfs subvolume:
     /// statfs then reports the volume's limit and usage, not the whole file system.
     qgroup: Option<std::path::PathBuf>,
@@ -399,6 +402,7 @@ impl ViewFs {
             tmpfile_missing: AtomicBool::new(false),
             daemon_ids: crate::sys::process::effective_ids(),
             acts_as_callers: options.ownership == crate::config::Ownership::Share,
+            warned_unseen_caller: AtomicBool::new(false),
             journal: Default::default(),
             live_files: LiveFiles::default(),
             listing: super::listing::ListingHints::default(),
@@ -465,7 +469,19 @@ impl ViewFs {
             return Err(FsError::Os(Errno(libc::EOVERFLOW)));
         }
         let groups = match pid {
-            0 => Vec::new(),
+            // A request the kernel sends without credentials (RELEASE) has none at all.
+            0 if (uid, gid) == (0, 0) => Vec::new(),
+            0 => {
+                if !self.warned_unseen_caller.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        uid,
+                        gid,
+                        "a caller in a pid namespace this view cannot see acts on the share without its supplementary groups, so its groups' permissions fail there: run the view in the host's pid namespace (the node plugin has hostPID: true, deploy/node.yaml)"
+                    );
+                }
+                Vec::new()
+            }
+            // A thread gone meanwhile: its request no longer matters.
             pid => crate::sys::creds::groups_of(pid).unwrap_or_default(),
         };
         let (fsgid, groups) = self.caller_ids(gid, groups);
