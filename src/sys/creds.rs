@@ -33,14 +33,39 @@ pub struct Acting {
 /// capabilities, or the error of `getgroups`, `setgroups` or `capset`; the thread is
 /// left as it was.
 pub fn act_as(uid: u32, gid: u32, groups: &[u32]) -> SysResult<Acting> {
-    let saved = own_groups()?;
+    let saved = thread_own(&OWN_GROUPS, own_groups)?;
     set_groups(groups)?;
     let acting = Acting { groups: saved };
     set_fs_ids(uid, gid)?;
     if uid != 0 {
-        raise_dac_read_search()?;
+        if let Some(caps) = thread_own(&ACTING_CAPS, acting_caps)? {
+            rustix::thread::set_capabilities(None, caps).map_err(failed("capset"))?;
+        }
     }
     Ok(acting)
+}
+
+thread_local! {
+    /// The thread's own groups, and its capabilities while it acts as a caller: the
+    /// same at every request (nothing else changes a worker's credentials), so read
+    /// at its first rather than at each.
+    static OWN_GROUPS: std::cell::OnceCell<Vec<u32>> = const { std::cell::OnceCell::new() };
+    static ACTING_CAPS: std::cell::OnceCell<Option<rustix::thread::CapabilitySets>> =
+        const { std::cell::OnceCell::new() };
+}
+
+/// This thread's value of `cell`, made by `make` the first time.
+fn thread_own<T: Clone + 'static>(
+    cell: &'static std::thread::LocalKey<std::cell::OnceCell<T>>,
+    make: fn() -> SysResult<T>,
+) -> SysResult<T> {
+    cell.with(|c| match c.get() {
+        Some(v) => Ok(v.clone()),
+        None => {
+            let v = make()?;
+            Ok(c.get_or_init(|| v).clone())
+        }
+    })
 }
 
 impl Drop for Acting {
@@ -136,14 +161,17 @@ fn set_groups(groups: &[u32]) -> SysResult<()> {
     }
 }
 
-fn raise_dac_read_search() -> SysResult<()> {
-    use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
+/// The capabilities of a thread acting as a caller with a file-system uid other than
+/// 0: what the kernel left it, with `CAP_DAC_READ_SEARCH` raised again where it is
+/// permitted; `None` where there is nothing to raise.
+fn acting_caps() -> SysResult<Option<rustix::thread::CapabilitySets>> {
+    use rustix::thread::{CapabilitySet, capabilities};
     let mut caps = capabilities(None).map_err(failed("capget"))?;
-    if caps.permitted.contains(CapabilitySet::DAC_READ_SEARCH) {
-        caps.effective |= CapabilitySet::DAC_READ_SEARCH;
-        set_capabilities(None, caps).map_err(failed("capset"))?;
+    if !caps.permitted.contains(CapabilitySet::DAC_READ_SEARCH) {
+        return Ok(None);
     }
-    Ok(())
+    caps.effective |= CapabilitySet::DAC_READ_SEARCH;
+    Ok(Some(caps))
 }
 
 /// The supplementary groups of the thread `tid` (`/proc/TID/status`, `Groups:`), as
@@ -192,6 +220,7 @@ mod tests {
             asked.recv().unwrap();
             tell.send((fs_ids(), own_groups().unwrap())).unwrap();
         });
+        let daemons = before.clone();
         let (made, refused, others) = std::thread::spawn(move || {
             let acting = act_as(1000, 4242, &[4242, 5000]).unwrap();
             assert_eq!(fs_ids(), (1000, 4242));
@@ -203,6 +232,14 @@ mod tests {
             drop(acting);
             assert_eq!(fs_ids(), (0, 0));
             std::fs::write(p.join("x"), "").unwrap();
+            // The next request, as another caller (what the thread keeps of the
+            // first serves again), and the daemon after it.
+            let acting = act_as(1001, 5000, &[]).unwrap();
+            assert_eq!((fs_ids(), own_groups().unwrap()), ((1001, 5000), vec![]));
+            let again = std::fs::write(p.join("y"), "").unwrap_err().raw_os_error();
+            assert_eq!(again, Some(libc::EACCES));
+            drop(acting);
+            assert_eq!((fs_ids(), own_groups().unwrap()), ((0, 0), daemons));
             (std::fs::metadata(d.join("made")).unwrap(), refused, others)
         })
         .join()
