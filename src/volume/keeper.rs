@@ -1081,87 +1081,108 @@ mod tests {
         }
     }
 
+    /// Judges process `pid` in rounds `(ms after t0, what it is found waiting on if
+    /// asked, the judgement)`: `None`, it must not be asked.
+    fn play(
+        w: &mut Watch,
+        pid: u32,
+        t0: Instant,
+        timeout: Duration,
+        rounds: &[(u64, Option<Waiting>, Judgement)],
+    ) {
+        for (ms, found, want) in rounds {
+            let now = t0 + Duration::from_millis(*ms);
+            let judged = judge(w, pid, now, timeout, || found.unwrap_or_else(never));
+            assert_eq!(&judged, want, "at {ms} ms");
+        }
+    }
+
     #[test]
     fn a_view_is_hung_only_after_a_whole_timeout_without_waiting_on_its_share() {
+        use Judgement::{Hung, Patience, WaitsOnShare};
         let timeout = Duration::from_secs(1);
         let t0 = Instant::now();
-        let at = |ms| t0 + Duration::from_millis(ms);
-        let on_share = || Waiting::OnFileSystem;
+        let (share, elsewhere) = (Some(Waiting::OnFileSystem), Some(Waiting::Elsewhere));
         let mut w = watching(1, t0);
-        assert_eq!(
-            judge(&mut w, 1, at(900), timeout, never),
-            Judgement::Patience
-        );
-        // Waiting on its share: left serving, and asked again every round.
-        for ms in [1100, 1350, 1600, 5000] {
-            let judged = judge(&mut w, 1, at(ms), timeout, on_share);
-            assert_eq!(judged, Judgement::WaitsOnShare);
-        }
-        // The share answers; the view works off its callers' queue and has not yet
-        // answered the check. The first round that finds it no longer waiting starts
-        // its timeout: not hung a round later, nor just short of the timeout.
-        let working = || Waiting::Elsewhere;
-        assert_eq!(
-            judge(&mut w, 1, at(5250), timeout, working),
-            Judgement::Patience
-        );
-        assert_eq!(
-            judge(&mut w, 1, at(5500), timeout, never),
-            Judgement::Patience
-        );
-        assert_eq!(
-            judge(&mut w, 1, at(6200), timeout, never),
-            Judgement::Patience
-        );
-        // A whole timeout later, still quiet and waiting on nothing: hung, once.
-        let judged = judge(&mut w, 1, at(6300), timeout, working);
-        assert_eq!(judged, Judgement::Hung("it waits on no file system"));
-        assert_eq!(
-            judge(&mut w, 1, at(60_000), timeout, never),
-            Judgement::Patience
+        play(
+            &mut w,
+            1,
+            t0,
+            timeout,
+            &[
+                (900, None, Patience),
+                // Waiting on its share: left serving, and asked again every round.
+                (1100, share, WaitsOnShare),
+                (1350, share, WaitsOnShare),
+                (1600, share, WaitsOnShare),
+                (5000, share, WaitsOnShare),
+                // The share answers; the view works off its callers' queue and has not yet
+                // answered the check. The first round that finds it no longer waiting
+                // starts its timeout: not hung a round later, nor just short of the timeout.
+                (5250, elsewhere, Patience),
+                (5500, None, Patience),
+                (6200, None, Patience),
+                // A whole timeout later, still quiet and waiting on nothing: hung, once.
+                (6300, elsewhere, Hung("it waits on no file system")),
+                (60_000, None, Patience),
+            ],
         );
 
         // Waiting on its share again after a pause: left serving again.
         let mut w = watching(1, t0);
-        assert_eq!(
-            judge(&mut w, 1, at(1100), timeout, on_share),
-            Judgement::WaitsOnShare
-        );
-        assert_eq!(
-            judge(&mut w, 1, at(1350), timeout, working),
-            Judgement::Patience
-        );
-        assert_eq!(
-            judge(&mut w, 1, at(2400), timeout, on_share),
-            Judgement::WaitsOnShare
+        play(
+            &mut w,
+            1,
+            t0,
+            timeout,
+            &[
+                (1100, share, WaitsOnShare),
+                (1350, elsewhere, Patience),
+                (2400, share, WaitsOnShare),
+            ],
         );
 
         let mut w = watching(1, t0);
-        let judged = judge(&mut w, 1, at(1100), timeout, || Waiting::Stopped);
-        assert_eq!(judged, Judgement::Hung("it is stopped"));
+        let stopped = Some(Waiting::Stopped);
+        play(
+            &mut w,
+            1,
+            t0,
+            timeout,
+            &[(1100, stopped, Hung("it is stopped"))],
+        );
     }
 
     #[test]
     fn a_recovered_view_is_judged_from_its_own_start_not_by_its_dead_predecessors_silence() {
+        use Judgement::{Hung, Patience};
         // The check began while process 1 served; it died (or was killed) and the check's
         // lookup now waits for process 2, which recovers the view. Process 2 serves from
         // the round that first sees it, 4 s later: it has a whole timeout from there.
         let timeout = Duration::from_secs(2);
         let t0 = Instant::now();
-        let at = |ms| t0 + Duration::from_millis(ms);
         let mut w = watching(1, t0);
+        let since_4000 = watching(2, t0 + Duration::from_millis(4000));
         for ms in [4000, 4500, 6000] {
-            let judged = judge(&mut w, 2, at(ms), timeout, never);
-            assert_eq!(judged, Judgement::Patience, "at {ms} ms");
-            assert_eq!(w, watching(2, at(4000)));
+            play(&mut w, 2, t0, timeout, &[(ms, None, Patience)]);
+            assert_eq!(w, since_4000, "at {ms} ms");
         }
         // A whole timeout of its own without an answer: hung.
-        let judged = judge(&mut w, 2, at(6100), timeout, || Waiting::Elsewhere);
-        assert_eq!(judged, Judgement::Hung("it waits on no file system"));
+        let hung = Hung("it waits on no file system");
+        play(
+            &mut w,
+            2,
+            t0,
+            timeout,
+            &[(6100, Some(Waiting::Elsewhere), hung)],
+        );
         // Its successor in turn starts afresh, even though 2 was taken for hung.
-        for ms in [6400, 8300] {
-            let judged = judge(&mut w, 3, at(ms), timeout, never);
-            assert_eq!(judged, Judgement::Patience, "at {ms} ms");
-        }
+        play(
+            &mut w,
+            3,
+            t0,
+            timeout,
+            &[(6400, None, Patience), (8300, None, Patience)],
+        );
     }
 }
