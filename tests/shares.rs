@@ -854,17 +854,24 @@ fn view_mount_id(target: &Path) -> Option<String> {
         .and_then(|l| l.split(' ').next().map(str::to_string))
 }
 
-/// A knfsd export exported `root_squash` with the filesystem id `fsid`, mounted as
-/// the driver's share at `f`'s `share`: the export is nobody's, so that the driver
-/// (root, squashed) can lay the share out in it. The export's directory, the server
-/// and the mount.
-fn squashed_nfs_share(f: &Fixture, fsid: u32) -> (std::path::PathBuf, Knfsd, Unmount) {
+/// `f`'s `export`, nobody's, exported `root_squash` with the filesystem id `fsid`
+/// (one of its own per test: the tests of this program run at once): the export's
+/// directory and the server.
+fn squashed_export(f: &Fixture, fsid: u32) -> (std::path::PathBuf, Knfsd) {
     let export = f.subdir("export");
     chown(&export, 65534, 65534);
     let knfsd = Knfsd::start(
         &export,
         &format!("rw,root_squash,no_subtree_check,fsid={fsid}"),
     );
+    (export, knfsd)
+}
+
+/// A [`squashed_export`] mounted as the driver's share at `f`'s `share`: the export
+/// is nobody's, so that the driver (root, squashed) can lay the share out in it. The
+/// export's directory, the server and the mount.
+fn squashed_nfs_share(f: &Fixture, fsid: u32) -> (std::path::PathBuf, Knfsd, Unmount) {
+    let (export, knfsd) = squashed_export(f, fsid);
     let share = mount_nfs(&export, &f.subdir("share"), "");
     (export, knfsd, share)
 }
@@ -882,7 +889,7 @@ fn squashed_nfs_share(f: &Fixture, fsid: u32) -> (std::path::PathBuf, Knfsd, Unm
 async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
     let f = Fixture::new();
     let root = f.dir.path();
-    let (export, knfsd, _share) = squashed_nfs_share(&f, 4243);
+    let (export, knfsd, _share) = squashed_nfs_share(&f, 4247);
     let (d, mut c, target, _unmount) = default_publish(root, &f.subdir("staging"), G).await;
     let mount_id = || view_mount_id(&target);
     let before = mount_id();
@@ -975,9 +982,7 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
 #[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 fn a_view_acting_as_its_callers_gives_a_pod_its_own_files_on_nfs() {
     let f = Fixture::new();
-    let export = f.subdir("export");
-    chown(&export, 65534, 65534);
-    let _knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4246");
+    let (export, _knfsd) = squashed_export(&f, 4246);
     for vers in ["4.2", "4.1"] {
         // The volume's directory, as the driver makes it: the volume's own group, setgid.
         let vol = export.join(format!("vol-{vers}"));
@@ -1087,9 +1092,7 @@ async fn a_root_squashed_nfs_export_serves_the_default_publish() {
 #[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 fn a_view_spares_the_nfs_server_what_it_can() {
     let f = Fixture::new();
-    let export = f.subdir("export");
-    chown(&export, 65534, 65534);
-    let _knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4245");
+    let (export, _knfsd) = squashed_export(&f, 4245);
     let share = f.subdir("share");
     let _share = mount_nfs(&export, &share, "");
     let backing = share.join("volume");
@@ -1216,9 +1219,7 @@ async fn two_nodes_publish_one_volume_of_an_azure_files_like_share() {
 #[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 async fn two_nodes_publish_one_volume_of_a_root_squashed_nfs_export() {
     let f = Fixture::new();
-    let export = f.subdir("export");
-    chown(&export, 65534, 65534);
-    let _knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4243");
+    let (export, _knfsd) = squashed_export(&f, 4243);
     // The two nodes are one kernel here, and so one NFS client to the server: it keeps
     // the delegation its first node got for a file when the other renames it (a
     // server recalls a delegation from another client only), and a client with a
