@@ -922,8 +922,11 @@ impl Filesystem for FuseView {
                 // permissions on each open (NFS), with a mode that denies its owner
                 // what this open asks (git writes its objects through a descriptor of
                 // a file it creates 0444): the kernel's passthrough open of it, which
-                // is not a create, would be refused and the caller's create answered
-                // EIO. The daemon's descriptor, opened by the create itself, serves it.
+                // is not a create, would be refused (knfsd lets an owner past the mode
+                // only for the OPEN that created the file: fs/nfsd/nfs4proc.c
+                // `do_open_lookup`) and the caller's create answered EIO
+                // (fs/fuse/iomode.c `fuse_file_io_open`). The daemon's descriptor,
+                // opened by the create itself, serves it.
                 let served = self.creates_served
                     || (self.fs.acts_as_callers() && denies_its_creator(mode, flags));
                 if served && self.passthrough() && data.keep_off_passthrough() {
