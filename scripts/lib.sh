@@ -53,10 +53,17 @@ test_programs() {
 }
 
 # Makes a sparse ext4 image IMG of SIZE (truncate's units) and, with DIR, mounts it
-# there through a loop device with the mount options OPTS (after `loop,`).
+# there through a loop device with the mount options OPTS (after `loop,`). A sparse
+# image on a file system without room for it fails its writes once that file system
+# is full, and the ext4 inside turns read-only in the middle of whatever runs on it;
+# so an image is only made where SIZE is free.
 ext4_image() {
-  local img=$1 size=$2 dir=${3:-} opts=${4:-}
+  local img=$1 size=$2 dir=${3:-} opts=${4:-} need free
   rm -f "$img"
+  need=$(numfmt --from=iec "${size^^}")
+  free=$(df -B1 --output=avail "$(dirname "$img")" | tail -n 1 | tr -d ' ')
+  [ "$free" -ge "$need" ] ||
+    die "no room for the $size image $img: $(dirname "$img") has $(numfmt --to=iec "$free") free; free space there (old test directories in ${TMPDIR:-/tmp}?) or give it less"
   truncate -s "$size" "$img"
   mkfs.ext4 -q -F "$img"
   if [ -n "$dir" ]; then
