@@ -558,6 +558,31 @@ pub fn mounts_honouring_set_id(path: &Path) -> SysResult<Vec<Honouring>> {
     Ok(found)
 }
 
+/// The super options (mountinfo's last field: the file system's own, `sec=sys` and
+/// `vers=4.2` for NFS) of the mount that holds `path`.
+///
+/// # Errors
+/// The error of `statx` or of reading mountinfo; `ENOENT` where the mount is not
+/// listed.
+pub fn super_options(path: &Path) -> SysResult<String> {
+    let sx = rustix::fs::statx(rustix::fs::CWD, path, AtFlags::empty(), StatxFlags::MNT_ID)
+        .map_err(super::failed("statx"))?;
+    if sx.stx_mask & StatxFlags::MNT_ID.bits() == 0 {
+        return Err(super::Errno(libc::EOPNOTSUPP));
+    }
+    let info =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| super::Errno::from_io(&e))?;
+    super_options_in(&info, sx.stx_mnt_id).ok_or(super::Errno(libc::ENOENT))
+}
+
+fn super_options_in(mountinfo: &str, id: u64) -> Option<String> {
+    let line = mountinfo
+        .lines()
+        .find(|l| l.split(' ').next().and_then(|f| f.parse::<u64>().ok()) == Some(id))?;
+    let mut rest = line.split(' ').skip_while(|f| *f != "-").skip(3);
+    rest.next().map(str::to_string)
+}
+
 /// The device (`major`, `minor`) of the mount with id `id` in `mountinfo`.
 fn device_of_mount_in(mountinfo: &str, id: u64) -> Option<(u32, u32)> {
     device_of_line(
@@ -747,6 +772,25 @@ mod tests {
         );
         assert_eq!(mount_type_in(info, Path::new("/mnt")), Some("tmpfs".into()));
         assert_eq!(mount_type_in(info, Path::new("/tmp")), None);
+    }
+
+    #[test]
+    fn a_mounts_super_options_are_its_last_field() {
+        let info = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
+50 22 0:60 / /share rw,nosuid,nodev,relatime shared:9 - nfs4 127.0.0.1:/srv rw,vers=4.2,sec=sys,clientaddr=127.0.0.1
+51 22 0:61 / /krb rw master:3 - nfs 10.0.0.1:/x rw,vers=3,sec=krb5p
+";
+        assert_eq!(
+            super_options_in(info, 50).as_deref(),
+            Some("rw,vers=4.2,sec=sys,clientaddr=127.0.0.1")
+        );
+        assert_eq!(
+            super_options_in(info, 51).as_deref(),
+            Some("rw,vers=3,sec=krb5p")
+        );
+        assert_eq!(super_options_in(info, 22).as_deref(), Some("rw"));
+        assert_eq!(super_options_in(info, 99), None);
     }
 
     #[test]
