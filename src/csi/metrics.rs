@@ -195,7 +195,7 @@ impl Collector for NodeCollector {
         // Per view: how it is served, and why not natively where its volume is native.
         let mut m = encoder.encode_descriptor(
             "mountgroup_view_mechanism",
-            "1 for each published view, labelled by how it is served (native: an idmapped bind mount; fuse; fuse-native: a FUSE view with the native presentation) and, for a native volume served by FUSE, why (fallback)",
+            "1 for each published view, labelled by how it is served (native: an idmapped bind mount; fuse; fuse-native: a FUSE view with the native presentation; fuse-as-callers: that, acting as each caller on a share that keeps owners; fuse-cifs; fuse-user-xattr) and, for a native volume served by FUSE, why (fallback)",
             None,
             MetricType::Gauge,
         )?;

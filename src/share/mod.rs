@@ -94,13 +94,20 @@ pub struct VolumeRecord {
     pub capacity_bytes: u64,
     pub parameters: BTreeMap<String, String>,
     pub created_unix: u64,
-    /// The volume's own group on disk, for a native volume: its root is setgid in it,
-    /// so every entry made through any of its views is born in it, and each publish
-    /// shows it as the pod's fsGroup (docs/SEMANTICS.md, *Native views*). `None` for a
-    /// volume made before native views, on a share that cannot be idmapped, or with the
-    /// StorageClass parameter `view: fuse`.
+    /// The volume's own group on disk, for a native volume or one whose views act as
+    /// their callers (`owners`): its root is setgid in it, so every entry made through
+    /// any of its views is born in it, and each publish shows it as the pod's fsGroup
+    /// (docs/SEMANTICS.md, *Native views*). `None` for a volume made before native
+    /// views, on a share that can neither be idmapped nor keep its callers' owners, or
+    /// with the StorageClass parameter `view: fuse`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<u32>,
+    /// Whether the share keeps the volume's owners itself and its views act as their
+    /// callers on it ([`Share::keeps_owners`]; docs/SEMANTICS.md, `ownership=share`):
+    /// made so on an NFS share, which cannot be idmapped. Its root belongs to
+    /// whoever the server makes of the driver (nobody, where it squashes root).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub owners: bool,
     /// Why a volume asked to be native (no `view: fuse`) has no group: what stood in
     /// the way at CreateVolume. Each publish of it names this reason. It stays a FUSE
     /// volume when the share qualifies later: what its views made is owned by its
@@ -193,12 +200,18 @@ pub trait Share: Send + Sync {
     fn volume_bytes(&self, id: &VolumeId) -> Option<(u64, u64)>;
     /// Whether a native view of its volumes may be mounted on this node, or why not.
     fn native_capable(&self) -> Result<(), String>;
+    /// Whether the share keeps each file's owner itself and checks each call's
+    /// permissions as its caller's, so that a view acting as its callers gives them
+    /// their own files on the server (the kernel's NFS client with `sec=sys`), or why
+    /// not.
+    fn keeps_owners(&self) -> Result<(), String>;
     /// Whether the share's file system keeps extended attributes named like `name`
     /// (a probe name of a view's records' namespace, written and removed), or why
     /// not: SMB without EA support, NFS (no `trusted.*` namespace), FAT.
     fn keeps_xattr(&self, name: &std::ffi::CStr) -> Result<(), String>;
-    /// Gives a native volume's root back what every pod of it relies on (owner root,
-    /// the volume's group, `2775`) where a pod changed it; returns whether it did.
+    /// Gives a native volume's root back what every pod of it relies on (owner root, or
+    /// for an `owners` volume whoever the server makes of the driver; the volume's
+    /// group; `2775`) where a pod changed it; returns whether it did.
     fn keep_native_root(&self, rec: &VolumeRecord) -> Result<bool, ShareError>;
 }
 
@@ -445,6 +458,43 @@ impl LocalShare {
         native_inert(&self.root)
     }
 
+    /// Gives the new volume directory `data` the group `group`, setgid, as a member of
+    /// that group (a squashed driver owns what it made, but may only give it a group it
+    /// is in), and checks that the server keeps the owner a caller makes files with:
+    /// an export that squashes every caller (`all_squash`) does not, and gets the
+    /// directory back as it was.
+    ///
+    /// # Errors
+    /// Why the volume's views cannot act as their callers.
+    fn owners_root(&self, data: &Path, group: u32) -> Result<(), String> {
+        use crate::sys::file;
+        let failed = |what: &str, e: Errno| format!("{what} {}: {e}", data.display());
+        let root = file::open_root(data).map_err(|e| failed("volume directory", e))?;
+        let fd = std::os::fd::AsFd::as_fd(&root);
+        let was = file::stat(fd).map_err(|e| failed("volume directory", e))?;
+        {
+            let _member = crate::sys::creds::act_as(0, group, &[group])
+                .map_err(|e| failed("acting in the volume's group for", e))?;
+            file::chown(fd, None, Some(group)).map_err(|e| {
+                format!(
+                    "the server refused the driver, a member of the volume's group {group}, that group for {} ({e}): an export that squashes every caller (all_squash) keeps none of a caller's ids, so a pod could not own what it makes",
+                    data.display()
+                )
+            })?;
+            file::chmod(fd, NATIVE_ROOT_MODE).map_err(|e| failed("chmod of", e))?;
+        }
+        let probed = probe_owner(fd, group);
+        if probed.is_err() {
+            let _member = crate::sys::creds::act_as(0, group, &[group, was.gid]);
+            if let Err(e) =
+                file::chown(fd, None, Some(was.gid)).and_then(|()| file::chmod(fd, was.perm))
+            {
+                tracing::warn!(dir = %data.display(), error = %e, "cannot give the volume directory its group and mode back");
+            }
+        }
+        probed
+    }
+
     /// The lowest native group no volume has.
     fn free_group(&self) -> Result<u32, ShareError> {
         let taken: std::collections::BTreeSet<u32> =
@@ -477,6 +527,131 @@ impl LocalShare {
 /// the driver, and by `mountgroup mount --native` of its source.
 ///
 /// # Errors
+/// The uid a new owners volume's probe makes a file as: one a pod might run as
+/// (distroless images' `nonroot`).
+const PROBE_UID: u32 = 65532;
+
+/// Whether the server keeps the owner a caller makes a file with: a file made in the
+/// directory `dir` (of the group `group`) as [`PROBE_UID`], a member of `group`, is
+/// that uid's, and is removed.
+///
+/// # Errors
+/// Why not: the owner the server gave it, or what failed.
+fn probe_owner(dir: std::os::fd::BorrowedFd<'_>, group: u32) -> Result<(), String> {
+    use crate::sys::file;
+    let name = std::ffi::OsStr::new(".mountgroup-owner-probe");
+    let made = {
+        let _caller = crate::sys::creds::act_as(PROBE_UID, group, &[group])
+            .map_err(|e| format!("acting as uid {PROBE_UID}: {e}"))?;
+        let _ = file::unlink(dir, name, file::Remove::NonDirectory);
+        file::create_file(dir, name, 0o600).and_then(|f| file::stat(std::os::fd::AsFd::as_fd(&f)))
+    };
+    let _ = file::unlink(dir, name, file::Remove::NonDirectory);
+    match made {
+        Ok(st) if st.uid == PROBE_UID => Ok(()),
+        Ok(st) => Err(format!(
+            "the server does not keep its callers' owners: a file made as uid {PROBE_UID} became uid {}'s (an export with all_squash, or anonuid for every caller), so a pod could not own what it makes",
+            st.uid
+        )),
+        Err(e) => Err(format!(
+            "a file made as uid {PROBE_UID} in the group {group} failed ({e}): the server refuses its callers' own ids"
+        )),
+    }
+}
+
+/// Removes `name` in the directory `parent` and, for a directory, everything in it,
+/// each directory emptied as its owner (with the volume's `group` and its own), who may
+/// give themselves the access a directory of theirs denies them: on a share that keeps
+/// owners, a squashed driver owns nothing a pod made. Names are taken one at a time,
+/// never followed (a symlink is removed, a mount point refused with `EXDEV`).
+///
+/// # Errors
+/// The first error of acting, `chmod`, listing or removing.
+fn remove_as_owners(
+    parent: std::os::fd::BorrowedFd<'_>,
+    name: &std::ffi::OsStr,
+    group: u32,
+) -> Result<(), Errno> {
+    use crate::sys::creds::act_as;
+    use crate::sys::file::{self, Access, Kind, Remove};
+    use std::os::fd::AsFd;
+    use std::os::unix::ffi::OsStrExt;
+    // The parent's owner reaches the entry: the daemon may not search the directory.
+    let parent_st = file::stat(parent)?;
+    let parent_owner = || act_as(parent_st.uid, group, &[group, parent_st.gid]);
+    let (entry, st) = {
+        let _owner = parent_owner()?;
+        let entry = file::open_child(parent, name, None)?;
+        let st = file::stat(entry.as_fd())?;
+        (entry, st)
+    };
+    let how = if st.kind == Kind::Directory {
+        let names = {
+            let _owner = act_as(st.uid, group, &[group, st.gid])?;
+            if st.perm & 0o700 != 0o700 {
+                file::chmod(entry.as_fd(), st.perm | 0o700)?;
+            }
+            let stream = file::reopen(entry.as_fd(), Kind::Directory, Access::Directory)?;
+            let mut buf = vec![std::mem::MaybeUninit::uninit(); 64 * 1024];
+            let mut names = Vec::new();
+            loop {
+                let batch = crate::sys::dir::read_batch(stream.as_fd(), &mut buf)?;
+                if batch.is_empty() {
+                    break;
+                }
+                names.extend(
+                    batch
+                        .into_iter()
+                        .map(|e| e.name)
+                        .filter(|n| n.as_slice() != b"." && n.as_slice() != b".."),
+                );
+            }
+            names
+        };
+        for child in names {
+            remove_as_owners(entry.as_fd(), std::ffi::OsStr::from_bytes(&child), group)?;
+        }
+        Remove::Directory
+    } else {
+        Remove::NonDirectory
+    };
+    let _owner = parent_owner()?;
+    file::unlink(parent, name, how)
+}
+
+/// Whether the file system of `dir` keeps each file's owner itself and checks each
+/// call's permissions as its caller's, so that a view acting as its callers gives them
+/// their own files there: the kernel's NFS client with `sec=sys`. Why not otherwise.
+///
+/// # Errors
+/// Why not: another file system, another security flavour, or what failed.
+pub fn keeps_owners(dir: &Path) -> Result<(), String> {
+    let fd = crate::sys::file::open_root(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !crate::sys::file::is_nfs(std::os::fd::AsFd::as_fd(&fd)) {
+        return Err(format!(
+            "{} is not an NFS mount, whose server keeps its callers' owners",
+            dir.display()
+        ));
+    }
+    let options = crate::sys::mount::super_options(dir)
+        .map_err(|e| format!("the mount options of {}: {e}", dir.display()))?;
+    match nfs_security(&options) {
+        "sys" => Ok(()),
+        sec => Err(format!(
+            "{} is mounted sec={sec}: its server knows every call as the node's Kerberos principal, not as the caller's uid, so a view cannot act as its callers there (mount it sec=sys for that)",
+            dir.display()
+        )),
+    }
+}
+
+/// The security flavour of NFS super options (`sec=`; `sys` where none is named).
+fn nfs_security(options: &str) -> &str {
+    options
+        .split(',')
+        .find_map(|o| o.strip_prefix("sec="))
+        .unwrap_or("sys")
+}
+
 /// Why not, naming what would work.
 pub fn idmappable(dir: &Path) -> Result<(), String> {
     let identity = crate::sys::process::IDENTITY_MAP;
@@ -583,15 +758,38 @@ impl Share for LocalShare {
         // made in it is born in that group (subdirectories inherit setgid). Where the
         // share cannot serve native views, the volume is a FUSE one for good, and says
         // why at every publish.
+        // On a share that cannot be idmapped but keeps its callers' owners (NFS), the
+        // volume gets a group all the same, and its views act as their callers.
+        let mut owners = false;
         let native = match spec.native.then(|| self.native_capable()) {
             Some(Ok(())) => Ok(Some(self.free_group()?)),
-            Some(Err(why)) => {
-                tracing::warn!(volume_id = %spec.id, %why, "the volume is a FUSE volume, not a native one, for good");
-                Err(why)
-            }
+            Some(Err(why)) => match self.keeps_owners() {
+                Ok(()) => {
+                    let g = self.free_group()?;
+                    match self.owners_root(&data, g) {
+                        Ok(()) => {
+                            owners = true;
+                            tracing::info!(volume_id = %spec.id, group = g, %why, "the share cannot be idmapped but keeps its callers' owners: the volume's views act as their callers on it");
+                            Ok(Some(g))
+                        }
+                        Err(owners_why) => {
+                            let why = format!("{why}; {owners_why}");
+                            tracing::warn!(volume_id = %spec.id, %why, "the volume is a FUSE volume, not a native one, for good");
+                            Err(why)
+                        }
+                    }
+                }
+                Err(owners_why) => {
+                    let why = format!("{why}; {owners_why}");
+                    tracing::warn!(volume_id = %spec.id, %why, "the volume is a FUSE volume, not a native one, for good");
+                    Err(why)
+                }
+            },
             None => Ok(None),
         };
-        if let Ok(Some(g)) = native {
+        if let Ok(Some(g)) = native
+            && !owners
+        {
             let what = || format!("volume directory {}", data.display());
             std::os::unix::fs::chown(&data, None, Some(g)).map_err(io(what()))?;
             fs::set_permissions(&data, fs::Permissions::from_mode(NATIVE_ROOT_MODE))
@@ -607,6 +805,7 @@ impl Share for LocalShare {
                 .map_or(0, |d| d.as_secs()),
             group: native.clone().ok().flatten(),
             not_native: native.err(),
+            owners,
         };
         self.write_meta(&rec)?;
         Ok(Created::New(rec))
@@ -644,6 +843,31 @@ impl Share for LocalShare {
             match fs::remove_dir_all(&data) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                // What the pods of a volume whose views act as their callers made is
+                // theirs on the server, and a driver whose root it squashes may only
+                // remove what their directories let it: their owners remove it.
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    let what = || format!("volume directory {}", data.display());
+                    let Some(group) = self.get(id)?.filter(|r| r.owners).and_then(|r| r.group)
+                    else {
+                        return Err(io(what())(e));
+                    };
+                    let volumes = crate::sys::file::open_root(&self.root.join("volumes")).map_err(
+                        |errno| ShareError::Io {
+                            what: what(),
+                            errno,
+                        },
+                    )?;
+                    remove_as_owners(
+                        std::os::fd::AsFd::as_fd(&volumes),
+                        std::ffi::OsStr::new(id.as_str()),
+                        group,
+                    )
+                    .map_err(|errno| ShareError::Io {
+                        what: what(),
+                        errno,
+                    })?;
+                }
                 Err(e) => return Err(io(format!("volume directory {}", data.display()))(e)),
             }
         }
@@ -754,6 +978,10 @@ impl Share for LocalShare {
         LocalShare::native_capable(self)
     }
 
+    fn keeps_owners(&self) -> Result<(), String> {
+        keeps_owners(&self.root)
+    }
+
     fn keeps_xattr(&self, name: &std::ffi::CStr) -> Result<(), String> {
         let volumes = self.root.join("volumes");
         let fd = crate::sys::file::open_root(&volumes)
@@ -797,16 +1025,31 @@ impl Share for LocalShare {
         if st.kind != file::Kind::Directory {
             return Err(failed(Errno(libc::ENOTDIR)));
         }
-        if (st.uid, st.gid, st.perm) == (0, group, NATIVE_ROOT_MODE) {
+        // An `owners` volume's root is whoever the server makes of the driver, as the
+        // share's `volumes` directory the driver made is.
+        let owner = if rec.owners {
+            file::stat(std::os::fd::AsFd::as_fd(&volumes))
+                .map_err(failed)?
+                .uid
+        } else {
+            0
+        };
+        if (st.uid, st.gid, st.perm) == (owner, group, NATIVE_ROOT_MODE) {
             return Ok(false);
         }
+        // As a member of the group, which a squashed driver needs to give it back.
+        let _acting = rec
+            .owners
+            .then(|| crate::sys::creds::act_as(0, group, &[group]))
+            .transpose()
+            .map_err(failed)?;
         // chown first: it clears the setgid bit that chmod then sets.
-        file::chown(fd, Some(0), Some(group)).map_err(failed)?;
+        file::chown(fd, Some(owner), Some(group)).map_err(failed)?;
         file::chmod(fd, NATIVE_ROOT_MODE).map_err(failed)?;
         tracing::warn!(
             volume_id = %rec.id,
             was = %format!("{}:{} {:04o}", st.uid, st.gid, st.perm),
-            now = %format!("0:{group} {NATIVE_ROOT_MODE:04o}"),
+            now = %format!("{owner}:{group} {NATIVE_ROOT_MODE:04o}"),
             "a pod changed the native volume's root; restored"
         );
         Ok(true)
@@ -856,6 +1099,74 @@ mod tests {
             serde_json::from_str::<VolumeId>("\"../etc\"").is_err(),
             "validated when read back too"
         );
+    }
+
+    #[test]
+    fn only_an_nfs_share_mounted_sec_sys_keeps_its_callers_owners() {
+        assert_eq!(
+            nfs_security("rw,vers=4.2,sec=sys,clientaddr=127.0.0.1"),
+            "sys"
+        );
+        assert_eq!(nfs_security("rw,vers=3,sec=krb5p"), "krb5p");
+        assert_eq!(nfs_security("rw,vers=4.1"), "sys");
+        let dir = tempfile::tempdir().unwrap();
+        let share = LocalShare::open(dir.path(), ShareInit::Always).unwrap();
+        let why = share.keeps_owners().unwrap_err();
+        assert!(why.contains("is not an NFS mount"), "{why}");
+    }
+
+    /// A volume whose pods made a tree private to them (a directory `0500`, an entry
+    /// `0000` in it) is removed by each directory's owner, acting as such: root's
+    /// capabilities play no part (the owner's uid drops them), as on a share that
+    /// squashes root. A symlink is removed, never followed.
+    #[test]
+    fn a_tree_its_owners_made_private_is_removed_by_them() {
+        use std::os::unix::fs::{chown, lchown, symlink};
+        let dir = tempfile::tempdir().unwrap();
+        let g = NATIVE_GROUP_BASE;
+        let vol = dir.path().join("vol");
+        fs::create_dir(&vol).unwrap();
+        chown(&vol, Some(65534), Some(g)).unwrap();
+        fs::set_permissions(&vol, fs::Permissions::from_mode(NATIVE_ROOT_MODE)).unwrap();
+        let d = vol.join("d");
+        fs::create_dir_all(d.join("e")).unwrap();
+        fs::write(d.join("f"), "x").unwrap();
+        symlink("/etc", d.join("l")).unwrap();
+        for p in [d.join("e"), d.join("f")] {
+            chown(&p, Some(1000), Some(g)).unwrap();
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o000)).unwrap();
+        }
+        lchown(d.join("l"), Some(1000), Some(g)).unwrap();
+        chown(&d, Some(1000), Some(g)).unwrap();
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o500)).unwrap();
+        let parent = crate::sys::file::open_root(dir.path()).unwrap();
+        remove_as_owners(
+            std::os::fd::AsFd::as_fd(&parent),
+            std::ffi::OsStr::new("vol"),
+            g,
+        )
+        .unwrap();
+        assert!(!vol.exists());
+        assert!(Path::new("/etc/passwd").exists());
+    }
+
+    /// The probe a new volume on a share that keeps owners makes: on a file system
+    /// that keeps the owner a caller makes a file with, the directory keeps nothing of
+    /// it.
+    #[test]
+    fn a_file_system_that_keeps_its_callers_owners_passes_the_probe() {
+        let dir = tempfile::tempdir().unwrap();
+        let vol = dir.path().join("vol");
+        fs::create_dir(&vol).unwrap();
+        std::os::unix::fs::chown(&vol, None, Some(NATIVE_GROUP_BASE)).unwrap();
+        fs::set_permissions(&vol, fs::Permissions::from_mode(NATIVE_ROOT_MODE)).unwrap();
+        let root = crate::sys::file::open_root(&vol).unwrap();
+        probe_owner(std::os::fd::AsFd::as_fd(&root), NATIVE_GROUP_BASE).unwrap();
+        assert_eq!(fs::read_dir(&vol).unwrap().count(), 0);
+        // A caller the directory keeps out: the probe says so.
+        fs::set_permissions(&vol, fs::Permissions::from_mode(0o755)).unwrap();
+        let why = probe_owner(std::os::fd::AsFd::as_fd(&root), NATIVE_GROUP_BASE).unwrap_err();
+        assert!(why.contains("refuses its callers' own ids"), "{why}");
     }
 
     #[test]

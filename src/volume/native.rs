@@ -21,6 +21,7 @@ pub fn refusal(options: &ViewOptions) -> Option<String> {
     let mut node = Asking {
         share: || Ok(()),
         records: || Records::Trusted,
+        owners: || Ok(()),
         pod: || Pod::HostUsers,
     };
     native_or_why(Some(0), false, options, &mut node)

@@ -793,6 +793,7 @@ impl Node {
             &Publish {
                 volume_group: record.and_then(|r| r.group),
                 not_native: record.and_then(|r| r.not_native.as_deref()),
+                owners: record.is_some_and(|r| r.owners),
                 secrets: kind == ViewKind::InlineSecrets,
                 options,
                 recorded,
@@ -801,6 +802,7 @@ impl Node {
             &mut serve::Asking {
                 share: || self.share.native_capable(),
                 records: || self.share_records(),
+                owners: || self.share.keeps_owners(),
                 pod: || self.pods.pod(pod),
             },
         )?;

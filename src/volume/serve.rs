@@ -36,6 +36,11 @@ pub enum Mechanism {
     /// attributes ([`user_record_options`]), where the share keeps those but no
     /// `trusted.` ones.
     UserRecords,
+    /// A FUSE view with the native presentation of a volume whose share keeps its
+    /// callers' owners (NFS), acting as each caller there (`ownership=share`,
+    /// [`as_callers_options`]): what a pod makes is its own on the server, which
+    /// checks what it may do.
+    AsCallers { disk_group: u32 },
 }
 
 impl Mechanism {
@@ -47,7 +52,10 @@ impl Mechanism {
     /// Whether it shows a native volume as a native view does (the native view and its
     /// twin): the volume's root must then be the volume's group's.
     pub fn native_presentation(self) -> bool {
-        matches!(self, Mechanism::Native { .. } | Mechanism::Twin { .. })
+        matches!(
+            self,
+            Mechanism::Native { .. } | Mechanism::Twin { .. } | Mechanism::AsCallers { .. }
+        )
     }
 
     /// Its name in metrics and logs.
@@ -58,6 +66,7 @@ impl Mechanism {
             Mechanism::Twin { .. } => "fuse-native",
             Mechanism::Unrecorded => "fuse-cifs",
             Mechanism::UserRecords => "fuse-user-xattr",
+            Mechanism::AsCallers { .. } => "fuse-as-callers",
         }
     }
 
@@ -81,7 +90,8 @@ impl Mechanism {
             Mechanism::Twin { .. }
             | Mechanism::Fuse
             | Mechanism::Unrecorded
-            | Mechanism::UserRecords => views
+            | Mechanism::UserRecords
+            | Mechanism::AsCallers { .. } => views
                 .start(source, target, &self.fuse_options(options))
                 .map(Some),
         }
@@ -94,6 +104,7 @@ impl Mechanism {
             Mechanism::Twin { disk_group } => native::twin_options(options, disk_group),
             Mechanism::Unrecorded => unrecorded_options(options),
             Mechanism::UserRecords => user_record_options(options),
+            Mechanism::AsCallers { disk_group } => as_callers_options(options, disk_group),
             Mechanism::Fuse | Mechanism::Native { .. } => options.clone(),
         }
     }
@@ -106,7 +117,8 @@ impl Mechanism {
             Mechanism::Fuse
             | Mechanism::Twin { .. }
             | Mechanism::Unrecorded
-            | Mechanism::UserRecords => match mount::health(target) {
+            | Mechanism::UserRecords
+            | Mechanism::AsCallers { .. } => match mount::health(target) {
                 Health::Mounted(t) if t == VIEW_FSTYPE => Check::Serving,
                 Health::Mounted(other) => Check::Foreign(other),
                 Health::Dead => Check::Dead,
@@ -133,7 +145,8 @@ impl Mechanism {
             Mechanism::Fuse
             | Mechanism::Twin { .. }
             | Mechanism::Unrecorded
-            | Mechanism::UserRecords => views.stop(target, pid),
+            | Mechanism::UserRecords
+            | Mechanism::AsCallers { .. } => views.stop(target, pid),
         }
     }
 }
@@ -223,6 +236,9 @@ pub enum Fallback {
     /// The request's semantics keep records, and the share keeps `user.` extended
     /// attributes but no `trusted.` ones (why not).
     UserRecords(String),
+    /// A hand mount of a source whose server keeps its callers' owners (NFS): the view
+    /// acts as its callers, as the driver serves the volumes it makes there (how).
+    OwnersOnShare(String),
 }
 
 impl Fallback {
@@ -241,6 +257,7 @@ impl Fallback {
             Fallback::PodUnknown(_) => "pod-unknown",
             Fallback::NoRecords(_) => "share-keeps-no-records",
             Fallback::UserRecords(_) => "share-keeps-user-records",
+            Fallback::OwnersOnShare(_) => "share-keeps-owners",
         }
     }
 
@@ -287,6 +304,7 @@ impl std::fmt::Display for Fallback {
                 f,
                 "{why}: the view has CIFS semantics without records (owner root, the pod's group, files 0664 and directories 0775 unless the request gave CIFS options; chown and chmod succeed with no effect, as on a kernel CIFS mount without unix extensions). Give the share a file system with extended attributes for fsGroup semantics"
             ),
+            Fallback::OwnersOnShare(how) => f.write_str(how),
             Fallback::UserRecords(why) => write!(
                 f,
                 "{why}: the view keeps its records (chown, chmod, the creator's uid) in user.mountgroup.owner, which every view hides and refuses, but which a process that reaches the share other than through a view (another client of the server) can change; symlinks and FIFOs take no user.* attributes, so they show the derived owner and refuse chown"
@@ -360,6 +378,9 @@ pub struct Publish<'a> {
     pub volume_group: Option<u32>,
     /// Why the share could not serve native views when the volume was made, if so.
     pub not_native: Option<&'a str>,
+    /// Whether the volume's views act as their callers on a share that keeps their
+    /// owners (its record's `owners`).
+    pub owners: bool,
     /// A secret view (its content is on a tmpfs of the node plugin's, not the share).
     pub secrets: bool,
     /// The view options of the request (its `mount_flags`, group and read-only).
@@ -391,6 +412,14 @@ pub enum Refusal {
     /// gained with `FUSE_ALLOW_IDMAP` in Linux 6.12), and a native view is an idmapped
     /// mount, which `can_idmap_mount` refuses to idmap again.
     UserNamespaceWithoutIdmap,
+    /// A pod in a user namespace on a volume whose views act as their callers: its
+    /// runtime idmaps the view, and FUSE sends an idmapped mount's requests other than
+    /// creations without their callers' ids (`FUSE_INVALID_UIDGID`,
+    /// include/uapi/linux/fuse.h), so the view could not act as them.
+    UserNamespaceActing,
+    /// A volume whose views act as their callers, on a node whose share cannot be
+    /// acted on so (why).
+    OwnersNotHere(String),
 }
 
 impl std::fmt::Display for Refusal {
@@ -400,6 +429,13 @@ impl std::fmt::Display for Refusal {
                 f,
                 "runs in a user namespace (hostUsers: false), whose runtime idmaps every volume, and this node's kernel ({}) cannot idmap a mountgroup view (FUSE_ALLOW_IDMAP needs Linux 6.12 or later): run the pod on a node with a newer kernel, or with hostUsers: true",
                 crate::sys::kernel_release()
+            ),
+            Refusal::UserNamespaceActing => f.write_str(
+                "runs in a user namespace (hostUsers: false), whose runtime idmaps every volume, and this volume's views act as their callers on its NFS share, which an idmapped view cannot (FUSE does not tell it who calls): run the pod with hostUsers: true",
+            ),
+            Refusal::OwnersNotHere(why) => write!(
+                f,
+                "uses a volume whose views act as their callers on its share, which this node's mount of the share cannot serve: {why}"
             ),
         }
     }
@@ -412,6 +448,8 @@ pub trait Ask {
     fn native_share(&mut self) -> Result<(), String>;
     /// Which records the share keeps.
     fn share_records(&mut self) -> Records;
+    /// Whether this node's share keeps its callers' owners, or why not.
+    fn share_owners(&mut self) -> Result<(), String>;
     /// What the pod is.
     fn pod(&mut self) -> Pod;
 }
@@ -429,22 +467,27 @@ impl Ask for PodOnce<'_> {
     fn share_records(&mut self) -> Records {
         self.node.share_records()
     }
+    fn share_owners(&mut self) -> Result<(), String> {
+        self.node.share_owners()
+    }
     fn pod(&mut self) -> Pod {
         self.pod.get_or_insert_with(|| self.node.pod()).clone()
     }
 }
 
-/// [`Ask`] by three functions.
-pub struct Asking<S, R, P> {
+/// [`Ask`] by four functions.
+pub struct Asking<S, R, O, P> {
     pub share: S,
     pub records: R,
+    pub owners: O,
     pub pod: P,
 }
 
-impl<S, R, P> Ask for Asking<S, R, P>
+impl<S, R, O, P> Ask for Asking<S, R, O, P>
 where
     S: FnMut() -> Result<(), String>,
     R: FnMut() -> Records,
+    O: FnMut() -> Result<(), String>,
     P: FnMut() -> Pod,
 {
     fn native_share(&mut self) -> Result<(), String> {
@@ -452,6 +495,9 @@ where
     }
     fn share_records(&mut self) -> Records {
         (self.records)()
+    }
+    fn share_owners(&mut self) -> Result<(), String> {
+        (self.owners)()
     }
     fn pod(&mut self) -> Pod {
         (self.pod)()
@@ -493,6 +539,15 @@ pub fn user_record_options(options: &ViewOptions) -> ViewOptions {
     ViewOptions {
         ownership: Ownership::EmulateUser,
         ..options.clone()
+    }
+}
+
+/// The options of a view that acts as its callers on a share that keeps their owners:
+/// the twin's presentation of the volume's group, `ownership=share`.
+pub fn as_callers_options(options: &ViewOptions, disk_group: u32) -> ViewOptions {
+    ViewOptions {
+        ownership: Ownership::Share,
+        ..native::twin_options(options, disk_group)
     }
 }
 
@@ -558,11 +613,76 @@ pub fn hand_mount_options(source: &Path, options: &ViewOptions) -> (ViewOptions,
                 e => format!("extended attribute {}: {e}", name.to_string_lossy()),
             })
     };
+    if let Some(acting) = hand_as_callers(source, std::os::fd::AsFd::as_fd(&root), options) {
+        return acting;
+    }
     let records = || Records::probed(keeps(RECORD_XATTR), || keeps(USER_RECORD_XATTR));
     match records_fallback(options, records) {
         Some((mechanism, f)) => (mechanism.fuse_options(options), Some(f)),
         None => (options.clone(), None),
     }
+}
+
+/// A hand mount with `gid=` and the group view's or the native presentation, of a
+/// source whose server keeps its callers' owners ([`crate::share::keeps_owners`]): as
+/// the driver serves the volumes it makes there, a view that acts as its callers, the
+/// source's own group (or `disk_gid=`) as the volume's, shown as `gid=`. Not for a
+/// source in group 0, which no pod's files should be made in.
+fn hand_as_callers(
+    source: &Path,
+    root: std::os::fd::BorrowedFd<'_>,
+    options: &ViewOptions,
+) -> Option<(ViewOptions, Option<Fallback>)> {
+    let shown = options.group?.get();
+    let presentation = match options.mode {
+        ViewMode::Native => true,
+        ViewMode::FsGroup => matches!(
+            fuse_only_option(options),
+            None | Some(Fallback::SelinuxContext)
+        ),
+        ViewMode::Cifs => false,
+    };
+    if !presentation || crate::share::keeps_owners(source).is_err() {
+        return None;
+    }
+    let disk_group = match options.disk_group {
+        Some(g) => g,
+        None => crate::sys::file::stat(root).ok()?.gid,
+    };
+    if disk_group == 0 {
+        return None;
+    }
+    let how = format!(
+        "{} is on NFS, whose server keeps owners and checks each caller's permissions: the view acts as each caller there (ownership=share), the source's group {disk_group} shown as {shown}, as the driver serves the volumes it makes on NFS",
+        source.display()
+    );
+    Some((
+        as_callers_options(options, disk_group),
+        Some(Fallback::OwnersOnShare(how)),
+    ))
+}
+
+/// How a new publish of a volume whose views act as their callers is served: so,
+/// unless the request's options are a FUSE view's own semantics (CIFS options, an
+/// option only a FUSE view has), which [`decide`] serves as for any volume; refused
+/// for a pod in a user namespace and where this node's share cannot be acted on.
+fn as_callers(publish: &Publish<'_>, node: &mut dyn Ask) -> Result<Option<Served>, Refusal> {
+    let (true, Some(disk_group), false) = (publish.owners, publish.volume_group, publish.secrets)
+    else {
+        return Ok(None);
+    };
+    match fuse_only_option(publish.options) {
+        None | Some(Fallback::SelinuxContext) => {}
+        Some(_) => return Ok(None),
+    }
+    node.share_owners().map_err(Refusal::OwnersNotHere)?;
+    if node.pod() == Pod::UserNamespace {
+        return Err(Refusal::UserNamespaceActing);
+    }
+    Ok(Some(Served {
+        mechanism: Mechanism::AsCallers { disk_group },
+        fallback: None,
+    }))
 }
 
 /// How a publish is served, or why it is refused; the one place that decides it.
@@ -571,6 +691,8 @@ pub fn hand_mount_options(source: &Path, options: &ViewOptions) -> (ViewOptions,
 ///   only while the share still qualifies (a mount made since counts), else its twin.
 /// - A new publish for a pod in a user namespace is refused where this kernel cannot
 ///   idmap a FUSE view ([`Refusal`]).
+/// - A new publish of a volume whose views act as their callers is such a view
+///   ([`Mechanism::AsCallers`]) unless its options are a FUSE view's own semantics.
 /// - A new publish is native unless something stands in the way ([`Fallback`], in the
 ///   order checked); then the twin where only the mechanism cannot serve (the volume's
 ///   presentation is still what the request asked for), else a FUSE view with the
@@ -601,6 +723,9 @@ pub fn decide(publish: &Publish<'_>, node: &mut impl Ask) -> Result<Served, Refu
     let mut node = PodOnce { node, pod: None };
     if publish.fuse_idmap == Some(false) && node.pod() == Pod::UserNamespace {
         return Err(Refusal::UserNamespaceWithoutIdmap);
+    }
+    if let Some(served) = as_callers(publish, &mut node)? {
+        return Ok(served);
     }
     let native = native_or_why(
         publish.volume_group,
@@ -657,6 +782,7 @@ mod tests {
         Asking {
             share,
             records: || Records::Trusted,
+            owners: || -> Result<(), String> { panic!("owners asked of a volume without them") },
             pod,
         }
     }
@@ -666,6 +792,7 @@ mod tests {
         Publish {
             volume_group: Some(G),
             not_native: None,
+            owners: false,
             secrets: false,
             options,
             recorded: None,
@@ -683,6 +810,8 @@ mod tests {
                 s.fallback.as_ref().map_or("-", Fallback::code)
             ),
             Err(Refusal::UserNamespaceWithoutIdmap) => "refused".into(),
+            Err(Refusal::UserNamespaceActing) => "refused-acting".into(),
+            Err(Refusal::OwnersNotHere(_)) => "refused-owners".into(),
         }
     }
 
@@ -914,6 +1043,81 @@ mod tests {
     }
 
     #[test]
+    fn a_volume_whose_share_keeps_its_owners_is_served_acting_as_its_callers() {
+        let o = |s: &str| opts(s);
+        let owners_volume = |options| Publish {
+            owners: true,
+            ..new(options)
+        };
+        let run =
+            |p: &Publish<'_>, owners: &dyn Fn() -> Result<(), String>, pod: &dyn Fn() -> Pod| {
+                outcome(decide(
+                    p,
+                    &mut Asking {
+                        share: || Err::<(), _>("NFS cannot be idmapped".to_string()),
+                        records: || Records::User("no trusted.* attributes".to_string()),
+                        owners: || owners(),
+                        pod: || pod(),
+                    },
+                ))
+            };
+        let ok = || Ok(());
+        let krb = || Err("mounted sec=krb5p".to_string());
+        let never = || -> Result<(), String> { panic!("owners asked of a volume without them") };
+        let host = || Pod::HostUsers;
+        let userns = || Pod::UserNamespace;
+        let (fsgroup, cifs) = (o("gid=4242"), o("gid=4242,file_mode=0640"));
+        let cases: Vec<(&str, String, &str)> = vec![
+            (
+                "fsgroup",
+                run(&owners_volume(&fsgroup), &ok, &host),
+                "fuse-as-callers -",
+            ),
+            (
+                "CIFS options are a FUSE view's own semantics",
+                run(&owners_volume(&cifs), &never, &host),
+                "fuse-user-xattr share-keeps-user-records",
+            ),
+            (
+                "a node that mounts the share sec=krb5p",
+                run(&owners_volume(&fsgroup), &krb, &host),
+                "refused-owners",
+            ),
+            (
+                "a pod in a user namespace",
+                run(&owners_volume(&fsgroup), &ok, &userns),
+                "refused-acting",
+            ),
+            (
+                "a volume made before (no owners) keeps its mechanism",
+                run(&new(&fsgroup), &never, &host),
+                "fuse-native share",
+            ),
+        ];
+        for (what, got, want) in cases {
+            assert_eq!(got, want, "{what}");
+        }
+        // A repeat is served as it was.
+        let acting = Mechanism::AsCallers { disk_group: G };
+        let again = Publish {
+            recorded: Some(acting),
+            ..owners_volume(&fsgroup)
+        };
+        assert_eq!(run(&again, &never, &userns), "fuse-as-callers -");
+        // What the view is started with: the twin's presentation, acting as callers.
+        let served = acting.fuse_options(&fsgroup);
+        assert_eq!(
+            (served.mode, served.disk_group, served.ownership),
+            (ViewMode::Native, Some(G), Ownership::Share)
+        );
+        assert!(acting.native_presentation() && acting.has_process());
+        assert_eq!(
+            ViewOptions::parse(&served.to_option_string()).unwrap(),
+            served
+        );
+    }
+
+    #[test]
     fn a_share_that_keeps_no_records_gets_cifs_semantics_without_any() {
         let none = || Records::None("no extended attributes".to_string());
         let user = || Records::User("no trusted.* extended attributes".to_string());
@@ -931,6 +1135,7 @@ mod tests {
                 &mut Asking {
                     share: no_share,
                     records: || records(),
+                    owners: || Ok(()),
                     pod: host,
                 },
             ))
@@ -1020,6 +1225,7 @@ mod tests {
                 &mut Asking {
                     share: || Ok(()),
                     records: user,
+                    owners: || Ok(()),
                     pod: host,
                 },
             );

@@ -19,6 +19,10 @@ pub enum Owners {
     /// It holds, on both nodes: kept on disk (a native view) or in records on the
     /// share; a new file shows its creator's uid.
     Held,
+    /// The share keeps the owners and checks permissions (NFS, its views acting as
+    /// their callers): a new file shows its creator's uid, its owner's chmod holds on
+    /// both nodes, and root's chown is the server's to refuse (it squashes root).
+    OnShare,
 }
 
 /// Waits until `check` holds, for at most `limit` (a view's attribute and entry
@@ -121,7 +125,7 @@ pub async fn two_nodes_publish_one_volume(
     });
     let creator = match owners {
         Owners::NoEffect => 0,
-        Owners::Held => 1000,
+        Owners::Held | Owners::OnShare => 1000,
     };
     assert_eq!(owner(&ta.join("f")), (creator, 4242, 0o664));
     assert_eq!(owner(&tb.join("f")), (creator, 5151, 0o664));
@@ -165,15 +169,35 @@ pub async fn two_nodes_publish_one_volume(
         &format!("A sees B's append (A reads {:?})", seen()),
         || seen() == "a\nb\n",
     );
-    // A chmod and chown on A: recorded, and seen on B; or no effect on either node.
-    let ran = run_as(
-        0,
-        0,
-        &[],
-        &format!("chmod 600 {0}/g && chown 7 {0}/g", ta.display()),
-    );
-    assert!(ran.ok, "{ran:?}");
+    // A chmod and chown on A: recorded, and seen on B; or no effect on either node;
+    // or the owner's chmod holds and root's chown is refused, as the server decides.
+    if owners == Owners::OnShare {
+        let ran = run_as(
+            1000,
+            1000,
+            &[4242],
+            &format!("chmod 600 {}/g", ta.display()),
+        );
+        assert!(ran.ok, "{ran:?}");
+        let ran = run_as(0, 0, &[], &format!("chown 7 {}/g", ta.display()));
+        assert!(!ran.ok && ran.stderr.contains("not permitted"), "{ran:?}");
+        assert_eq!(owner(&ta.join("g")), (1000, 4242, 0o600));
+        eventually(limit, "B sees A's chmod", || {
+            owner(&tb.join("g")) == (1000, 5151, 0o600)
+        });
+        let ran = run_as(2000, 2000, &[5151], &format!("cat {}/g", tb.display()));
+        assert!(!ran.ok, "{ran:?}");
+    } else {
+        let ran = run_as(
+            0,
+            0,
+            &[],
+            &format!("chmod 600 {0}/g && chown 7 {0}/g", ta.display()),
+        );
+        assert!(ran.ok, "{ran:?}");
+    }
     match owners {
+        Owners::OnShare => {}
         Owners::NoEffect => {
             std::thread::sleep(Duration::from_secs(2));
             assert_eq!(owner(&ta.join("g")), (0, 4242, 0o664));

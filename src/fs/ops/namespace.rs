@@ -337,12 +337,19 @@ impl ViewFs {
             kind: Kind::Regular,
             perm,
         };
-        let unnamed = match self.placement(creator) {
+        let placement = self.placement(creator);
+        let unnamed = match placement {
             Placement::Staged => self
                 .create_unnamed(&p, name, new, creator, disk_perm)
                 .transpose(),
             Placement::Direct => None,
         };
+        // Made under its name by its creator, without `O_EXCL` unless the caller asked
+        // for it, as the raw mount's open makes it: an exclusive create costs NFS a
+        // SETATTR after its OPEN (`nfs4_exclusive_attrset`). What such an open finds
+        // must be a new file all the same, or it is the name appearing (`EEXIST`).
+        let fresh =
+            placement == Placement::Direct && self.acts_as_callers && flags & libc::O_EXCL == 0;
         // Where the file's ownership goes into a record, its attributes are read while
         // the create's reply has them: the record and the rename into place that
         // follow change its ctime only, and an NFS client would ask its server for all
@@ -359,7 +366,7 @@ impl ViewFs {
                 // A reserved name is the daemon's alone: no view lets anyone make
                 // one, and it is random, so no writer of the share can guess it.
                 |dir, n| {
-                    if is_reserved_name(n.as_bytes()) {
+                    if fresh || is_reserved_name(n.as_bytes()) {
                         file::create_fresh(dir, n, disk_perm)
                     } else {
                         file::create_file(dir, n, disk_perm)
