@@ -751,7 +751,14 @@ fn assert_owners_view(root: &Path, target: &Path, kept: Kept) {
     if kept == Kept::Owners {
         // Squashed, root may not even look into the pod's 0750 directory.
         assert!(!chown.ok, "{chown:?}");
-        assert_eq!(owner(&target.join("d/g")).0, 1000);
+        // (As the pod sees it: the test's root, squashed, may not look into `d`.)
+        let seen = run_as(
+            1000,
+            1000,
+            &[G],
+            &format!("stat -c %u {}/d/g", target.display()),
+        );
+        assert_eq!(seen.stdout, "1000\n", "{seen:?}");
         // On the server, as its raw mount shows it: the pod's uid and modes, in the
         // volume's own group (its root's).
         let data = root.join("share/volumes/vol");
@@ -1431,7 +1438,9 @@ fn a_view_acting_as_its_callers_costs_the_nfs_server_the_raw_mounts_requests() {
         let raw = counted(true, &raw_dir);
         let view = counted(false, &view_dir);
         // The delegations the client returns depend on those it was given, on
-        // either side: not the view's doing.
+        // either side: not the view's doing. (Without delegations the view costs
+        // more: a second OPEN of each file it opens, and OPEN_DOWNGRADEs, where a
+        // delegation lets the client open locally.)
         let total = |of: &HashMap<String, u64>| {
             of.iter()
                 .filter(|(op, _)| op.as_str() != "DELEGRETURN")
@@ -1456,14 +1465,17 @@ fn a_view_acting_as_its_callers_costs_the_nfs_server_the_raw_mounts_requests() {
         // What the view may cost beyond the raw mount: a create FUSE's own lookup of
         // the new name and the parent's GETATTR; an open of a file a GETATTR, which
         // the client asks when the view opens what it holds again by its descriptor
-        // (the raw mount's open brings the attributes with it); a removal the same of
-        // the file it looked up. A few requests of the client's own (a lease renewal,
-        // a CLOSE of a file another phase left open) fall in any phase.
+        // (the raw mount's open brings the attributes with it); a removal the
+        // kernel's revalidation of the name and the parent's GETATTR where their
+        // entries expired meanwhile (more of them the slower the machine: 433 to 659
+        // GETATTRs for 300 removals under TCG). A few requests of the client's own (a
+        // lease renewal, a CLOSE of a file another phase left open) fall in any phase.
         let allowed = match *name {
-            "create" => 2 * n + n / 10,
+            "create" => 2 * n + n / 2,
             "stat" => n / 10,
             "ls -l" => n / 4,
-            _ => n + n / 5,
+            "delete" => 2 * n,
+            _ => n + n / 2,
         };
         if view > &(raw + allowed) {
             over.push(format!(
