@@ -521,12 +521,6 @@ impl LocalShare {
     }
 }
 
-/// Whether native views of `dir` would work: a clone of its mount can be idmapped,
-/// and a directory can be made and removed through it (not so on CephFS where the
-/// MDS does not take a creation's owner from the client). Asked once per share by
-/// the driver, and by `mountgroup mount --native` of its source.
-///
-/// # Errors
 /// The uid a new owners volume's probe makes a file as: one a pod might run as
 /// (distroless images' `nonroot`).
 const PROBE_UID: u32 = 65532;
@@ -559,7 +553,8 @@ fn probe_owner(dir: std::os::fd::BorrowedFd<'_>, group: u32) -> Result<(), Strin
     }
 }
 
-/// Removes `name` in the directory `parent` and, for a directory, everything in it,
+/// Removes `name` in the directory `parent` (owned by `parent_owner`, uid and gid)
+/// and, for a directory, everything in it,
 /// each directory emptied as its owner (with the volume's `group` and its own), who may
 /// give themselves the access a directory of theirs denies them: on a share that keeps
 /// owners, a squashed driver owns nothing a pod made. Names are taken one at a time,
@@ -569,6 +564,7 @@ fn probe_owner(dir: std::os::fd::BorrowedFd<'_>, group: u32) -> Result<(), Strin
 /// The first error of acting, `chmod`, listing or removing.
 fn remove_as_owners(
     parent: std::os::fd::BorrowedFd<'_>,
+    parent_owner: (u32, u32),
     name: &std::ffi::OsStr,
     group: u32,
 ) -> Result<(), Errno> {
@@ -577,10 +573,9 @@ fn remove_as_owners(
     use std::os::fd::AsFd;
     use std::os::unix::ffi::OsStrExt;
     // The parent's owner reaches the entry: the daemon may not search the directory.
-    let parent_st = file::stat(parent)?;
-    let parent_owner = || act_as(parent_st.uid, group, &[group, parent_st.gid]);
+    let as_parent_owner = || act_as(parent_owner.0, group, &[group, parent_owner.1]);
     let (entry, st) = {
-        let _owner = parent_owner()?;
+        let _owner = as_parent_owner()?;
         let entry = file::open_child(parent, name, None)?;
         let st = file::stat(entry.as_fd())?;
         (entry, st)
@@ -609,13 +604,18 @@ fn remove_as_owners(
             names
         };
         for child in names {
-            remove_as_owners(entry.as_fd(), std::ffi::OsStr::from_bytes(&child), group)?;
+            remove_as_owners(
+                entry.as_fd(),
+                (st.uid, st.gid),
+                std::ffi::OsStr::from_bytes(&child),
+                group,
+            )?;
         }
         Remove::Directory
     } else {
         Remove::NonDirectory
     };
-    let _owner = parent_owner()?;
+    let _owner = as_parent_owner()?;
     file::unlink(parent, name, how)
 }
 
@@ -652,6 +652,12 @@ fn nfs_security(options: &str) -> &str {
         .unwrap_or("sys")
 }
 
+/// Whether native views of `dir` would work: a clone of its mount can be idmapped,
+/// and a directory can be made and removed through it (not so on CephFS where the
+/// MDS does not take a creation's owner from the client). Asked once per share by
+/// the driver, and by `mountgroup mount --native` of its source.
+///
+/// # Errors
 /// Why not, naming what would work.
 pub fn idmappable(dir: &Path) -> Result<(), String> {
     let identity = crate::sys::process::IDENTITY_MAP;
@@ -763,28 +769,27 @@ impl Share for LocalShare {
         let mut owners = false;
         let native = match spec.native.then(|| self.native_capable()) {
             Some(Ok(())) => Ok(Some(self.free_group()?)),
-            Some(Err(why)) => match self.keeps_owners() {
-                Ok(()) => {
-                    let g = self.free_group()?;
-                    match self.owners_root(&data, g) {
-                        Ok(()) => {
-                            owners = true;
-                            tracing::info!(volume_id = %spec.id, group = g, %why, "the share cannot be idmapped but keeps its callers' owners: the volume's views act as their callers on it");
-                            Ok(Some(g))
-                        }
-                        Err(owners_why) => {
-                            let why = format!("{why}; {owners_why}");
-                            tracing::warn!(volume_id = %spec.id, %why, "the volume is a FUSE volume, not a native one, for good");
-                            Err(why)
-                        }
+            Some(Err(why)) => {
+                let acting = match self.keeps_owners() {
+                    Ok(()) => {
+                        let g = self.free_group()?;
+                        self.owners_root(&data, g).map(|()| g)
+                    }
+                    Err(owners_why) => Err(owners_why),
+                };
+                match acting {
+                    Ok(g) => {
+                        owners = true;
+                        tracing::info!(volume_id = %spec.id, group = g, %why, "the share cannot be idmapped but keeps its callers' owners: the volume's views act as their callers on it");
+                        Ok(Some(g))
+                    }
+                    Err(owners_why) => {
+                        let why = format!("{why}; {owners_why}");
+                        tracing::warn!(volume_id = %spec.id, %why, "the volume is a FUSE volume, not a native one, for good");
+                        Err(why)
                     }
                 }
-                Err(owners_why) => {
-                    let why = format!("{why}; {owners_why}");
-                    tracing::warn!(volume_id = %spec.id, %why, "the volume is a FUSE volume, not a native one, for good");
-                    Err(why)
-                }
-            },
+            }
             None => Ok(None),
         };
         if let Ok(Some(g)) = native
@@ -852,21 +857,21 @@ impl Share for LocalShare {
                     else {
                         return Err(io(what())(e));
                     };
-                    let volumes = crate::sys::file::open_root(&self.root.join("volumes")).map_err(
-                        |errno| ShareError::Io {
-                            what: what(),
-                            errno,
-                        },
-                    )?;
+                    let failed = |errno| ShareError::Io {
+                        what: what(),
+                        errno,
+                    };
+                    let volumes =
+                        crate::sys::file::open_root(&self.root.join("volumes")).map_err(failed)?;
+                    let volumes = std::os::fd::AsFd::as_fd(&volumes);
+                    let owner = crate::sys::file::stat(volumes).map_err(failed)?;
                     remove_as_owners(
-                        std::os::fd::AsFd::as_fd(&volumes),
+                        volumes,
+                        (owner.uid, owner.gid),
                         std::ffi::OsStr::new(id.as_str()),
                         group,
                     )
-                    .map_err(|errno| ShareError::Io {
-                        what: what(),
-                        errno,
-                    })?;
+                    .map_err(failed)?;
                 }
                 Err(e) => return Err(io(format!("volume directory {}", data.display()))(e)),
             }
@@ -1142,6 +1147,7 @@ mod tests {
         let parent = crate::sys::file::open_root(dir.path()).unwrap();
         remove_as_owners(
             std::os::fd::AsFd::as_fd(&parent),
+            (0, 0),
             std::ffi::OsStr::new("vol"),
             g,
         )

@@ -541,14 +541,10 @@ pub struct Honouring {
 /// namespace) where it cannot.
 pub fn mounts_honouring_set_id(path: &Path) -> SysResult<Vec<Honouring>> {
     use super::process::mount_namespace;
-    let sx = rustix::fs::statx(rustix::fs::CWD, path, AtFlags::empty(), StatxFlags::MNT_ID)
-        .map_err(super::failed("statx"))?;
-    if sx.stx_mask & StatxFlags::MNT_ID.bits() == 0 {
-        return Err(super::Errno(libc::EOPNOTSUPP));
-    }
+    let id = mount_id(path)?;
     let own =
         std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| super::Errno::from_io(&e))?;
-    let device = device_of_mount_in(&own, sx.stx_mnt_id).ok_or(super::Errno(libc::ENOENT))?;
+    let device = device_of_mount_in(&own, id).ok_or(super::Errno(libc::ENOENT))?;
     let mut found = honouring_in(&own, device, "self");
     if mount_namespace("self") != mount_namespace("1") {
         if let Ok(host) = std::fs::read_to_string("/proc/1/mountinfo") {
@@ -565,31 +561,43 @@ pub fn mounts_honouring_set_id(path: &Path) -> SysResult<Vec<Honouring>> {
 /// The error of `statx` or of reading mountinfo; `ENOENT` where the mount is not
 /// listed.
 pub fn super_options(path: &Path) -> SysResult<String> {
+    let id = mount_id(path)?;
+    let info =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| super::Errno::from_io(&e))?;
+    super_options_in(&info, id).ok_or(super::Errno(libc::ENOENT))
+}
+
+fn super_options_in(mountinfo: &str, id: u64) -> Option<String> {
+    let mut rest = line_of_mount(mountinfo, id)?
+        .split(' ')
+        .skip_while(|f| *f != "-")
+        .skip(3);
+    rest.next().map(str::to_string)
+}
+
+/// The id of the mount that holds `path` (`statx`'s `STATX_MNT_ID`, Linux 5.8).
+///
+/// # Errors
+/// The error of `statx(2)`; `EOPNOTSUPP` where the kernel gives no mount id.
+fn mount_id(path: &Path) -> SysResult<u64> {
     let sx = rustix::fs::statx(rustix::fs::CWD, path, AtFlags::empty(), StatxFlags::MNT_ID)
         .map_err(super::failed("statx"))?;
     if sx.stx_mask & StatxFlags::MNT_ID.bits() == 0 {
         return Err(super::Errno(libc::EOPNOTSUPP));
     }
-    let info =
-        std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| super::Errno::from_io(&e))?;
-    super_options_in(&info, sx.stx_mnt_id).ok_or(super::Errno(libc::ENOENT))
+    Ok(sx.stx_mnt_id)
 }
 
-fn super_options_in(mountinfo: &str, id: u64) -> Option<String> {
-    let line = mountinfo
+/// The line of the mount with id `id` in `mountinfo`.
+fn line_of_mount(mountinfo: &str, id: u64) -> Option<&str> {
+    mountinfo
         .lines()
-        .find(|l| l.split(' ').next().and_then(|f| f.parse::<u64>().ok()) == Some(id))?;
-    let mut rest = line.split(' ').skip_while(|f| *f != "-").skip(3);
-    rest.next().map(str::to_string)
+        .find(|l| l.split(' ').next().and_then(|f| f.parse::<u64>().ok()) == Some(id))
 }
 
 /// The device (`major`, `minor`) of the mount with id `id` in `mountinfo`.
 fn device_of_mount_in(mountinfo: &str, id: u64) -> Option<(u32, u32)> {
-    device_of_line(
-        mountinfo
-            .lines()
-            .find(|l| l.split(' ').next().and_then(|f| f.parse::<u64>().ok()) == Some(id))?,
-    )
+    device_of_line(line_of_mount(mountinfo, id)?)
 }
 
 /// The mounts of `device` in `mountinfo` whose per-mount options lack `nosuid` or

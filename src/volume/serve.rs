@@ -636,10 +636,7 @@ fn hand_as_callers(
     let shown = options.group?.get();
     let presentation = match options.mode {
         ViewMode::Native => true,
-        ViewMode::FsGroup => matches!(
-            fuse_only_option(options),
-            None | Some(Fallback::SelinuxContext)
-        ),
+        ViewMode::FsGroup => acting_serves(options),
         ViewMode::Cifs => false,
     };
     if !presentation || crate::share::keeps_owners(source).is_err() {
@@ -662,6 +659,15 @@ fn hand_as_callers(
     ))
 }
 
+/// Whether a view acting as its callers serves what `options` ask: not CIFS options or
+/// another option only a FUSE view's own semantics have (`context=` it can give).
+fn acting_serves(options: &ViewOptions) -> bool {
+    matches!(
+        fuse_only_option(options),
+        None | Some(Fallback::SelinuxContext)
+    )
+}
+
 /// How a new publish of a volume whose views act as their callers is served: so,
 /// unless the request's options are a FUSE view's own semantics (CIFS options, an
 /// option only a FUSE view has), which [`decide`] serves as for any volume; refused
@@ -671,9 +677,8 @@ fn as_callers(publish: &Publish<'_>, node: &mut dyn Ask) -> Result<Option<Served
     else {
         return Ok(None);
     };
-    match fuse_only_option(publish.options) {
-        None | Some(Fallback::SelinuxContext) => {}
-        Some(_) => return Ok(None),
+    if !acting_serves(publish.options) {
+        return Ok(None);
     }
     node.share_owners().map_err(Refusal::OwnersNotHere)?;
     if node.pod() == Pod::UserNamespace {
