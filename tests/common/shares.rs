@@ -192,11 +192,14 @@ pub fn mount_cifs(samba: &Samba, at: &Path, options: &str) -> Unmount {
     Unmount(at.to_path_buf())
 }
 
-/// knfsd exporting `export` to 127.0.0.1 (NFS 4 only) with `options`, started as far
-/// as this machine does not run it already; what the test started is stopped on drop.
+/// knfsd exporting `export` to 127.0.0.1 (NFS 3 and 4, over TCP) with `options`,
+/// started as far as this machine does not run it already; what the test started is
+/// stopped on drop.
 pub struct Knfsd {
     export: PathBuf,
     mountd: Option<Child>,
+    rpcbind: Option<Child>,
+    statd: Option<Child>,
     started_nfsd: bool,
     var_lib_nfs: Option<Unmount>,
     /// One knfsd at a time: the machine has one export table and one /var/lib/nfs.
@@ -237,9 +240,37 @@ impl Knfsd {
             assert!(Instant::now() < gone, "rpc.mountd does not stop");
             std::thread::sleep(Duration::from_millis(100));
         }
+        // NFS 3 finds mountd through rpcbind, and knfsd registers its NFS 3 service
+        // there or does not start it: one of the test's own where none listens.
+        let rpcbind = if std::net::TcpStream::connect(("127.0.0.1", 111)).is_ok() {
+            None
+        } else {
+            let child = Command::new("rpcbind")
+                .arg("-f")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("rpcbind is installed (nfs-kernel-server depends on it)");
+            wait_listening(111, "rpcbind");
+            Some(child)
+        };
+        // NFS 3's locks: the client's lockd asks statd to watch the server (and
+        // mount.nfs refuses a mount with locks without one). Its state in the test's
+        // /var/lib/nfs.
+        for sm in ["sm", "sm.bak"] {
+            fs::create_dir(Path::new("/var/lib/nfs").join(sm)).unwrap();
+        }
+        let statd = Some(
+            Command::new("rpc.statd")
+                .args(["--foreground", "--no-notify"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("rpc.statd is installed (nfs-common)"),
+        );
         let mountd = Some(
             Command::new("rpc.mountd")
-                .args(["--foreground", "--no-nfs-version", "3"])
+                .arg("--foreground")
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -251,6 +282,9 @@ impl Knfsd {
         // period knfsd takes: in its grace period (90 s by default, from its start)
         // it answers every create "try later", and a driver laying its share out
         // waits that long.
+        // NFS 3's lock manager has a grace period of its own (50 s by default), in
+        // which it answers every new lock "try later": SQLite's first lock waits it out.
+        let _ = fs::write("/proc/sys/fs/nfs/nlm_grace_period", "10");
         sh(&format!(
             "rpc.nfsd 0 && echo 10 > /proc/fs/nfsd/nfsv4gracetime && echo 10 > /proc/fs/nfsd/nfsv4leasetime && {NFSD_START}"
         ));
@@ -263,6 +297,8 @@ impl Knfsd {
         Knfsd {
             export: export.to_path_buf(),
             mountd,
+            rpcbind,
+            statd,
             started_nfsd,
             var_lib_nfs,
             _one: one,
@@ -270,8 +306,8 @@ impl Knfsd {
     }
 }
 
-/// How the tests start knfsd's threads: NFS 4 over TCP.
-const NFSD_START: &str = "rpc.nfsd --no-nfs-version 3 --no-udp 4";
+/// How the tests start knfsd's threads: NFS 3 and 4 over TCP.
+const NFSD_START: &str = "rpc.nfsd --no-udp 4";
 
 impl Knfsd {
     /// Stops the server's threads (its exports and state directory kept) until the
@@ -322,7 +358,7 @@ pub fn mount_nfs_with(export: &Path, at: &Path, options: &str) -> Unmount {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let out = Command::new("mount")
-            .args(["-t", "nfs4", "-o", options])
+            .args(["-t", "nfs", "-o", options])
             .arg(format!("127.0.0.1:{}", export.display()))
             .arg(at)
             .output()
@@ -357,9 +393,12 @@ impl Drop for Knfsd {
         if self.started_nfsd {
             let _ = Command::new("rpc.nfsd").arg("0").status();
         }
-        if let Some(m) = &mut self.mountd {
-            let _ = m.kill();
-            let _ = m.wait();
+        for child in [&mut self.mountd, &mut self.statd, &mut self.rpcbind]
+            .into_iter()
+            .flatten()
+        {
+            let _ = child.kill();
+            let _ = child.wait();
         }
         self.var_lib_nfs.take();
     }
