@@ -9,6 +9,8 @@
 mod common;
 #[path = "common/driver.rs"]
 mod driver;
+#[path = "common/keeper.rs"]
+mod keeper;
 #[path = "common/nodes.rs"]
 mod nodes;
 #[path = "common/outage.rs"]
@@ -46,8 +48,10 @@ enum Kept {
 /// `root/share`: a view, never a failed publish, with the semantics the share can
 /// hold and why in the metric and the log. Where it keeps `user.*` attributes, a pod
 /// sees its own uid on what it makes, and its chmod holds: git and PostgreSQL run as
-/// the pod's user. Where it keeps none, CIFS semantics without records.
-async fn default_publish_on_a_share(root: &Path, staging: &Path, kept: Kept) {
+/// the pod's user. Where it keeps none, CIFS semantics without records. With
+/// `crash`, a view that acts as its callers is killed under a pod's open private
+/// files ([`assert_private_opens_outlive_a_crash`]).
+async fn default_publish_on_a_share(root: &Path, staging: &Path, kept: Kept, crash: bool) {
     let (d, mut c, target, _unmount) = default_publish(root, staging, G).await;
     match kept {
         Kept::Nothing => {
@@ -70,6 +74,9 @@ async fn default_publish_on_a_share(root: &Path, staging: &Path, kept: Kept) {
                 ("fuse-as-callers".into(), String::new())
             );
             assert_owners_view(root, &target, Kept::Owners);
+            if crash {
+                assert_private_opens_outlive_a_crash(&target);
+            }
         }
     }
     // Symlinks, as the share holds them (SMB with mfsymlinks, NFS).
@@ -185,7 +192,7 @@ async fn an_azure_files_like_share_serves_the_default_publish() {
         !refused.status.success(),
         "the share keeps no extended attributes"
     );
-    default_publish_on_a_share(root, &f.subdir("staging"), Kept::Nothing).await;
+    default_publish_on_a_share(root, &f.subdir("staging"), Kept::Nothing, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -196,7 +203,7 @@ async fn a_share_with_sambas_defaults_serves_the_default_publish() {
     // Samba's defaults: extended attributes (user.* only, through SMB), DOS attributes
     // stored in them; SMB3 has no unix extensions without Samba's POSIX extensions.
     let _s = SambaShare::start(&f, "");
-    default_publish_on_a_share(root, &f.subdir("staging"), Kept::UserXattrs).await;
+    default_publish_on_a_share(root, &f.subdir("staging"), Kept::UserXattrs, false).await;
 }
 
 /// A driver on the fixture's share, and a volume published with the fsGroup `G` and
@@ -809,6 +816,50 @@ fn assert_owners_view(root: &Path, target: &Path, kept: Kept) {
     postgres_runs(&target.join("pg"), &pg_sockets(root), &[G]).expect("PostgreSQL on the share");
 }
 
+/// A pod's private file and directory, held open through a view that acts as its
+/// callers while the view's process is killed: the keeper's recovery reopens them,
+/// where the daemon itself (root, squashed to nobody) may open neither, and the pod
+/// goes on writing, reading and listing through what it held.
+fn assert_private_opens_outlive_a_crash(target: &Path) {
+    use std::io::{BufRead, Write};
+    let mut holder = Command::new("setpriv")
+        .args(setpriv_args(1000, 1000, &[G]))
+        .args(["python3", "-c"])
+        .arg(
+            "import os, sys
+os.umask(0o077)
+fd = os.open('held', os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+os.write(fd, b'a')
+os.mkdir('private', 0o700)
+open('private/in', 'w').close()
+d = os.open('private', os.O_RDONLY | os.O_DIRECTORY)
+print('ready', flush=True)
+sys.stdin.readline()
+os.write(fd, b'b')
+os.lseek(fd, 0, 0)
+print(os.read(fd, 10).decode(), ','.join(os.listdir(d)), flush=True)",
+        )
+        .current_dir(target)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    keeper::kill_view(target);
+    writeln!(holder.stdin.take().unwrap()).unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let status = holder.wait().unwrap();
+    assert!(
+        status.success() && line == "ab in\n",
+        "after the view's recovery the pod's held file and directory gave {line:?} ({status})"
+    );
+    assert_eq!(owner(&target.join("held")), (1000, G, 0o600));
+}
+
 /// The share's server crashes and comes back, under the `soft` mount the CIFS client
 /// makes by default (Azure Files): the view does not die with it. While the server is
 /// away a dozen callers through the view and a dozen on the share's own mount look up
@@ -1244,7 +1295,9 @@ async fn a_root_squashed_nfs_export_serves_the_default_publish() {
         assert_eq!(owner(&served.join("probe")).0, 65534);
         fs::remove_file(root.join("share/probe")).unwrap();
         fs::create_dir(root.join("staging")).unwrap();
-        default_publish_on_a_share(&root, &root.join("staging"), Kept::Owners).await;
+        // The view killed under a pod's open private files on one version (what the
+        // recovery reopens them as does not depend on it).
+        default_publish_on_a_share(&root, &root.join("staging"), Kept::Owners, vers == "4.1").await;
         // A volume as an earlier driver made it on this share: no group of its own. (A
         // driver of its own on a mount of its own: the last one's went with it.)
         let root = f.subdir(&format!("nfs-{vers}-earlier"));

@@ -643,7 +643,7 @@ fn recover(
     if lost > 0 {
         tracing::warn!(
             lost,
-            "open handles of files deleted while open could not be reopened; they answer EBADF"
+            "open handles could not be reopened (their files deleted while open, or since made unreadable to their owners and groups); they answer EBADF"
         );
     }
     let (session, template) = serve_adopted(view, &dev, replayed.negotiated, cfg)?;

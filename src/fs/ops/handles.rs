@@ -1,10 +1,16 @@
 //! Open files: the handle table and I/O through the daemon.
 
 use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
 
 use super::super::journal::{Entry, Journal, Journaling, Replayed};
 use super::super::snapshot::{FileSnapshot, HandleSnapshot, Passthrough, ViewSnapshot};
 use super::*;
+
+/// The uid a recovery reopens a file as to be a member of its group but not its
+/// owner ([`ViewFs::reopen_for_recovery`]): one no account uses (the driver's probe
+/// of a share's owners makes its file as this uid too).
+const MEMBER_UID: u32 = 65532;
 
 impl ViewFs {
     pub(super) fn add_handle(&self, h: Handle) -> u64 {
@@ -619,11 +625,51 @@ impl ViewFs {
         Ok(())
     }
 
+    /// Reopens an inode's descriptor for a recovered handle. A view that acts as its
+    /// callers opened it as one of them, and the daemon may not open it at all where
+    /// the share squashes root (a pod's 0600 file on NFS): then as the file's owner,
+    /// in the file's group, and else as a member of its group who is not its owner,
+    /// which between them have every access an opener could have had but an
+    /// outsider's, which a view acting as its callers on a share that keeps owners
+    /// gives no one the others lack. The journal keeps no opener's ids.
+    fn reopen_for_recovery(
+        &self,
+        path_fd: BorrowedFd<'_>,
+        kind: Kind,
+        access: Access,
+    ) -> Result<OwnedFd, Errno> {
+        let denied = match file::reopen(path_fd, kind, access) {
+            Err(e @ (Errno::EACCES | Errno::EPERM)) if self.acts_as_callers => e,
+            done => return done,
+        };
+        let st = file::stat(path_fd)?;
+        // Not the daemon's own ids, which would keep its capabilities; any other uid
+        // than the owner's is a member of the group to the share.
+        let member = if st.uid == MEMBER_UID {
+            MEMBER_UID + 1
+        } else {
+            MEMBER_UID
+        };
+        for uid in [st.uid, member] {
+            if uid == 0 {
+                continue;
+            }
+            let Ok(_acting) = crate::sys::creds::act_as(uid, st.gid, &[st.gid]) else {
+                continue;
+            };
+            if let Ok(fd) = file::reopen(path_fd, kind, access) {
+                return Ok(fd);
+            }
+        }
+        Err(denied)
+    }
+
     /// Rebuilds the tables of a view whose process died, from its journal: the same
     /// node ids, and the open handles with their shared descriptors reopened from the
     /// inodes' handles (with the passthrough registrations they had, which the
     /// connection kept). Returns how many handles could not be reopened (their file
-    /// was deleted while open): those answer `EBADF` from now on.
+    /// was deleted while open, or is open to none of the ids
+    /// [`ViewFs::reopen_for_recovery`] tries): those answer `EBADF` from now on.
     ///
     /// # Errors
     /// [`FsError::Handover`] when the journal is of another root or has none.
@@ -642,7 +688,7 @@ impl ViewFs {
             let path_fd = inode.fd().ok()?;
             let fd = self
                 .inodes
-                .with_fds(|| file::reopen(path_fd.as_fd(), inode.kind, access))
+                .with_fds(|| self.reopen_for_recovery(path_fd.as_fd(), inode.kind, access))
                 .ok()?;
             self.no_atime(&fd, inode.kind);
             Some(fd)
