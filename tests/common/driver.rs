@@ -194,7 +194,9 @@ impl Driver {
     /// json`), as it logged it.
     pub fn metrics_addr(&self) -> String {
         let log = self.log_text();
+        // The last: a driver restarted on the same state appends to its log.
         log.lines()
+            .rev()
             .find(|l| l.contains("serving metrics"))
             .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .and_then(|v| v["fields"]["addr"].as_str().map(String::from))
