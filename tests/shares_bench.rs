@@ -8,7 +8,9 @@
 //!   cargo build --release && VM_TEST_LIMIT=3600 scripts/vm-test 6.12 --systemd shares_bench "--ignored JOB"
 //!
 //! JOB a part of a job's name (`azure_files`, `nfs_export`, `network_latency`,
-//! `at_a_distance`): one at a time, each takes about 25 minutes under TCG.
+//! `at_a_distance`, or one share's latency job: `smb_with_network_latency`,
+//! `nfs_with_network_latency`, `smb_at_a_distance`, `nfs_at_a_distance`): one at a
+//! time, each takes about 25 minutes under TCG (a share's latency job about half).
 //!
 //! Each share's results go to the tier's log directory, `bench-azure-files/` and
 //! `bench-nfs/` (and, with a network's latency on the loopback, `bench-*-latency/` and
@@ -56,6 +58,11 @@ fn bench_on(share: &Path, name: &str, view_options: &str, more: &[&str]) {
 /// The default publish's view options on the Azure-like share: a CIFS view without
 /// records (`unrecorded_options` in src/volume/serve.rs).
 const AZURE_VIEW: &str = "uid=0,file_mode=0664,dir_mode=0775,ownership=off";
+
+/// The view options of a volume the driver makes on NFS: the native presentation,
+/// acting as each caller on the share (`as_callers_options` in src/volume/serve.rs).
+/// The bench's directory keeps the group a squashed root gives it (nobody's).
+const NFS_VIEW: &str = "mode=native,disk_gid=65534,ownership=share";
 
 /// A root-squashed knfsd export (its directory `nobody`'s) mounted as docs/DEPLOY.md
 /// mounts NFS 4.2: the server and the mount, and the mount point.
@@ -105,14 +112,14 @@ fn bench_views_on_an_azure_files_like_share() {
     bench_on(&s.share, "azure-files", AZURE_VIEW, &[]);
 }
 
-/// knfsd with root_squash, NFS 4.2 mounted as docs/DEPLOY.md does: records in
-/// `user.*` attributes (`ownership=emulate-user`).
+/// knfsd with root_squash, NFS 4.2 mounted as docs/DEPLOY.md does: views acting as
+/// their callers, as the driver serves the volumes it makes there ([`NFS_VIEW`]).
 #[test]
 #[ignore = "a benchmark job for the VM tier (see the top of this file)"]
 fn bench_views_on_a_root_squashed_nfs_export() {
     let f = Fixture::new();
     let (_knfsd, _mount, share) = nfs_share(&f);
-    bench_on(&share, "nfs", "ownership=emulate-user", &[]);
+    bench_on(&share, "nfs", NFS_VIEW, &[]);
 }
 
 /// The metadata jobs and the request count on both shares with a 1 ms round trip on
@@ -122,7 +129,22 @@ fn bench_views_on_a_root_squashed_nfs_export() {
 #[test]
 #[ignore = "a benchmark job for the VM tier (see the top of this file)"]
 fn bench_views_on_the_shares_with_network_latency() {
-    latency_job("500us", "-latency", &[]);
+    latency_on_smb("500us", "-latency", &[]);
+    latency_on_nfs("500us", "-latency", &[]);
+}
+
+/// [`bench_views_on_the_shares_with_network_latency`] on the Azure-like share alone.
+#[test]
+#[ignore = "a benchmark job for the VM tier (see the top of this file)"]
+fn bench_views_on_smb_with_network_latency() {
+    latency_on_smb("500us", "-latency", &[]);
+}
+
+/// [`bench_views_on_the_shares_with_network_latency`] on NFS alone.
+#[test]
+#[ignore = "a benchmark job for the VM tier (see the top of this file)"]
+fn bench_views_on_nfs_with_network_latency() {
+    latency_on_nfs("500us", "-latency", &[]);
 }
 
 /// The same with a 10 ms round trip (5 ms each way), a share farther away or busier:
@@ -132,39 +154,56 @@ fn bench_views_on_the_shares_with_network_latency() {
 #[test]
 #[ignore = "a benchmark job for the VM tier (see the top of this file)"]
 fn bench_views_on_the_shares_at_a_distance() {
-    let fewer = [
-        "--rounds",
-        "2",
-        "--nrfiles",
-        "100",
-        "--dir-files",
-        "500",
-        "--walk-files",
-        "500",
-    ];
-    latency_job("5ms", "-distant", &fewer);
+    latency_on_smb("5ms", "-distant", &FEWER);
+    latency_on_nfs("5ms", "-distant", &FEWER);
 }
 
-/// The metadata jobs and the request count on both shares with `one_way` on the VM's
-/// loopback, the results under `bench-{share}{suffix}/`; `more` overrides the counts.
-fn latency_job(one_way: &str, suffix: &str, more: &[&str]) {
-    let mut args = vec!["--jobs", "create,stat,delete,readdir,walk,walk-8k,requests"];
-    args.extend_from_slice(more);
-    {
-        let f = Fixture::new();
-        let s = SambaShare::start(&f, AZURE_FILES);
-        let _latency = Latency::on(one_way);
-        bench_on(&s.share, &format!("azure-files{suffix}"), AZURE_VIEW, &args);
-    }
+/// [`bench_views_on_the_shares_at_a_distance`] on the Azure-like share alone.
+#[test]
+#[ignore = "a benchmark job for the VM tier (see the top of this file)"]
+fn bench_views_on_smb_at_a_distance() {
+    latency_on_smb("5ms", "-distant", &FEWER);
+}
+
+/// [`bench_views_on_the_shares_at_a_distance`] on NFS alone.
+#[test]
+#[ignore = "a benchmark job for the VM tier (see the top of this file)"]
+fn bench_views_on_nfs_at_a_distance() {
+    latency_on_nfs("5ms", "-distant", &FEWER);
+}
+
+/// The counts of the jobs at a distance.
+const FEWER: [&str; 8] = [
+    "--rounds",
+    "2",
+    "--nrfiles",
+    "100",
+    "--dir-files",
+    "500",
+    "--walk-files",
+    "500",
+];
+
+/// The metadata jobs and the request count with a latency on the VM's loopback.
+const LATENCY_JOBS: [&str; 2] = ["--jobs", "create,stat,delete,readdir,walk,walk-8k,requests"];
+
+/// The latency jobs on the Azure-like share with `one_way` on the VM's loopback, the
+/// results under `bench-azure-files{suffix}/`; `more` overrides the counts.
+fn latency_on_smb(one_way: &str, suffix: &str, more: &[&str]) {
+    let f = Fixture::new();
+    let s = SambaShare::start(&f, AZURE_FILES);
+    let _latency = Latency::on(one_way);
+    let args = [&LATENCY_JOBS[..], more].concat();
+    bench_on(&s.share, &format!("azure-files{suffix}"), AZURE_VIEW, &args);
+}
+
+/// The latency jobs on NFS, as [`latency_on_smb`], under `bench-nfs{suffix}/`.
+fn latency_on_nfs(one_way: &str, suffix: &str, more: &[&str]) {
     let f = Fixture::new();
     let (_knfsd, _mount, share) = nfs_share(&f);
     let _latency = Latency::on(one_way);
-    bench_on(
-        &share,
-        &format!("nfs{suffix}"),
-        "ownership=emulate-user",
-        &args,
-    );
+    let args = [&LATENCY_JOBS[..], more].concat();
+    bench_on(&share, &format!("nfs{suffix}"), NFS_VIEW, &args);
 }
 
 /// Many callers at once (issue 58): 32 threads, each in a directory of its own (as
@@ -195,7 +234,7 @@ fn bench_many_callers_on_the_shares() {
         let f = Fixture::new();
         let (_knfsd, _mount, share) = nfs_share(&f);
         let _latency = Latency::on("5ms");
-        callers_on(&f, &share, "nfs", "ownership=emulate-user", &mut table);
+        callers_on(&f, &share, "nfs", NFS_VIEW, &mut table);
     }
     eprintln!("{table}");
     if let Some(out) = std::env::var_os("MOUNTGROUP_VM_OUT") {
