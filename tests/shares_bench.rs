@@ -7,10 +7,11 @@
 //!
 //!   cargo build --release && VM_TEST_LIMIT=3600 scripts/vm-test 6.12 --systemd shares_bench "--ignored JOB"
 //!
-//! JOB a part of a job's name (`azure_files`, `nfs_export`, `network_latency`,
-//! `at_a_distance`, or one share's latency job: `smb_with_network_latency`,
-//! `nfs_with_network_latency`, `smb_at_a_distance`, `nfs_at_a_distance`): one at a
-//! time, each takes about 25 minutes under TCG (a share's latency job about half).
+//! JOB a part of a job's name that no other job's has (`azure_files`, `nfs_export`,
+//! `the_shares_with_network_latency`, `the_shares_at_a_distance`, or one share's
+//! latency job: `smb_with_network_latency`, `nfs_with_network_latency`,
+//! `smb_at_a_distance`, `nfs_at_a_distance`): one at a time, each takes about 25
+//! minutes under TCG (a share's latency job about half).
 //!
 //! Each share's results go to the tier's log directory, `bench-azure-files/` and
 //! `bench-nfs/` (and, with a network's latency on the loopback, `bench-*-latency/` and
