@@ -1088,8 +1088,8 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
 }
 
 /// A view that acts as its callers (`ownership=share`) on a root-squashed export, by
-/// hand, on NFS 4.2, 4.1 (the cloud file services' version) and 3 (most NAS'), the
-/// last two without extended attributes: what the pod makes is its own on the server, as a second client sees
+/// hand, on NFS 4.2, 4.1 (the cloud file services' version), 4.0 and 3 (most NAS'),
+/// all but 4.2 without extended attributes: what the pod makes is its own on the server, as a second client sees
 /// it; its chmod works; a member of its group writes where the group may; an outsider
 /// reads nothing private; its root is squashed as on the raw mount; and git,
 /// ssh-keygen and SQLite in WAL mode work as the pod's user. The view keeps no
@@ -1099,7 +1099,7 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
 fn a_view_acting_as_its_callers_gives_a_pod_its_own_files_on_nfs() {
     let f = Fixture::new();
     let (export, _knfsd) = squashed_export(&f, 4246);
-    for vers in ["4.2", "4.1", "3"] {
+    for vers in ["4.2", "4.1", "4.0", "3"] {
         // The volume's directory, as the driver makes it: the volume's own group, setgid.
         let vol = export.join(format!("vol-{vers}"));
         fs::create_dir(&vol).unwrap();
