@@ -1089,8 +1089,8 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
 
 /// A view that acts as its callers (`ownership=share`) on a root-squashed export, by
 /// hand, on NFS 4.2, 4.1 (the cloud file services' version), 4.0 and 3 (most NAS'),
-/// all but 4.2 without extended attributes: what the pod makes is its own on the server, as a second client sees
-/// it; its chmod works; a member of its group writes where the group may; an outsider
+/// all but 4.2 without extended attributes: what the pod makes is its own on the
+/// server, as a second client sees it; its chmod works; a member of its group writes where the group may; an outsider
 /// reads nothing private; its root is squashed as on the raw mount; and git,
 /// ssh-keygen and SQLite in WAL mode work as the pod's user. The view keeps no
 /// records: the server keeps the owners and checks permissions itself.
@@ -1264,10 +1264,10 @@ fn a_view_acting_as_its_callers_gives_a_pod_its_own_files_on_nfs() {
 
 /// The driver's default publish on a root-squashed knfsd export, over NFS 4.2, 4.1
 /// (the cloud file services' version) and 3 (most NAS', with its own lock manager),
-/// the last two without extended attributes: the volume gets
-/// a group of its own and its views act as their callers, so a pod owns what it
-/// makes, on the server too; its chmod holds; git, SQLite and PostgreSQL run as the
-/// pod's user; no records. A volume an earlier driver made (no group: records on 4.2,
+/// the last two without extended attributes: the volume gets a group of its own and
+/// its views act as their callers, so a pod owns what it makes, on the server too;
+/// its chmod holds; git, ssh-keygen, SQLite and PostgreSQL run as the pod's user; no
+/// records; a pod's held private files outlive its view's crash. A volume an earlier driver made (no group: records on 4.2,
 /// CIFS semantics on 4.1 and 3) is served as it was.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]

@@ -521,9 +521,8 @@ impl LocalShare {
     }
 }
 
-/// The uid a new owners volume's probe makes a file as: one a pod might run as
-/// (distroless images' `nonroot`).
-const PROBE_UID: u32 = 65532;
+/// The uid a new owners volume's probe makes a file as: one a pod might run as.
+const PROBE_UID: u32 = crate::sys::creds::SOME_CALLER_UID;
 
 /// Whether the server keeps the owner a caller makes a file with: a file made in the
 /// directory `dir` (of the group `group`) as [`PROBE_UID`], a member of `group`, is

@@ -17,6 +17,10 @@
 
 use super::{Errno, SysResult, failed};
 
+/// A uid to act as some caller who is not root, where the daemon needs one: 65532,
+/// distroless images' `nonroot`, a uid a pod might run as.
+pub const SOME_CALLER_UID: u32 = 65532;
+
 /// What a thread acting as a caller must undo: the daemon's supplementary groups.
 /// Dropping it restores the thread's file-system ids (0) and groups.
 #[derive(Debug)]

@@ -278,13 +278,13 @@ impl Knfsd {
         );
         let threads = fs::read_to_string("/proc/fs/nfsd/threads").unwrap_or_default();
         let started_nfsd = threads.trim() == "0" || threads.trim().is_empty();
+        // NFS 3's lock manager has a grace period of its own (50 s by default), in
+        // which it answers every new lock "try later": SQLite's first lock waits it out.
+        let _ = fs::write("/proc/sys/fs/nfs/nlm_grace_period", "10");
         // Started (again, where the machine runs it already) with the shortest grace
         // period knfsd takes: in its grace period (90 s by default, from its start)
         // it answers every create "try later", and a driver laying its share out
         // waits that long.
-        // NFS 3's lock manager has a grace period of its own (50 s by default), in
-        // which it answers every new lock "try later": SQLite's first lock waits it out.
-        let _ = fs::write("/proc/sys/fs/nfs/nlm_grace_period", "10");
         sh(&format!(
             "rpc.nfsd 0 && echo 10 > /proc/fs/nfsd/nfsv4gracetime && echo 10 > /proc/fs/nfsd/nfsv4leasetime && {NFSD_START}"
         ));

@@ -7,11 +7,6 @@ use super::super::journal::{Entry, Journal, Journaling, Replayed};
 use super::super::snapshot::{FileSnapshot, HandleSnapshot, Passthrough, ViewSnapshot};
 use super::*;
 
-/// The uid a recovery reopens a file as to be a member of its group but not its
-/// owner ([`ViewFs::reopen_for_recovery`]): one no account uses (the driver's probe
-/// of a share's owners makes its file as this uid too).
-const MEMBER_UID: u32 = 65532;
-
 impl ViewFs {
     pub(super) fn add_handle(&self, h: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -627,11 +622,10 @@ impl ViewFs {
 
     /// Reopens an inode's descriptor for a recovered handle. A view that acts as its
     /// callers opened it as one of them, and the daemon may not open it at all where
-    /// the share squashes root (a pod's 0600 file on NFS): then as the file's owner,
-    /// in the file's group, and else as a member of its group who is not its owner,
-    /// which between them have every access an opener could have had but an
-    /// outsider's, which a view acting as its callers on a share that keeps owners
-    /// gives no one the others lack. The journal keeps no opener's ids.
+    /// the share squashes root (a pod's 0600 file on NFS). The journal keeps no
+    /// opener's ids, so it is then reopened as the file's owner, in the file's group,
+    /// and else as a member of that group who is not its owner: one of the two has
+    /// the access any opener had, unless the file grants others more than both.
     fn reopen_for_recovery(
         &self,
         path_fd: BorrowedFd<'_>,
@@ -643,13 +637,10 @@ impl ViewFs {
             done => return done,
         };
         let st = file::stat(path_fd)?;
-        // Not the daemon's own ids, which would keep its capabilities; any other uid
-        // than the owner's is a member of the group to the share.
-        let member = if st.uid == MEMBER_UID {
-            MEMBER_UID + 1
-        } else {
-            MEMBER_UID
-        };
+        // Not the daemon's own ids, which would keep its capabilities; any uid but
+        // the owner's is a member of the group to the share.
+        let some = crate::sys::creds::SOME_CALLER_UID;
+        let member = if st.uid == some { some + 1 } else { some };
         for uid in [st.uid, member] {
             if uid == 0 {
                 continue;
