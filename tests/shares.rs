@@ -1090,10 +1090,11 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
 /// A view that acts as its callers (`ownership=share`) on a root-squashed export, by
 /// hand, on NFS 4.2, 4.1 (the cloud file services' version), 4.0 and 3 (most NAS'),
 /// all but 4.2 without extended attributes: what the pod makes is its own on the
-/// server, as a second client sees it; its chmod works; a member of its group writes where the group may; an outsider
-/// reads nothing private; its root is squashed as on the raw mount; and git,
-/// ssh-keygen and SQLite in WAL mode work as the pod's user. The view keeps no
-/// records: the server keeps the owners and checks permissions itself.
+/// server, as a second client sees it; its chmod works; a member of its group writes
+/// where the group may; an outsider reads nothing private; its root is squashed as
+/// on the raw mount; and git, ssh-keygen and SQLite in WAL mode work as the pod's
+/// user. The view keeps no records: the server keeps the owners and checks
+/// permissions itself.
 #[test]
 #[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 fn a_view_acting_as_its_callers_gives_a_pod_its_own_files_on_nfs() {
@@ -1106,10 +1107,9 @@ fn a_view_acting_as_its_callers_gives_a_pod_its_own_files_on_nfs() {
         chown(&vol, 0, 5000);
         fs::set_permissions(&vol, fs::Permissions::from_mode(0o2775)).unwrap();
         let share = f.subdir(&format!("share-{vers}"));
-        let options = format!("vers={vers},actimeo=1");
-        let _share = mount_nfs_with(&export, &share, &options);
+        let _share = mount_nfs_vers(&export, &share, vers, "");
         let other = f.subdir(&format!("other-{vers}"));
-        let _other = mount_nfs_with(&export, &other, &options);
+        let _other = mount_nfs_vers(&export, &other, vers, "");
         let mnt = f.subdir(&format!("mnt-{vers}"));
         let m = Mounted::start(
             &share.join(format!("vol-{vers}")),
@@ -1286,11 +1286,7 @@ async fn a_root_squashed_nfs_export_serves_the_default_publish() {
         chown(&served, 65534, 65534);
         let root = f.subdir(&format!("nfs-{vers}"));
         fs::create_dir(root.join("share")).unwrap();
-        let _share = mount_nfs_with(
-            &served,
-            &root.join("share"),
-            &format!("vers={vers},actimeo=1"),
-        );
+        let _share = mount_nfs_vers(&served, &root.join("share"), vers, "");
         // Root is squashed: what the driver makes is nobody's on the server.
         fs::write(root.join("share/probe"), "").unwrap();
         assert_eq!(owner(&served.join("probe")).0, 65534);
@@ -1303,11 +1299,7 @@ async fn a_root_squashed_nfs_export_serves_the_default_publish() {
         // driver of its own on a mount of its own: the last one's went with it.)
         let root = f.subdir(&format!("nfs-{vers}-earlier"));
         fs::create_dir(root.join("share")).unwrap();
-        let _share = mount_nfs_with(
-            &served,
-            &root.join("share"),
-            &format!("vers={vers},actimeo=1"),
-        );
+        let _share = mount_nfs_vers(&served, &root.join("share"), vers, "");
         let d = Driver::start_with_metrics_and(&root, &[]);
         let mut c = d.clients().await;
         fs::create_dir(root.join("share/volumes/old")).unwrap();
@@ -1639,8 +1631,7 @@ async fn two_nodes_publish_one_volume_of_a_root_squashed_nfs_export() {
         chown(&served, 65534, 65534);
         // Each node its own client (nosharecache) with DEPLOY.md's attribute cache
         // bound.
-        let mount =
-            |at: &Path| mount_nfs_with(&served, at, &format!("vers={vers},actimeo=1,nosharecache"));
+        let mount = |at: &Path| mount_nfs_vers(&served, at, vers, ",nosharecache");
         two_nodes_publish_one_volume(&Fixture::new(), &mount, "fuse-as-callers", Owners::OnShare)
             .await;
     }

@@ -352,6 +352,15 @@ pub fn mount_nfs(export: &Path, at: &Path, more: &str) -> Unmount {
     mount_nfs_with(export, at, &format!("{DEPLOY_NFS}{more}"))
 }
 
+/// Mounts `export` as [`mount_nfs`] does, at NFS version `vers` (DEPLOY.md's other
+/// options), with `more` options.
+pub fn mount_nfs_vers(export: &Path, at: &Path, vers: &str, more: &str) -> Unmount {
+    let cache = DEPLOY_NFS
+        .strip_prefix("vers=4.2")
+        .expect("DEPLOY_NFS names its version first");
+    mount_nfs_with(export, at, &format!("vers={vers}{cache}{more}"))
+}
+
 /// Mounts `export` of this machine's knfsd on `at` with exactly `options` (another
 /// version than DEPLOY.md's, say), tried again as [`mount_nfs`] is.
 pub fn mount_nfs_with(export: &Path, at: &Path, options: &str) -> Unmount {
