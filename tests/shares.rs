@@ -1360,6 +1360,7 @@ fn a_view_spares_the_nfs_server_what_it_can() {
     let (export, _knfsd) = squashed_export(&f, 4245);
     let share = f.subdir("share");
     let _share = mount_nfs(&export, &share, "");
+    await_delegations(&share);
     let backing = share.join("volume");
     fs::create_dir(&backing).unwrap();
     let m = Mounted::start(&backing, &f.mnt, &["-o", "gid=4242,ownership=emulate-user"]).unwrap();
@@ -1486,6 +1487,7 @@ fn a_view_acting_as_its_callers_costs_the_nfs_server_the_raw_mounts_requests() {
     let (export, _knfsd) = squashed_export(&f, 4248);
     let share = f.subdir("share");
     let _share = mount_nfs(&export, &share, "");
+    await_delegations(&share);
     // The volume's directory as the driver makes it: nobody's (the squashed driver),
     // the volume's own group, setgid.
     let vol = export.join("vol");

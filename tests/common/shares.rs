@@ -441,6 +441,30 @@ pub fn nfs_requests(at: &Path) -> std::collections::HashMap<String, u64> {
     counts
 }
 
+/// Waits until the server gives the client of the NFS 4 mount at `at` delegations,
+/// which the request counts of the tests assume (without them a view opens each file
+/// twice). knfsd gives none while any lock manager of its network is in its grace
+/// period (fs/nfsd/nfs4state.c `nfs4_open_delegation`, `locks_in_grace`), NFS 3's
+/// lockd included, which [`Knfsd::start`] starts with 10 s of it. A file opened
+/// again under a delegation sends no `OPEN`.
+pub fn await_delegations(at: &Path) {
+    let probe = at.join(".delegation-probe");
+    fs::write(&probe, "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let sent = nfs_requests_of(at, || drop(fs::File::open(&probe).unwrap()));
+        if !sent.keys().any(|op| op.starts_with("OPEN")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no delegation from the server: {sent:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    fs::remove_file(&probe).unwrap();
+}
+
 /// What `during` sent the server of the NFS mount at `at`: each request's count.
 pub fn nfs_requests_of(at: &Path, during: impl FnOnce()) -> std::collections::HashMap<String, u64> {
     let before = nfs_requests(at);
