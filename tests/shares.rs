@@ -1624,9 +1624,9 @@ async fn two_nodes_publish_one_volume_of_a_root_squashed_nfs_export() {
     // nfs_lookup_revalidate_delegated). Two machines are two clients; without
     // delegations (leases off, for this test) this one behaves as they would.
     let _leases = Leases::off();
-    // On 4.2, 4.1 (the cloud file services') and 3 (most NAS'), whose client
-    // revalidates by times where 4 has a change attribute.
-    for vers in ["4.2", "4.1", "3"] {
+    // On 4.2, 4.1 (the cloud file services'), 4.0 (older servers') and 3 (most NAS'),
+    // whose client revalidates by times where 4 has a change attribute.
+    for vers in ["4.2", "4.1", "4.0", "3"] {
         progress(&format!("NFS {vers}"));
         let served = export.join(vers);
         fs::create_dir(&served).unwrap();
