@@ -82,6 +82,40 @@ impl Drop for Acting {
     }
 }
 
+/// What the calling thread acts as on file systems: its file-system uid and gid and
+/// its supplementary groups, for another thread to act as the same
+/// ([`ThreadIds::act`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThreadIds {
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+}
+
+/// The calling thread's [`ThreadIds`].
+///
+/// # Errors
+/// The error of `getgroups`.
+pub fn thread_ids() -> SysResult<ThreadIds> {
+    let (uid, gid) = fs_ids();
+    Ok(ThreadIds {
+        uid,
+        gid,
+        groups: own_groups()?,
+    })
+}
+
+impl ThreadIds {
+    /// Makes the calling thread, one of the daemon's, act as these ids until the
+    /// returned guard is dropped ([`act_as`]).
+    ///
+    /// # Errors
+    /// As [`act_as`].
+    pub fn act(&self) -> SysResult<Acting> {
+        act_as(self.uid, self.gid, &self.groups)
+    }
+}
+
 /// Makes the calling thread act as the process does on file systems again: a thread
 /// started while its parent acted as a caller inherits the caller's credentials
 /// (`clone` copies the thread's), which one that lives on to serve others must drop.

@@ -284,6 +284,16 @@ pub fn warm_child(dir: BorrowedFd<'_>, name: &OsStr) {
     );
 }
 
+/// Asks whether the calling thread, with its file-system ids, may search `dir`
+/// (`faccessat2(dir, ".", X_OK, AT_EACCESS)`), for the side effect only: a network
+/// file system keeps the server's answer (the NFS client's access cache, filled by an
+/// `ACCESS` request), so that lookups in `dir` made next on several threads at once
+/// find it there, where each would otherwise ask the server for it (`fs/ops/dirs.rs`).
+/// The result, and any error, are dropped: each lookup meets its own.
+pub fn warm_search(dir: BorrowedFd<'_>) {
+    let _ = rustix::fs::accessat(dir, c".", rustix::fs::Access::EXEC_OK, AtFlags::EACCESS);
+}
+
 /// How a regular file or directory is reopened for I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {

@@ -127,18 +127,123 @@ struct LookedUp<'a> {
     items: VecDeque<(u64, Option<FsResult<Attr>>)>,
 }
 
-/// Starts a thread for part of a listing's lookups; the system may refuse it.
-fn start_helper<'scope, T: Send + 'scope>(
-    scope: &'scope std::thread::Scope<'scope, '_>,
-    work: impl FnOnce() -> T + Send + 'scope,
-) -> std::io::Result<std::thread::ScopedJoinHandle<'scope, T>> {
+/// The threads listings' lookups are spread over: pools of threads started at the
+/// view's first listing that spreads them and kept while the view lives, one pool
+/// for each listing at a time (up to [`MAX_POOLS`]), not threads started for each
+/// chunk of a listing. A thread started after the NFS client cached its answer to
+/// `ACCESS` for a caller does not trust it (fs/nfs/dir.c
+/// `nfs_access_get_cached_locked`: an entry older than the asking task's start, its
+/// "login time", is asked again), so threads started for each chunk each asked the
+/// server whether the caller may search the directory: 33 to 42 `ACCESS` requests for
+/// an `ls -ln` of 300 files where the raw mount's asked 3 (docs/BENCHMARKS.md).
+#[derive(Default)]
+pub(super) struct Helpers {
+    /// Pools kept and not lent to a listing now.
+    idle: Mutex<Vec<rayon::ThreadPool>>,
+    /// Pools kept, lent or not.
+    kept: AtomicUsize,
+    /// Threads started, for tests.
+    started: Arc<AtomicUsize>,
+    /// Whether the log has said that no threads could be started.
+    warned: AtomicBool,
+    /// The file-system ids each part of a listing was looked up with, for tests.
     #[cfg(test)]
-    if no_helpers::refused() {
-        return Err(std::io::Error::other("threads refused by the test"));
+    looked_up_as: Mutex<Vec<(u32, u32)>>,
+}
+
+/// Pools a view keeps: as many listings spread their lookups at once on kept
+/// threads; one more gets a pool of its own for the chunk, as every chunk did before.
+pub(super) const MAX_POOLS: usize = 4;
+
+/// A pool lent to one listing's chunk: kept pools go back when it ends.
+pub(super) struct Lent<'a> {
+    helpers: &'a Helpers,
+    pool: Option<rayon::ThreadPool>,
+    kept: bool,
+}
+
+impl std::ops::Deref for Lent<'_> {
+    type Target = rayon::ThreadPool;
+
+    fn deref(&self) -> &rayon::ThreadPool {
+        self.pool.as_ref().expect("a lent pool until it is dropped")
     }
-    std::thread::Builder::new()
-        .name("mountgroup-lookup".into())
-        .spawn_scoped(scope, work)
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take().filter(|_| self.kept) {
+            lock(&self.helpers.idle).push(pool);
+        }
+    }
+}
+
+impl Helpers {
+    /// A pool of `threads` threads for one chunk of a listing: an idle one, or one
+    /// started now; `None` where the system refuses threads (a pids limit): the
+    /// listing then looks its entries up itself.
+    pub(super) fn lend(&self, threads: usize) -> Option<Lent<'_>> {
+        #[cfg(test)]
+        if no_helpers::refused() {
+            return None;
+        }
+        if let Some(pool) = lock(&self.idle).pop() {
+            return Some(Lent {
+                helpers: self,
+                pool: Some(pool),
+                kept: true,
+            });
+        }
+        let kept = self
+            .kept
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < MAX_POOLS).then_some(n + 1)
+            })
+            .is_ok();
+        let started = Arc::clone(&self.started);
+        let built = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|_| "mountgroup-lookup".into())
+            .start_handler(move |_| {
+                started.fetch_add(1, Ordering::Relaxed);
+                // Started by a request: where the view acts as its callers, a thread
+                // inherits that caller's credentials. Each part a thread looks up is
+                // looked up as its own listing's caller, wholly; between them the
+                // thread is the view.
+                if let Err(e) = crate::sys::creds::as_the_process() {
+                    tracing::warn!(error = %e, "a lookup thread cannot act as the view between listings");
+                }
+            })
+            .build();
+        match built {
+            Ok(pool) => Some(Lent {
+                helpers: self,
+                pool: Some(pool),
+                kept,
+            }),
+            Err(e) => {
+                if kept {
+                    self.kept.fetch_sub(1, Ordering::Relaxed);
+                }
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "no threads for listings' lookups: listings look their entries up one at a time, slower on a network share; raise the pids limit of the cgroup the view runs in");
+                }
+                None
+            }
+        }
+    }
+
+    /// How many threads were started, for tests.
+    #[cfg(test)]
+    pub(super) fn started(&self) -> usize {
+        self.started.load(Ordering::Relaxed)
+    }
+
+    /// The file-system ids of each part looked up so far, emptied.
+    #[cfg(test)]
+    pub(super) fn looked_up_as(&self) -> Vec<(u32, u32)> {
+        std::mem::take(&mut *lock(&self.looked_up_as))
+    }
 }
 
 impl LookedUp<'_> {
@@ -447,6 +552,8 @@ impl ViewFs {
         #[cfg(test)]
         looked_up::add(names.len());
         let look = |part: &[&dir::DirEntry]| -> Vec<FsResult<Attr>> {
+            #[cfg(test)]
+            lock(&self.helpers.looked_up_as).push(crate::sys::creds::fs_ids());
             // The new node ids' journal lines in one write, before the reply gives
             // them to the kernel (it is sent after this returns).
             let _batch = self.inodes.batch_journal();
@@ -458,30 +565,46 @@ impl ViewFs {
             .lookup_threads
             .min(names.len() / self.lookups_per_thread)
             .max(1);
-        let results: Vec<FsResult<Attr>> = if threads == 1 {
-            look(&names)
-        } else {
-            let per = names.len().div_ceil(threads);
-            std::thread::scope(|scope| {
-                let mut parts = names.chunks(per);
-                let mine = parts.next().unwrap_or(&[]);
-                let helpers: Vec<_> = parts
-                    .map(|part| (part, start_helper(scope, move || look(part))))
-                    .collect();
-                let mut all = look(mine);
-                for (part, helper) in helpers {
-                    match helper {
-                        Ok(h) => {
-                            all.extend(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                        }
-                        // No thread to be had (a pids limit, memory): this one does the
-                        // part, where `scope.spawn` would have panicked the worker and
-                        // left its request unanswered.
-                        Err(_) => all.extend(look(part)),
-                    }
+        let pool = (threads > 1)
+            .then(|| self.helpers.lend(self.lookup_threads))
+            .flatten();
+        let results: Vec<FsResult<Attr>> = match pool {
+            None => look(&names),
+            Some(pool) => {
+                use rayon::prelude::*;
+                // Each thread's first lookup checks that the caller may search the
+                // directory; where the client's answer has expired, all asked the
+                // server at once. Asked here first, it is one request, and none where
+                // the answer is still good.
+                if let Ok(fd) = self.dir(dir).and_then(|d| d.fd()) {
+                    file::warm_search(fd.as_fd());
                 }
-                all
-            })
+                let per = names.len().div_ceil(threads);
+                // Where the view acts as its callers, each part is looked up as the
+                // caller this thread acts as now.
+                let ids = self.acts_as_callers.then(crate::sys::creds::thread_ids);
+                let parts: Vec<Vec<FsResult<Attr>>> = pool.install(|| {
+                    names
+                        .par_chunks(per)
+                        .with_max_len(1)
+                        .map(|part| {
+                            let _acting = match ids
+                                .as_ref()
+                                .map(|ids| ids.as_ref().map_err(|e| *e).and_then(|ids| ids.act()))
+                            {
+                                Some(Err(e)) => {
+                                    let e = FsError::from(e);
+                                    return part.iter().map(|_| Err(e)).collect();
+                                }
+                                Some(Ok(acting)) => Some(acting),
+                                None => None,
+                            };
+                            look(part)
+                        })
+                        .collect()
+                });
+                parts.into_iter().flatten().collect()
+            }
         };
         let mut results = results.into_iter();
         for (cookie, probe) in slots {

@@ -290,6 +290,8 @@ pub struct ViewFs {
     /// share (NFS, SMB, CephFS) [`dirs::NETWORK_LOOKUP_THREADS`].
     lookup_threads: usize,
     lookups_per_thread: usize,
+    /// The threads those lookups run on (`dirs.rs`).
+    helpers: dirs::Helpers,
     /// A network share: a walk's listing looks entries up past the reply's room, for
     /// the chunks to come (`dirs.rs`).
     looks_past_room: bool,
@@ -422,6 +424,7 @@ impl ViewFs {
             } else {
                 std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
             },
+            helpers: dirs::Helpers::default(),
             lookups_per_thread: if network {
                 dirs::NETWORK_LOOKUPS_PER_THREAD
             } else {
@@ -1518,6 +1521,102 @@ mod tests {
         dirs::no_helpers::set(false);
         every_file_with_attributes(&v, &items, 1000);
         v.release(fh);
+    }
+
+    /// A network share's listing spreads its lookups over threads that outlive it:
+    /// started once, at the view's first listing that spreads them, not for each
+    /// chunk (where a thread newer than the NFS client's cached `ACCESS` answer asks
+    /// the server again: `dirs::Helpers`).
+    #[test]
+    fn a_listings_lookup_threads_are_started_once_for_the_view() {
+        let dir = populated(300);
+        let mut v = view(dir.path(), "gid=5");
+        v.lookup_threads = dirs::NETWORK_LOOKUP_THREADS;
+        v.lookups_per_thread = dirs::NETWORK_LOOKUPS_PER_THREAD;
+        for _ in 0..2 {
+            let fh = v.opendir(ROOT).unwrap();
+            let items = rest(&v, fh, 0, Listing::WithAttributes);
+            every_file_with_attributes(&v, &items, 300);
+            v.release(fh);
+        }
+        assert_eq!(helpers_started(&v), dirs::NETWORK_LOOKUP_THREADS);
+    }
+
+    /// Listings at once each get a pool of their own, kept for the next listings; past
+    /// [`dirs::MAX_POOLS`] at once, a pool for the chunk alone.
+    #[test]
+    fn listings_at_once_each_get_lookup_threads_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        let started = |n: usize| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while v.helpers.started() < n && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            v.helpers.started()
+        };
+        let lent: Vec<_> = (0..dirs::MAX_POOLS + 1)
+            .map(|_| v.helpers.lend(2).unwrap())
+            .collect();
+        assert_eq!(
+            started(2 * (dirs::MAX_POOLS + 1)),
+            2 * (dirs::MAX_POOLS + 1)
+        );
+        drop(lent);
+        // The kept ones are lent again: no thread is started.
+        let again: Vec<_> = (0..dirs::MAX_POOLS)
+            .map(|_| v.helpers.lend(2).unwrap())
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(v.helpers.started(), 2 * (dirs::MAX_POOLS + 1));
+        drop(again);
+    }
+
+    /// The lookup threads started, once those the pool starts have (each counts
+    /// itself as it starts, after the pool is made).
+    fn helpers_started(v: &ViewFs) -> usize {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while v.helpers.started() < dirs::NETWORK_LOOKUP_THREADS
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        v.helpers.started()
+    }
+
+    /// Where the view acts as its callers, the lookups a listing spreads over its
+    /// threads are made as the caller the listing is made for, though the threads
+    /// were started for another.
+    #[test]
+    fn a_listings_lookup_threads_act_as_its_caller() {
+        let dir = populated(300);
+        let mut v = view(dir.path(), "ownership=share");
+        v.lookup_threads = dirs::NETWORK_LOOKUP_THREADS;
+        v.lookups_per_thread = dirs::NETWORK_LOOKUPS_PER_THREAD;
+        let list = |v: &ViewFs| {
+            let fh = v.opendir(ROOT).unwrap();
+            let items = rest(v, fh, 0, Listing::WithAttributes);
+            v.release(fh);
+            assert_eq!(items.iter().filter(|i| i.attr.is_some()).count(), 300);
+            v.helpers.looked_up_as()
+        };
+        // The threads start for the view's own listing, as root.
+        let parts = list(&v);
+        assert!(
+            parts.len() > 1 && parts.iter().all(|&ids| ids == (0, 0)),
+            "{parts:?}"
+        );
+        assert_eq!(helpers_started(&v), dirs::NETWORK_LOOKUP_THREADS);
+        let acting = crate::sys::creds::act_as(1000, 1000, &[]).unwrap();
+        let parts = list(&v);
+        drop(acting);
+        assert!(
+            parts.len() > 1 && parts.iter().all(|&ids| ids == (1000, 1000)),
+            "{parts:?}"
+        );
+        // And as root again once the caller is gone.
+        let parts = list(&v);
+        assert!(parts.iter().all(|&ids| ids == (0, 0)), "{parts:?}");
     }
 
     #[test]
