@@ -1009,6 +1009,16 @@ mod tests {
         ViewFs::new(root, &ViewOptions::parse(options).unwrap()).unwrap()
     }
 
+    /// [`view`] with a network share's lookups: spread over its threads, looked up
+    /// past a reply's room.
+    fn network_view(dir: &std::path::Path, options: &str) -> ViewFs {
+        let mut v = view(dir, options);
+        v.looks_past_room = true;
+        v.lookup_threads = dirs::NETWORK_LOOKUP_THREADS;
+        v.lookups_per_thread = dirs::NETWORK_LOOKUPS_PER_THREAD;
+        v
+    }
+
     /// What a view that acts as its callers acts with: the pod's group swapped for the
     /// volume's, which is also the file-system gid of a caller in the pod's group,
     /// whose own group stays among its groups; others as they are.
@@ -1530,16 +1540,17 @@ mod tests {
     #[test]
     fn a_listings_lookup_threads_are_started_once_for_the_view() {
         let dir = populated(300);
-        let mut v = view(dir.path(), "gid=5");
-        v.lookup_threads = dirs::NETWORK_LOOKUP_THREADS;
-        v.lookups_per_thread = dirs::NETWORK_LOOKUPS_PER_THREAD;
+        let v = network_view(dir.path(), "gid=5");
         for _ in 0..2 {
             let fh = v.opendir(ROOT).unwrap();
             let items = rest(&v, fh, 0, Listing::WithAttributes);
             every_file_with_attributes(&v, &items, 300);
             v.release(fh);
         }
-        assert_eq!(helpers_started(&v), dirs::NETWORK_LOOKUP_THREADS);
+        assert_eq!(
+            helpers_started(&v, dirs::NETWORK_LOOKUP_THREADS),
+            dirs::NETWORK_LOOKUP_THREADS
+        );
     }
 
     /// Listings at once each get a pool of their own, kept for the next listings; past
@@ -1548,37 +1559,26 @@ mod tests {
     fn listings_at_once_each_get_lookup_threads_of_their_own() {
         let dir = tempfile::tempdir().unwrap();
         let v = view(dir.path(), "gid=5");
-        let started = |n: usize| {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            while v.helpers.started() < n && std::time::Instant::now() < deadline {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            v.helpers.started()
-        };
         let lent: Vec<_> = (0..dirs::MAX_POOLS + 1)
             .map(|_| v.helpers.lend(2).unwrap())
             .collect();
-        assert_eq!(
-            started(2 * (dirs::MAX_POOLS + 1)),
-            2 * (dirs::MAX_POOLS + 1)
-        );
+        let all = 2 * (dirs::MAX_POOLS + 1);
+        assert_eq!(helpers_started(&v, all), all);
         drop(lent);
         // The kept ones are lent again: no thread is started.
         let again: Vec<_> = (0..dirs::MAX_POOLS)
             .map(|_| v.helpers.lend(2).unwrap())
             .collect();
         std::thread::sleep(std::time::Duration::from_millis(100));
-        assert_eq!(v.helpers.started(), 2 * (dirs::MAX_POOLS + 1));
+        assert_eq!(v.helpers.started(), all);
         drop(again);
     }
 
-    /// The lookup threads started, once those the pool starts have (each counts
-    /// itself as it starts, after the pool is made).
-    fn helpers_started(v: &ViewFs) -> usize {
+    /// The lookup threads `v` started, once `n` have or 10 s passed (each counts
+    /// itself as it starts, after its pool is made).
+    fn helpers_started(v: &ViewFs, n: usize) -> usize {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while v.helpers.started() < dirs::NETWORK_LOOKUP_THREADS
-            && std::time::Instant::now() < deadline
-        {
+        while v.helpers.started() < n && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         v.helpers.started()
@@ -1590,9 +1590,7 @@ mod tests {
     #[test]
     fn a_listings_lookup_threads_act_as_its_caller() {
         let dir = populated(300);
-        let mut v = view(dir.path(), "ownership=share");
-        v.lookup_threads = dirs::NETWORK_LOOKUP_THREADS;
-        v.lookups_per_thread = dirs::NETWORK_LOOKUPS_PER_THREAD;
+        let v = network_view(dir.path(), "ownership=share");
         let list = |v: &ViewFs| {
             let fh = v.opendir(ROOT).unwrap();
             let items = rest(v, fh, 0, Listing::WithAttributes);
@@ -1606,7 +1604,10 @@ mod tests {
             parts.len() > 1 && parts.iter().all(|&ids| ids == (0, 0)),
             "{parts:?}"
         );
-        assert_eq!(helpers_started(&v), dirs::NETWORK_LOOKUP_THREADS);
+        assert_eq!(
+            helpers_started(&v, dirs::NETWORK_LOOKUP_THREADS),
+            dirs::NETWORK_LOOKUP_THREADS
+        );
         let acting = crate::sys::creds::act_as(1000, 1000, &[]).unwrap();
         let parts = list(&v);
         drop(acting);
@@ -1801,10 +1802,7 @@ mod tests {
     #[test]
     fn a_network_shares_walk_listing_looks_up_past_the_page_for_the_next() {
         let dir = populated(200);
-        let mut v = view(dir.path(), "gid=5");
-        v.looks_past_room = true;
-        v.lookup_threads = dirs::NETWORK_LOOKUP_THREADS;
-        v.lookups_per_thread = dirs::NETWORK_LOOKUPS_PER_THREAD;
+        let v = network_view(dir.path(), "gid=5");
         // A page's room: 10 entries of these names (a header as the kernel's).
         let room = Room {
             bytes: 10 * 160,
