@@ -572,34 +572,33 @@ impl ViewFs {
             None => look(&names),
             Some(pool) => {
                 use rayon::prelude::*;
-                // Each thread's first lookup checks that the caller may search the
-                // directory; where the client's answer has expired, all asked the
-                // server at once. Asked here first, it is one request, and none where
-                // the answer is still good.
-                if let Ok(fd) = self.dir(dir).and_then(|d| d.fd()) {
-                    file::warm_search(fd.as_fd());
-                }
                 let per = names.len().div_ceil(threads);
                 // Where the view acts as its callers, each part is looked up as the
                 // caller this thread acts as now.
                 let ids = self.acts_as_callers.then(crate::sys::creds::thread_ids);
+                let act = || -> FsResult<Option<crate::sys::creds::Acting>> {
+                    match &ids {
+                        Some(Ok(ids)) => Ok(Some(ids.act()?)),
+                        Some(Err(e)) => Err((*e).into()),
+                        None => Ok(None),
+                    }
+                };
+                let pfd = self.dir(dir).and_then(|d| d.fd());
                 let parts: Vec<Vec<FsResult<Attr>>> = pool.install(|| {
+                    // Each thread's first lookup checks that the caller may search the
+                    // directory: where the client's answer has lapsed, or is older
+                    // than the threads of a pool just started, all would ask the
+                    // server at once. Asked first on one of them, it is one request,
+                    // and none where the answer is good.
+                    if let (Ok(_acting), Ok(fd)) = (act(), &pfd) {
+                        file::warm_search(fd.as_fd());
+                    }
                     names
                         .par_chunks(per)
                         .with_max_len(1)
-                        .map(|part| {
-                            let _acting = match ids
-                                .as_ref()
-                                .map(|ids| ids.as_ref().map_err(|e| *e).and_then(|ids| ids.act()))
-                            {
-                                Some(Err(e)) => {
-                                    let e = FsError::from(e);
-                                    return part.iter().map(|_| Err(e)).collect();
-                                }
-                                Some(Ok(acting)) => Some(acting),
-                                None => None,
-                            };
-                            look(part)
+                        .map(|part| match act() {
+                            Ok(_acting) => look(part),
+                            Err(e) => part.iter().map(|_| Err(e)).collect(),
                         })
                         .collect()
                 });
