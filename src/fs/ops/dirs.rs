@@ -146,6 +146,8 @@ pub(super) struct Helpers {
     started: Arc<AtomicUsize>,
     /// Whether the log has said that no threads could be started.
     warned: AtomicBool,
+    /// Whether the log has said that a thread could not act as a listing's caller.
+    warned_acting: AtomicBool,
     /// The file-system ids each part of a listing was looked up with, for tests.
     #[cfg(test)]
     looked_up_as: Mutex<Vec<(u32, u32)>>,
@@ -211,7 +213,7 @@ impl Helpers {
                 // looked up as its own listing's caller, wholly; between them the
                 // thread is the view.
                 if let Err(e) = crate::sys::creds::as_the_process() {
-                    tracing::warn!(error = %e, "a lookup thread cannot act as the view between listings");
+                    tracing::warn!(error = %e, "a lookup thread cannot act as the view between listings; each listing's lookups on it still act as that listing's caller");
                 }
             })
             .build();
@@ -230,6 +232,14 @@ impl Helpers {
                 }
                 None
             }
+        }
+    }
+
+    /// Says once that a lookup thread could not act as a listing's caller, whose
+    /// lookups on it then fail with `e` rather than be made as someone else.
+    fn cannot_act(&self, e: FsError) {
+        if !self.warned_acting.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %e, "a lookup thread cannot act as a listing's caller, so that listing's lookups fail; the daemon needs CAP_SETUID and CAP_SETGID (the node plugin runs privileged, deploy/node.yaml)");
         }
     }
 
@@ -598,7 +608,10 @@ impl ViewFs {
                         .with_max_len(1)
                         .map(|part| match act() {
                             Ok(_acting) => look(part),
-                            Err(e) => part.iter().map(|_| Err(e)).collect(),
+                            Err(e) => {
+                                self.helpers.cannot_act(e);
+                                part.iter().map(|_| Err(e)).collect()
+                            }
                         })
                         .collect()
                 });
