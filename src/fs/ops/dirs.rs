@@ -157,7 +157,10 @@ pub(super) struct Helpers {
 /// threads; one more gets a pool of its own for the chunk, as every chunk did before.
 pub(super) const MAX_POOLS: usize = 4;
 
-/// A pool lent to one listing's chunk: kept pools go back when it ends.
+/// A pool lent to one listing's chunk: kept pools go back when it ends. One chunk at
+/// a time is also what keeps callers apart: a pool thread waiting in a join may run
+/// another of the pool's jobs, and with one chunk lent the only jobs are that chunk's
+/// parts, each acting as the chunk's caller, none calling into the pool while it acts.
 pub(super) struct Lent<'a> {
     helpers: &'a Helpers,
     pool: Option<rayon::ThreadPool>,
