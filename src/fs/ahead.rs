@@ -32,7 +32,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::sys::dir;
 use crate::sys::file::{self, Access, Kind, Stat};
@@ -59,6 +59,10 @@ const OVERTAKEN_EVERY: usize = 64;
 
 /// How long the warming thread waits for work before it ends.
 const IDLE: Duration = Duration::from_secs(2);
+
+/// Warmed directories whose own descriptor is kept for the walker's open of it, at
+/// most: those warmed ahead of the walker, and one more.
+const MAX_HELD_DIRS: usize = AHEAD + 1;
 
 /// The subdirectories of one listed directory, in listing order.
 struct Plan {
@@ -105,6 +109,18 @@ struct State {
     /// Whether the warming thread runs.
     running: bool,
     stop: bool,
+}
+
+/// A warmed directory's own descriptor, kept for the walker's open of it
+/// ([`WalkAhead::claim_dir`]).
+struct HeldDir {
+    /// The directory's node id, plan and place.
+    dir: u64,
+    plan: Arc<AtomicUsize>,
+    place: usize,
+    fd: OwnedFd,
+    /// When it was opened (from just before its open).
+    opened: Instant,
 }
 
 /// An entry of a warmed directory, opened ahead of the walker's lookup of it.
@@ -174,6 +190,12 @@ struct Shared {
     opened: Mutex<Stash>,
     /// Lookups answered with a descriptor opened ahead.
     claimed: AtomicU64,
+    /// The warmed directories' own descriptors, the oldest first.
+    held_dirs: Mutex<VecDeque<HeldDir>>,
+    /// Walkers' opens of a directory answered with the warming's descriptor.
+    dirs_claimed: AtomicU64,
+    /// How long a warmed directory's descriptor may serve the walker's open of it.
+    fresh: Duration,
     /// The view root's mount: a name with another mount on it is not opened.
     root_mnt: Option<u64>,
 }
@@ -189,8 +211,10 @@ pub struct WalkAhead {
 
 impl WalkAhead {
     /// The walk-ahead of a view whose root is on the mount `root_mnt`, holding at
-    /// most `max_opened` entries open ahead of a walk (0: warming only).
-    pub fn new(root_mnt: Option<u64>, max_opened: usize) -> WalkAhead {
+    /// most `max_opened` entries open ahead of a walk (0: warming only), and a warmed
+    /// directory's own descriptor for the walker's open of it for `fresh` (the view's
+    /// entry timeout: zero keeps none).
+    pub fn new(root_mnt: Option<u64>, max_opened: usize, fresh: Duration) -> WalkAhead {
         WalkAhead {
             shared: Arc::new(Shared {
                 state: Mutex::default(),
@@ -198,6 +222,9 @@ impl WalkAhead {
                 warmed: AtomicU64::new(0),
                 opened: Mutex::new(Stash::new(max_opened)),
                 claimed: AtomicU64::new(0),
+                held_dirs: Mutex::default(),
+                dirs_claimed: AtomicU64::new(0),
+                fresh,
                 root_mnt,
             }),
         }
@@ -258,6 +285,8 @@ impl WalkAhead {
                 lock(&self.shared.opened)
                     .dirs
                     .retain(|d| !Arc::ptr_eq(&d.plan, &walker) || d.place >= i);
+                lock(&self.shared.held_dirs)
+                    .retain(|d| !Arc::ptr_eq(&d.plan, &walker) || d.place >= i);
             }
             self.warm_through(&mut s, seq, i + AHEAD);
         }
@@ -298,6 +327,63 @@ impl WalkAhead {
         }
         self.shared.claimed.fetch_add(1, Ordering::Relaxed);
         Some((opened, st))
+    }
+
+    /// The descriptor the warming opened the directory `dir` (a node id, whose
+    /// backing descriptor is `at`) with, rewound, for the walker's open of it: `None`
+    /// unless it was warmed less than `fresh` ago and is that very directory, and then
+    /// the walker's open opens it itself.
+    ///
+    /// What it spares: each open of a directory on a network share is a request, the
+    /// NFS client's check that it has not changed (close-to-open: fs/nfs/dir.c
+    /// `nfs_lookup_verify_inode`, a `GETATTR`), the SMB client's `CREATE`; without it a
+    /// walk through a view opened each directory twice where the raw mount's walk
+    /// opens it once. The listing read through it then is as of the warming's open,
+    /// less than `fresh` (the entry timeout, how old a name the view shows may be)
+    /// before the walker's.
+    ///
+    /// Why the check is sound: the held descriptor pins its inode, so no other inode
+    /// of its file system has its device and number while it is held; those, never
+    /// changed for an inode, are read from the file system's cache without a request.
+    /// Whether the walker may read the directory is `may_read`'s to say (the kernel
+    /// checked the view's attributes; where the view acts as its callers, the share
+    /// answers for the caller: `ViewFs::opendir`).
+    pub fn claim_dir(
+        &self,
+        dir: u64,
+        at: BorrowedFd<'_>,
+        may_read: impl FnOnce() -> bool,
+    ) -> Option<OwnedFd> {
+        let held = {
+            let mut held = lock(&self.shared.held_dirs);
+            let i = held.iter().position(|d| d.dir == dir)?;
+            held.remove(i)?
+        };
+        if held.opened.elapsed() >= self.shared.fresh {
+            return None;
+        }
+        let (a, b) = (
+            file::stat_cached(held.fd.as_fd()).ok()?,
+            file::stat_cached(at).ok()?,
+        );
+        if (a.dev, a.ino) != (b.dev, b.ino) || a.kind != Kind::Directory || !may_read() {
+            return None;
+        }
+        dir::seek(held.fd.as_fd(), 0).ok()?;
+        self.shared.dirs_claimed.fetch_add(1, Ordering::Relaxed);
+        Some(held.fd)
+    }
+
+    /// Walkers' opens of a directory answered with the warming's descriptor so far.
+    #[cfg(test)]
+    pub fn dirs_claimed(&self) -> u64 {
+        self.shared.dirs_claimed.load(Ordering::Relaxed)
+    }
+
+    /// The node ids of the warmed directories whose descriptor is kept.
+    #[cfg(test)]
+    pub fn held_dirs(&self) -> Vec<u64> {
+        lock(&self.shared.held_dirs).iter().map(|d| d.dir).collect()
     }
 
     /// Queues the subdirectories of plan `seq` not warmed yet, up to place `last`.
@@ -360,6 +446,7 @@ impl Drop for WalkAhead {
         self.shared.wake.notify_all();
         drop(s);
         lock(&self.shared.opened).clear();
+        lock(&self.shared.held_dirs).clear();
     }
 }
 
@@ -371,7 +458,7 @@ impl Shared {
                 loop {
                     if s.stop {
                         s.running = false;
-                        lock(&self.opened).clear();
+                        self.close_all();
                         return;
                     }
                     if let Some(job) = s.queue.pop_front() {
@@ -388,7 +475,7 @@ impl Shared {
                     if timeout.timed_out() && s.queue.is_empty() {
                         s.running = false;
                         // No walk for a while: what it did not claim is closed.
-                        lock(&self.opened).clear();
+                        self.close_all();
                         return;
                     }
                 }
@@ -399,12 +486,19 @@ impl Shared {
         }
     }
 
+    /// Closes everything opened ahead.
+    fn close_all(&self) {
+        lock(&self.opened).clear();
+        lock(&self.held_dirs).clear();
+    }
+
     /// Lists the job's directory and opens its entries (or, with [`MAX_OPENED`] held,
     /// `statx`es them), until the walker reaches it: how many, or `None` when it was
     /// not listed (gone, not a directory, a symlink, a mount point).
     fn warm(&self, job: &Job) -> Option<usize> {
         let name = OsStr::from_bytes(&job.name);
         let at = file::open_child(job.parent.as_fd(), name, self.root_mnt).ok()?;
+        let opened_at = Instant::now();
         let d = file::reopen(at.as_fd(), Kind::Directory, Access::Directory).ok()?;
         // Not the walker's read: the directory's access time is left alone whatever
         // the view's atime rule (the daemon owns every file, as O_NOATIME asks).
@@ -442,7 +536,28 @@ impl Shared {
         }
         // The walker may be in this directory already, behind what was opened.
         self.stash(job, &mut opened);
+        self.hold(job, d, opened_at);
         Some(warmed)
+    }
+
+    /// Keeps a warmed directory's own descriptor for the walker's open of it, unless
+    /// the walker has opened it already (it started listing it) or none is kept.
+    fn hold(&self, job: &Job, fd: OwnedFd, opened: Instant) {
+        if job.overtaken() || self.fresh.is_zero() {
+            return;
+        }
+        let mut held = lock(&self.held_dirs);
+        held.retain(|d| d.dir != job.dir);
+        if held.len() == MAX_HELD_DIRS {
+            held.pop_front();
+        }
+        held.push_back(HeldDir {
+            dir: job.dir,
+            plan: Arc::clone(&job.walker),
+            place: job.place,
+            fd,
+            opened,
+        });
     }
 
     /// Opens `name` in `dir` as a lookup does and takes its handle; `None` for what a
@@ -506,7 +621,7 @@ mod tests {
     #[test]
     fn the_next_subdirectories_are_queued_as_the_walker_reaches_each() {
         let tmp = tempfile::tempdir().unwrap();
-        let w = WalkAhead::new(None, MAX_OPENED);
+        let w = WalkAhead::new(None, MAX_OPENED, FRESH);
         let parent = dir_fd(tmp.path());
         let subdirs = (0..6u64)
             .map(|i| (100 + i, format!("d{i}").into_bytes()))
@@ -546,7 +661,7 @@ mod tests {
     #[test]
     fn plans_are_bounded() {
         let tmp = tempfile::tempdir().unwrap();
-        let w = WalkAhead::new(None, MAX_OPENED);
+        let w = WalkAhead::new(None, MAX_OPENED, FRESH);
         lock(&w.shared.state).running = true;
         for p in 0..(MAX_PLANS as u64 * 2) {
             let subdirs = (0..10u64).map(|i| (p * 100 + i, b"x".to_vec())).collect();
@@ -565,7 +680,7 @@ mod tests {
             std::fs::write(tmp.path().join("d").join(format!("f{i}")), "").unwrap();
         }
         std::os::unix::fs::symlink("/", tmp.path().join("up")).unwrap();
-        let w = WalkAhead::new(None, MAX_OPENED);
+        let w = WalkAhead::new(None, MAX_OPENED, FRESH);
         let parent = dir_fd(tmp.path());
         // A directory, a symlink out, a missing name, the parent: only the first is
         // listed.
@@ -601,6 +716,88 @@ mod tests {
     /// The node id a job's directory is stashed under in these tests.
     const DIR: u64 = 42;
 
+    /// How long a warmed directory's descriptor serves in these tests.
+    const FRESH: Duration = Duration::from_secs(60);
+
+    /// The names a directory stream gives from where it is.
+    fn names(fd: BorrowedFd<'_>) -> Vec<Vec<u8>> {
+        let mut buf = vec![std::mem::MaybeUninit::uninit(); 32 * 1024];
+        let mut names = Vec::new();
+        while let Ok(batch) = dir::read_batch(fd, &mut buf) {
+            if batch.is_empty() {
+                break;
+            }
+            names.extend(batch.into_iter().map(|e| e.name));
+        }
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_warmed_directory_serves_the_walkers_open_of_it_once_while_fresh() {
+        let tmp = tempfile::tempdir().unwrap();
+        for d in ["d", "e"] {
+            std::fs::create_dir(tmp.path().join(d)).unwrap();
+        }
+        for i in 0..5 {
+            std::fs::write(tmp.path().join("d").join(format!("f{i}")), "").unwrap();
+        }
+        let parent = dir_fd(tmp.path());
+        let at = |name: &str| file::open_child(parent.as_fd(), OsStr::new(name), None).unwrap();
+        let (d, e) = (at("d"), at("e"));
+        let w = WalkAhead::new(None, MAX_OPENED, FRESH);
+        assert_eq!(w.shared.warm(&job_for(&parent, b"d")), Some(5));
+        // Another directory under the node id (the id now names another inode): not
+        // taken, and the descriptor is closed.
+        assert!(w.claim_dir(DIR, e.as_fd(), || true).is_none());
+        assert!(w.claim_dir(DIR, d.as_fd(), || true).is_none(), "closed");
+        w.shared.warm(&job_for(&parent, b"d"));
+        assert!(
+            w.claim_dir(DIR + 1, d.as_fd(), || true).is_none(),
+            "another node id"
+        );
+        // The directory, rewound: its whole listing, once.
+        let fd = w.claim_dir(DIR, d.as_fd(), || true).expect("d was warmed");
+        let mut want: Vec<Vec<u8>> = [".", "..", "f0", "f1", "f2", "f3", "f4"]
+            .iter()
+            .map(|n| n.as_bytes().to_vec())
+            .collect();
+        want.sort();
+        assert_eq!(names(fd.as_fd()), want);
+        assert!(
+            w.claim_dir(DIR, d.as_fd(), || true).is_none(),
+            "claimed once"
+        );
+        // Older than `fresh`: the walker opens the directory itself.
+        let brief = WalkAhead::new(None, MAX_OPENED, Duration::from_millis(50));
+        brief.shared.warm(&job_for(&parent, b"d"));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            brief.claim_dir(DIR, d.as_fd(), || true).is_none(),
+            "too old"
+        );
+        // An entry timeout of zero keeps none.
+        let none = WalkAhead::new(None, MAX_OPENED, Duration::ZERO);
+        none.shared.warm(&job_for(&parent, b"d"));
+        assert!(lock(&none.shared.held_dirs).is_empty());
+        // A directory the walker started meanwhile (it opened it): none kept.
+        let started = job_for(&parent, b"d");
+        started.walker.store(1, Ordering::Relaxed);
+        let late = WalkAhead::new(None, MAX_OPENED, FRESH);
+        late.shared.warm(&started);
+        assert!(lock(&late.shared.held_dirs).is_empty());
+        // Bounded: the oldest go first.
+        for i in 0..(MAX_HELD_DIRS as u64 + 2) {
+            let mut job = job_for(&parent, b"e");
+            job.dir = 100 + i;
+            w.shared.warm(&job);
+        }
+        let held: Vec<u64> = lock(&w.shared.held_dirs).iter().map(|d| d.dir).collect();
+        assert_eq!(held, (102..102 + MAX_HELD_DIRS as u64).collect::<Vec<_>>());
+        // And closed when the warming ends.
+        drop(w);
+    }
+
     fn job_for(parent: &Arc<OwnedFd>, name: &[u8]) -> Job {
         Job {
             parent: Arc::clone(parent),
@@ -622,7 +819,7 @@ mod tests {
         }
         std::fs::create_dir(d.join("sub")).unwrap();
         std::os::unix::fs::symlink("/", d.join("up")).unwrap();
-        let w = WalkAhead::new(None, MAX_OPENED);
+        let w = WalkAhead::new(None, MAX_OPENED, FRESH);
         let parent = dir_fd(tmp.path());
         assert_eq!(w.shared.warm(&job_for(&parent, b"d")), Some(8));
         assert_eq!(lock(&w.shared.opened).held(), 8, "every entry opened ahead");
@@ -670,7 +867,7 @@ mod tests {
         for i in 0..n {
             std::fs::write(big.join(format!("f{i}")), "").unwrap();
         }
-        let w = WalkAhead::new(None, max);
+        let w = WalkAhead::new(None, max, FRESH);
         let parent = dir_fd(tmp.path());
         // Past the bound, the rest is warmed without being opened.
         assert_eq!(w.shared.warm(&job_for(&parent, b"big")), Some(n));
@@ -686,7 +883,7 @@ mod tests {
         assert!(late.is_empty());
         assert_eq!(lock(&w.shared.opened).held(), max);
         // With no descriptors to spare, nothing is opened ahead at all.
-        let none = WalkAhead::new(None, 0);
+        let none = WalkAhead::new(None, 0, FRESH);
         assert_eq!(none.shared.warm(&job_for(&parent, b"big")), Some(n));
         assert_eq!(lock(&none.shared.opened).held(), 0);
         // Another directory takes room from the oldest one, which goes whole: the
@@ -708,7 +905,7 @@ mod tests {
         }
         // Through a plan: the walker starting `b` closes what was opened in `a`, which
         // it went past, and keeps `b`'s.
-        let w = WalkAhead::new(None, MAX_OPENED);
+        let w = WalkAhead::new(None, MAX_OPENED, FRESH);
         let subdirs = vec![(1, b"a".to_vec()), (2, b"b".to_vec()), (3, b"c".to_vec())];
         w.planned(Arc::clone(&parent), subdirs, true);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -735,5 +932,6 @@ mod tests {
         }
         assert_eq!(lock(&w.shared.opened).held(), 0);
         assert!(lock(&w.shared.opened).dirs.is_empty());
+        assert!(lock(&w.shared.held_dirs).is_empty());
     }
 }

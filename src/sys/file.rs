@@ -219,6 +219,32 @@ pub fn stat(fd: BorrowedFd<'_>) -> SysResult<Stat> {
     statx_at(fd, c"", AtFlags::EMPTY_PATH)
 }
 
+/// `statx(2)` of `fd` from what its file system has cached (`AT_STATX_DONT_SYNC`):
+/// a network file system sends no request for it, and its answer may be old but for
+/// what never changes while the descriptor pins the inode, its device and number.
+///
+/// # Errors
+/// As [`stat`].
+pub fn stat_cached(fd: BorrowedFd<'_>) -> SysResult<Stat> {
+    statx_at(fd, c"", AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC)
+}
+
+/// Whether the calling thread, with its file-system ids, groups and capabilities
+/// (`faccessat2(R_OK, AT_EACCESS)` of its `/proc/self/fd` link), may read what `fd`
+/// (an `O_PATH` descriptor) leads to, as its open for reading would check: on a
+/// network file system, the server's answer (the NFS client's access cache).
+pub fn may_read(fd: BorrowedFd<'_>) -> bool {
+    // Through the magic link, as [`reopen`] opens it: rustix takes no `AT_EMPTY_PATH`
+    // for `faccessat2`.
+    let path = ProcPath::new(fd);
+    let (read, eaccess) = (rustix::fs::Access::READ_OK, AtFlags::EACCESS);
+    match proc_fd_dir() {
+        Some(dir) => rustix::fs::accessat(dir, path.name(), read, eaccess),
+        None => rustix::fs::accessat(rustix::fs::CWD, path.as_cstr(), read, eaccess),
+    }
+    .is_ok()
+}
+
 /// `statx(2)` of what the single name `name` in `dir` is now, never following a
 /// symlink or triggering an automount. A name with a mount on it gives the mounted
 /// root (another device). The answer says what the name led to at one moment only:

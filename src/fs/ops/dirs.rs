@@ -299,7 +299,18 @@ impl ViewFs {
     /// `ENOTDIR`, or the error of the open.
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
         let inode = self.dir(ino)?;
-        let fd = file::reopen(inode.fd()?.as_fd(), inode.kind, Access::Directory)?;
+        let at = inode.fd()?;
+        // A walk's next directory, warmed ahead (`fs/ahead.rs`): the warming's
+        // descriptor spares the share a second open of it, where the caller may read
+        // it (the kernel checked the view's attributes; a view that acts as its
+        // callers asks the share too, as its own open would).
+        let claimed = self.ahead.claim_dir(ino, at.as_fd(), || {
+            !self.acts_as_callers || file::may_read(at.as_fd())
+        });
+        let fd = match claimed {
+            Some(fd) => fd,
+            None => file::reopen(at.as_fd(), inode.kind, Access::Directory)?,
+        };
         self.no_atime(&fd, inode.kind);
         Ok(self.add_handle(self.dir_handle(inode.id, fd, 0)))
     }

@@ -417,6 +417,7 @@ impl ViewFs {
                 st.mnt_id,
                 (crate::sys::process::nofile_limit() / 8).min(super::ahead::MAX_OPENED as u64)
                     as usize,
+                options.entry_timeout,
             ),
             pending_dir_bytes: Arc::default(),
             lookup_threads: if network {
@@ -1618,6 +1619,70 @@ mod tests {
         // And as root again once the caller is gone.
         let parts = list(&v);
         assert!(parts.iter().all(|&ids| ids == (0, 0)), "{parts:?}");
+    }
+
+    /// A walk's open of a directory warmed ahead takes the warming's descriptor, but
+    /// only where the caller may read the directory: the warming lists as the view,
+    /// and a view that acts as its callers leaves that check to the share.
+    #[test]
+    fn a_walk_opens_a_directory_warmed_ahead_only_where_its_caller_may_read_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        for (name, mode) in [("closed", 0o700), ("open", 0o755), ("last", 0o755)] {
+            let d = dir.path().join(name);
+            std::fs::create_dir(&d).unwrap();
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
+            std::fs::write(d.join("f"), "").unwrap();
+        }
+        let v = network_view(dir.path(), "ownership=share");
+        let fh = v.opendir(ROOT).unwrap();
+        let items = rest(&v, fh, 0, Listing::WithAttributes);
+        v.release(fh);
+        let ino = |name: &str| {
+            items
+                .iter()
+                .find(|i| i.name == name.as_bytes())
+                .unwrap()
+                .ino
+        };
+        let (closed, open) = (ino("closed"), ino("open"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while v.ahead.held_dirs().len() < super::super::ahead::AHEAD {
+            assert!(std::time::Instant::now() < deadline, "nothing warmed ahead");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mut held = v.ahead.held_dirs();
+        held.sort();
+        let mut want = vec![closed, open];
+        want.sort();
+        assert_eq!(held, want, "the first two in listing order");
+        // An acting thread keeps `CAP_DAC_READ_SEARCH`, which a local file system
+        // honours and the NFS client does not (the server answers for the caller:
+        // fs/nfs/dir.c `nfs_permission`): this thread gives it up, as the share
+        // would ignore it.
+        {
+            use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
+            let mut caps = capabilities(None).unwrap();
+            caps.permitted.remove(CapabilitySet::DAC_READ_SEARCH);
+            caps.effective.remove(CapabilitySet::DAC_READ_SEARCH);
+            set_capabilities(None, caps).unwrap();
+        }
+        let acting = crate::sys::creds::act_as(1000, 1000, &[]).unwrap();
+        let refused = v.opendir(closed).err().map(|e| e.errno());
+        drop(acting);
+        assert_eq!(
+            refused,
+            Some(libc::EACCES),
+            "a directory closed to its caller"
+        );
+        assert_eq!(v.ahead.held_dirs(), [open]);
+        assert_eq!(v.ahead.dirs_claimed(), 0);
+        let fh = v.opendir(open).unwrap();
+        assert!(v.ahead.held_dirs().is_empty());
+        assert_eq!(v.ahead.dirs_claimed(), 1, "taken by the walker's open");
+        let listed = rest(&v, fh, 0, Listing::Names);
+        v.release(fh);
+        assert!(listed.iter().any(|i| i.name == b"f"), "{listed:?}");
     }
 
     #[test]
