@@ -29,9 +29,6 @@ pub enum FsError {
     /// An operation on the wrong kind of inode (open of a FIFO, readlink of a file).
     #[error("wrong file type")]
     WrongKind,
-    /// A write open of a file whose shared passthrough descriptor is read-only.
-    #[error("file busy")]
-    Busy,
     /// A buffer the kernel offered is too small for the answer.
     #[error("result too large")]
     TooLarge,
@@ -61,7 +58,6 @@ impl FsError {
             FsError::ReadOnlyFile => libc::EACCES,
             FsError::NoAttribute => libc::ENODATA,
             FsError::WrongKind => libc::EINVAL,
-            FsError::Busy => libc::ETXTBSY,
             FsError::TooLarge => libc::ERANGE,
             FsError::NameAppeared => libc::ESTALE,
             FsError::Absent(_) => libc::ENOENT,

@@ -119,7 +119,7 @@ impl InodeKey {
 pub struct DataFile {
     pub fd: Arc<OwnedFd>,
     pub writable: bool,
-    pub passthrough: OnceLock<Option<Backing>>,
+    pub passthrough: OnceLock<Option<Arc<Registered>>>,
     /// The same file opened with `O_DIRECT`, on the first direct read or write (or
     /// the first open with `O_DIRECT`): what the view serves direct I/O through.
     direct: OnceLock<OwnedFd>,
@@ -160,6 +160,37 @@ impl Drop for Counted {
     }
 }
 
+/// A kernel passthrough registration of an inode's shared descriptor, with the view's
+/// journal: shared by every shared descriptor of the inode while one holds it (a
+/// reader's read-only one, and the read-write one a writer opened since), since the
+/// kernel binds one backing file to an inode while any of its opens is
+/// ([`Inode::registration`]). Closed when the last descriptor holding it is let go.
+pub struct Registered {
+    backing: Backing,
+    journal: JournalSlot,
+}
+
+impl Registered {
+    /// The id a FUSE open reply names.
+    pub fn id(&self) -> u32 {
+        self.backing.id()
+    }
+}
+
+impl Drop for Registered {
+    /// Journals the backing id's closing before [`Backing`]'s drop closes it: a view
+    /// recovered from the journal must not answer an open with an id the kernel no
+    /// longer has: fs/fuse/passthrough.c `fuse_passthrough_open` finds no backing file
+    /// for it, and fs/fuse/iomode.c `fuse_file_io_open` fails the open with `EIO`.
+    fn drop(&mut self) {
+        if let Some(j) = self.journal.get() {
+            j.append(&Entry::Unbacked {
+                id: self.backing.id(),
+            });
+        }
+    }
+}
+
 /// A removed file's reserved name in its directory, removed in turn when the view
 /// lets the file go.
 pub struct MovedAside {
@@ -168,17 +199,9 @@ pub struct MovedAside {
 }
 
 impl Drop for DataFile {
-    /// Journals the backing id's closing before [`Backing`]'s drop closes it: a view
-    /// recovered from the journal must not answer an open with an id the kernel no
-    /// longer has: fs/fuse/passthrough.c `fuse_passthrough_open` finds no backing file
-    /// for it, and fs/fuse/iomode.c `fuse_file_io_open` fails the open with `EIO`.
-    /// Then removes the reserved name of a file removed while open.
+    /// Removes the reserved name of a file removed while open (its registration, if
+    /// no other descriptor shares it, is closed by [`Registered`]'s drop).
     fn drop(&mut self) {
-        if let Some(Some(b)) = self.passthrough.get()
-            && let Some(j) = self.journal.get()
-        {
-            j.append(&Entry::Unbacked { id: b.id() });
-        }
         let moved = self
             .moved_aside
             .get_mut()
@@ -264,17 +287,33 @@ impl DataFile {
         self.passthrough.get().is_some_and(Option::is_some)
     }
 
+    /// The registration of this descriptor: got from `get` on the first call (`None`
+    /// where there is none, and from then on); the id it names.
+    pub fn registered(&self, get: impl FnOnce() -> Option<Arc<Registered>>) -> Option<u32> {
+        self.passthrough.get_or_init(get).as_ref().map(|r| r.id())
+    }
+
+    /// A registration made for this descriptor, journaled (its closing) in its view's
+    /// journal.
+    pub fn registration_of(&self, backing: Backing) -> Arc<Registered> {
+        Arc::new(Registered {
+            backing,
+            journal: Arc::clone(&self.journal),
+        })
+    }
+
     /// The registration as plain data (its id stays open: see [`Backing`]).
     pub fn passthrough_snapshot(&self) -> Passthrough {
         match self.passthrough.get() {
             None => Passthrough::Untried,
             Some(None) => Passthrough::Refused,
-            Some(Some(b)) => Passthrough::Id(b.id()),
+            Some(Some(r)) => Passthrough::Id(r.id()),
         }
     }
 
     /// A shared descriptor handed over by the process that served the view before,
-    /// with its registration on the connection of `dev`.
+    /// with its registration on the connection of `dev`: one per id, in `adopted`,
+    /// for the descriptors that share one.
     pub fn adopt(
         fd: OwnedFd,
         writable: bool,
@@ -282,6 +321,7 @@ impl DataFile {
         dev: &Arc<OwnedFd>,
         journal: &JournalSlot,
         live: &LiveFiles,
+        adopted: &mut HashMap<u32, Arc<Registered>>,
     ) -> DataFile {
         let data = DataFile::new(fd, writable, journal, live);
         match passthrough {
@@ -290,7 +330,13 @@ impl DataFile {
                 let _ = data.passthrough.set(None);
             }
             Passthrough::Id(id) => {
-                let _ = data.passthrough.set(Some(Backing::adopt(dev, id)));
+                let r = adopted.entry(id).or_insert_with(|| {
+                    Arc::new(Registered {
+                        backing: Backing::adopt(dev, id),
+                        journal: Arc::clone(journal),
+                    })
+                });
+                let _ = data.passthrough.set(Some(Arc::clone(r)));
             }
         }
         data
@@ -378,6 +424,9 @@ pub struct Inode {
     journaled: AtomicBool,
     /// The shared I/O descriptor while any handle is open.
     pub data: Mutex<Weak<DataFile>>,
+    /// The passthrough registration its shared descriptors hold, while one does: the
+    /// one a descriptor made later must name too (`ViewFs::registration`).
+    pub registration: Mutex<Weak<Registered>>,
     /// What the last read of its ownership record found (where the view may read a
     /// record's name in the list of names first: [`crate::fs::ops::ViewFs`],
     /// `records_listed`).
@@ -582,6 +631,7 @@ impl InodeTable {
             lookups: AtomicU64::new(1),
             journaled: AtomicBool::new(true),
             data: Mutex::new(Weak::new()),
+            registration: Mutex::new(Weak::new()),
             record_seen: RecordMemo::default(),
         });
         let mut maps = Maps {
@@ -748,6 +798,7 @@ impl InodeTable {
             // table (`journal_to` holds the lock).
             journaled: AtomicBool::new(self.journal.get().is_none()),
             data: Mutex::new(Weak::new()),
+            registration: Mutex::new(Weak::new()),
             record_seen: RecordMemo::default(),
         });
         maps.by_id.insert(id, Arc::clone(&inode));
@@ -976,6 +1027,7 @@ impl InodeTable {
                 // Restored before any journal: the journal's first write holds it.
                 journaled: AtomicBool::new(true),
                 data: Mutex::new(Weak::new()),
+                registration: Mutex::new(Weak::new()),
                 record_seen: RecordMemo::default(),
             });
             maps.by_id.insert(s.id, inode);

@@ -417,8 +417,12 @@ fn reopen_with(
     if !allowed {
         return Err(Errno::EINVAL);
     }
+    // No `O_NOCTTY`: nothing reopened here is a terminal, and the SMB client gives
+    // a later open of the file with the same flags (the kernel's passthrough open of
+    // a caller's plain `O_RDONLY` or `O_RDWR`) this open's handle only where its flags
+    // are the same, and it keeps `O_NOCTTY` among them (fs/smb/client/file.c
+    // `cifs_open`); otherwise that open costs the server a `CREATE` of its own.
     let flags = OFlags::CLOEXEC
-        | OFlags::NOCTTY
         | extra
         | match access {
             Access::ReadOnly => OFlags::RDONLY,

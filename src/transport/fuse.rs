@@ -452,25 +452,16 @@ impl FuseView {
             return None;
         }
         let dev = self.dev.as_ref()?;
-        let slot = data
-            .passthrough
-            .get_or_init(|| match Backing::open(dev, data.fd.as_fd()) {
-                Ok(b) => {
-                    // A view recovered after a crash must answer later opens of this
-                    // inode with the same id: the kernel binds one backing file to an
-                    // inode while it is open.
-                    self.fs.journal_backing(ino, data.writable, b.id());
-                    Some(b)
-                }
+        self.fs
+            .registration(ino, data, || match Backing::open(dev, data.fd.as_fd()) {
+                Ok(b) => Some(b),
                 Err(e) => {
                     if !self.warned_backing.swap(true, Ordering::Relaxed) {
                         tracing::warn!(error = %e, "kernel passthrough refused a backing file; serving it through the daemon");
                     }
-                    self.fs.journal_served(ino, data.writable);
                     None
                 }
-            });
-        slot.as_ref().map(Backing::id)
+            })
     }
 }
 

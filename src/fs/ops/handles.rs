@@ -108,23 +108,60 @@ impl ViewFs {
         }
     }
 
+    /// The passthrough registration of `data`, a shared descriptor of inode `ino`, got
+    /// on its first open reply: the one another shared descriptor of the inode holds,
+    /// if one does (a reader's read-only descriptor, where a writer opened a
+    /// read-write one since: the kernel binds one backing file to an inode while any
+    /// of its opens is, fs/fuse/iomode.c `fuse_inode_uncached_io_start`, and fails
+    /// another with `EBUSY`); otherwise what `register` makes (`None`: refused, and
+    /// the descriptor is served by the daemon). A view recovered after a crash must
+    /// answer later opens of the inode with the same id, so it is journaled either way.
+    pub fn registration(
+        &self,
+        ino: u64,
+        data: &DataFile,
+        register: impl FnOnce() -> Option<crate::sys::fuse::Backing>,
+    ) -> Option<u32> {
+        data.registered(|| {
+            let inode = self.inodes.get(ino).ok();
+            let mut held = inode.as_ref().map(|i| lock(&i.registration));
+            let r = match held.as_ref().and_then(|h| h.upgrade()) {
+                Some(r) => r,
+                None => {
+                    let Some(backing) = register() else {
+                        self.journal_served(ino, data.writable);
+                        return None;
+                    };
+                    let r = data.registration_of(backing);
+                    if let Some(h) = held.as_mut() {
+                        **h = Arc::downgrade(&r);
+                    }
+                    r
+                }
+            };
+            self.journal_backing(ino, data.writable, r.id());
+            Some(r)
+        })
+    }
+
     /// The shared I/O descriptor of an inode, opened now if no handle holds one.
     pub(super) fn shared_data(
         &self,
         inode: &Arc<Inode>,
         wants_write: bool,
     ) -> FsResult<Arc<DataFile>> {
-        if let Some(d) = lock(&inode.data).upgrade() {
-            if d.writable || !wants_write {
-                return Ok(d);
-            }
-            // The kernel ties one passthrough file to an inode while it is open: a
-            // read-only one cannot serve a writer.
-            if d.has_passthrough() {
-                return Err(FsError::Busy);
-            }
+        if let Some(d) = lock(&inode.data).upgrade()
+            && (d.writable || !wants_write)
+        {
+            return Ok(d);
         }
-        let access = if self.readonly {
+        // Read-write where it may be, so that one descriptor serves every open; but a
+        // reader's on a share whose client takes the kernel's passthrough open from
+        // an open handle with the same access (the SMB client: [`ViewFs::twin`]),
+        // where a read-write one costs the server a `CREATE` more than the raw
+        // mount's open. A writer that comes while it is open opens a read-write one
+        // beside it, which shares its registration ([`ViewFs::registration`]).
+        let access = if self.readonly || (!wants_write && self.twins.load(Ordering::Relaxed)) {
             Access::ReadOnly
         } else {
             Access::ReadWrite
@@ -573,6 +610,7 @@ impl ViewFs {
                 .ok_or(FsError::Handover("a handle without its descriptor"))
         };
         let mut files = Vec::with_capacity(snap.files.len());
+        let mut adopted = HashMap::new();
         for f in &snap.files {
             let data = Arc::new(DataFile::adopt(
                 take(f.fd)?,
@@ -581,10 +619,14 @@ impl ViewFs {
                 dev,
                 &self.journal,
                 &self.live_files,
+                &mut adopted,
             ));
             if let Some(ino) = f.ino {
                 let inode = self.inodes.get(ino)?;
                 *lock(&inode.data) = Arc::downgrade(&data);
+                if let Some(Some(r)) = data.passthrough.get() {
+                    *lock(&inode.registration) = Arc::downgrade(r);
+                }
             }
             files.push(data);
         }

@@ -1186,8 +1186,10 @@ mod tests {
         // An open answered with id 7, and released: its descriptor and id go.
         let first = v.open(ino, libc::O_RDWR, ME.into()).unwrap();
         let registered = crate::sys::fuse::Backing::adopt(&dev, 7);
-        assert!(first.data.passthrough.set(Some(registered)).is_ok());
-        v.journal_backing(ino, first.data.writable, 7);
+        assert_eq!(
+            v.registration(ino, &first.data, || Some(registered)),
+            Some(7)
+        );
         v.release(first.fh);
         drop(first);
         // The next open's handle is journaled; the process dies before its
@@ -1200,6 +1202,101 @@ mod tests {
             "the handle is journaled"
         );
         assert_eq!(r.passthrough_of(ino, true), Passthrough::Untried);
+    }
+
+    /// Where the kernel's passthrough open takes an open handle with the same access
+    /// (the SMB client: twins), a reader's shared descriptor is read-only, which the
+    /// server opens once for the reader's open; a writer that comes while it is open
+    /// gets a read-write one beside it, which names the same registration (the kernel
+    /// binds one backing file to an inode while any of its opens is: another id fails
+    /// the writer's open). Journaled for both, and closed with the last of them.
+    #[test]
+    fn a_writer_after_a_reader_shares_its_registration() {
+        use super::super::snapshot::Passthrough;
+        let dir = populated(2);
+        let v = view(dir.path(), "gid=5");
+        v.twin_opens();
+        let held = HeldJournal::default();
+        held.take(&v);
+        let ino = v.lookup(ROOT, OsStr::new("f0")).unwrap().ino;
+        // Not a FUSE device: the ids are only journaled here, and closing one fails.
+        let dev = Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
+        let reader = v.open(ino, libc::O_RDONLY, ME.into()).unwrap();
+        assert!(!reader.data.writable, "a reader's descriptor is read-only");
+        let made = crate::sys::fuse::Backing::adopt(&dev, 7);
+        assert_eq!(v.registration(ino, &reader.data, || Some(made)), Some(7));
+        let writer = v
+            .open(ino, libc::O_WRONLY, ME.into())
+            .expect("a writer opens while a reader holds the file");
+        assert!(writer.data.writable);
+        let shared = v.registration(ino, &writer.data, || panic!("registered anew"));
+        assert_eq!(shared, Some(7));
+        let r = held.replay();
+        assert_eq!(r.passthrough_of(ino, false), Passthrough::Id(7));
+        assert_eq!(r.passthrough_of(ino, true), Passthrough::Id(7));
+        // Readers from now on take the writer's descriptor.
+        let later = v.open(ino, libc::O_RDONLY, ME.into()).unwrap();
+        assert!(Arc::ptr_eq(&later.data, &writer.data));
+        v.release(reader.fh);
+        drop(reader);
+        assert_eq!(held.replay().passthrough_of(ino, true), Passthrough::Id(7));
+        v.release(later.fh);
+        v.release(writer.fh);
+        drop((later, writer));
+        assert_eq!(
+            held.replay().passthrough_of(ino, true),
+            Passthrough::Untried
+        );
+        // The next open registers anew.
+        let next = v.open(ino, libc::O_RDONLY, ME.into()).unwrap();
+        let again = crate::sys::fuse::Backing::adopt(&dev, 8);
+        assert_eq!(v.registration(ino, &next.data, || Some(again)), Some(8));
+        v.release(next.fh);
+    }
+
+    /// Two shared descriptors of one inode that name one registration (a reader's and
+    /// a later writer's) still name one after a takeover and after a recovery: two
+    /// registrations of one id would each close it, the second closing whatever the
+    /// kernel gave that id since.
+    #[test]
+    fn descriptors_sharing_a_registration_share_it_after_a_takeover_and_a_recovery() {
+        let dir = populated(2);
+        let v = view(dir.path(), "gid=5");
+        v.twin_opens();
+        let held = HeldJournal::default();
+        held.take(&v);
+        let ino = v.lookup(ROOT, OsStr::new("f0")).unwrap().ino;
+        // Not a FUSE device: the ids are only journaled here, and closing one fails.
+        let dev = Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
+        let reader = v.open(ino, libc::O_RDONLY, ME.into()).unwrap();
+        let made = crate::sys::fuse::Backing::adopt(&dev, 7);
+        assert_eq!(v.registration(ino, &reader.data, || Some(made)), Some(7));
+        let writer = v.open(ino, libc::O_WRONLY, ME.into()).unwrap();
+        assert_eq!(v.registration(ino, &writer.data, || None), Some(7));
+        let registrations = |v: &ViewFs| -> Vec<*const super::super::inode::Registered> {
+            v.handles
+                .iter()
+                .filter_map(|h| match h.value() {
+                    Handle::File(f) => f.data.passthrough.get().cloned().flatten(),
+                    Handle::Dir(_) => None,
+                })
+                .map(|r| Arc::as_ptr(&r))
+                .collect()
+        };
+        let one = |v: &ViewFs, what: &str| {
+            let r = registrations(v);
+            assert_eq!(r.len(), 2, "{what}");
+            assert_eq!(r[0], r[1], "{what}: two registrations of id 7");
+        };
+        one(&v, "before");
+        let (snap, fds) = v.snapshot().unwrap();
+        let fds = fds.iter().map(|fd| rustix::io::dup(fd).unwrap()).collect();
+        let taken = view(dir.path(), "gid=5");
+        taken.restore(&snap, fds, &dev).unwrap();
+        one(&taken, "taken over");
+        let recovered = view(dir.path(), "gid=5");
+        assert_eq!(recovered.recover(&held.replay(), &dev).unwrap(), 0);
+        one(&recovered, "recovered");
     }
 
     /// A descriptor kept off passthrough (a file the view created on an SMB share)
