@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::sys::creds::ThreadIds;
 use crate::sys::dir;
 use crate::sys::file::{self, Access, Kind, Stat};
 use crate::sys::handle::{self, FileHandle};
@@ -75,6 +76,9 @@ struct Plan {
     next: usize,
     /// One past the place of the subdirectory the walker started last (0: none).
     walker: Arc<AtomicUsize>,
+    /// The caller whose listing made the plan, where the view acts as its callers:
+    /// its subdirectories are warmed as that caller.
+    ids: Option<Arc<ThreadIds>>,
 }
 
 /// One directory to warm: its place among its plan's, whose walker it must stay
@@ -86,6 +90,8 @@ struct Job {
     name: Vec<u8>,
     place: usize,
     walker: Arc<AtomicUsize>,
+    /// Who it is warmed as ([`Plan::ids`]; `None`: the view).
+    ids: Option<Arc<ThreadIds>>,
 }
 
 impl Job {
@@ -232,8 +238,19 @@ impl WalkAhead {
 
     /// A directory (`parent`) was listed whole: its subdirectories, in listing order,
     /// each with its node id. When the listing carried attributes (`walking`), the
-    /// first [`AHEAD`] are warmed now: the walker lists the first next.
-    pub fn planned(&self, parent: Arc<OwnedFd>, subdirs: Vec<(u64, Vec<u8>)>, walking: bool) {
+    /// first [`AHEAD`] are warmed now: the walker lists the first next. `ids`: the
+    /// listing's caller, where the view acts as its callers, as whom they are warmed,
+    /// so that the share's answers the warming gets (the NFS client's cached `ACCESS`
+    /// for that caller, renewed by one request a directory, as the raw mount's walk
+    /// does) are those the walker's lookups need, not another set for the view's own
+    /// ids; `None`: as the view.
+    pub fn planned(
+        &self,
+        parent: Arc<OwnedFd>,
+        subdirs: Vec<(u64, Vec<u8>)>,
+        walking: bool,
+        ids: Option<ThreadIds>,
+    ) {
         if subdirs.is_empty() {
             return;
         }
@@ -257,6 +274,7 @@ impl WalkAhead {
                 subdirs: kept,
                 next: 0,
                 walker: Arc::default(),
+                ids: ids.map(Arc::new),
             },
         ));
         if walking {
@@ -380,6 +398,12 @@ impl WalkAhead {
         self.shared.dirs_claimed.load(Ordering::Relaxed)
     }
 
+    /// Whether the warming thread runs.
+    #[cfg(test)]
+    pub fn running(&self) -> bool {
+        lock(&self.shared.state).running
+    }
+
     /// The node ids of the warmed directories whose descriptor is kept.
     #[cfg(test)]
     pub fn held_dirs(&self) -> Vec<u64> {
@@ -402,6 +426,7 @@ impl WalkAhead {
                 name: name.clone(),
                 place: plan.next,
                 walker: Arc::clone(&plan.walker),
+                ids: plan.ids.clone(),
             });
             plan.next += 1;
         }
@@ -480,9 +505,17 @@ impl Shared {
                     }
                 }
             };
+            // As the caller whose listing planned it, wholly; between jobs the thread
+            // is the view. A caller it cannot act as (the daemon lacks CAP_SETUID) is
+            // not warmed for: the walk goes on unwarmed.
+            let acting = job.ids.as_ref().map(|ids| ids.act());
+            if matches!(acting, Some(Err(_))) {
+                continue;
+            }
             if self.warm(&job).is_some() {
                 self.warmed.fetch_add(1, Ordering::Relaxed);
             }
+            drop(acting);
         }
     }
 
@@ -628,12 +661,17 @@ mod tests {
             .collect();
         // Stop the thread from taking the work, to see what is queued.
         lock(&w.shared.state).running = true;
-        w.planned(Arc::clone(&parent), vec![(7, b"names".to_vec())], false);
+        w.planned(
+            Arc::clone(&parent),
+            vec![(7, b"names".to_vec())],
+            false,
+            None,
+        );
         assert!(
             lock(&w.shared.state).queue.is_empty(),
             "a listing of names warms nothing"
         );
-        w.planned(parent, subdirs, true);
+        w.planned(parent, subdirs, true, None);
         let queued = |w: &WalkAhead| -> Vec<Vec<u8>> {
             lock(&w.shared.state)
                 .queue
@@ -665,7 +703,7 @@ mod tests {
         lock(&w.shared.state).running = true;
         for p in 0..(MAX_PLANS as u64 * 2) {
             let subdirs = (0..10u64).map(|i| (p * 100 + i, b"x".to_vec())).collect();
-            w.planned(dir_fd(tmp.path()), subdirs, true);
+            w.planned(dir_fd(tmp.path()), subdirs, true, None);
         }
         let s = lock(&w.shared.state);
         assert_eq!(s.plans.len(), MAX_PLANS);
@@ -690,6 +728,7 @@ mod tests {
             name: name.to_vec(),
             place: 0,
             walker: Arc::default(),
+            ids: None,
         };
         assert_eq!(w.shared.warm(&job(b"d")), Some(50));
         assert_eq!(w.shared.warm(&job(b"up")), None);
@@ -700,7 +739,12 @@ mod tests {
         overtaken.walker.store(1, Ordering::Relaxed);
         assert_eq!(w.shared.warm(&overtaken), Some(0));
         // And through the thread, which ends once idle.
-        w.planned(parent, vec![(1, b"d".to_vec()), (2, b"up".to_vec())], true);
+        w.planned(
+            parent,
+            vec![(1, b"d".to_vec()), (2, b"up".to_vec())],
+            true,
+            None,
+        );
         let deadline = std::time::Instant::now() + IDLE * 3;
         while lock(&w.shared.state).running {
             assert!(
@@ -805,6 +849,7 @@ mod tests {
             name: name.to_vec(),
             place: 0,
             walker: Arc::default(),
+            ids: None,
         }
     }
 
@@ -907,7 +952,7 @@ mod tests {
         // it went past, and keeps `b`'s.
         let w = WalkAhead::new(None, MAX_OPENED, FRESH);
         let subdirs = vec![(1, b"a".to_vec()), (2, b"b".to_vec()), (3, b"c".to_vec())];
-        w.planned(Arc::clone(&parent), subdirs, true);
+        w.planned(Arc::clone(&parent), subdirs, true, None);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while w.warmed() < 2 {
             assert!(std::time::Instant::now() < deadline, "a and b never warmed");

@@ -128,22 +128,25 @@ struct LookedUp<'a> {
 }
 
 /// The threads listings' lookups are spread over: pools of threads started at the
-/// view's first listing that spreads them and kept while the view lives, one pool
-/// for each listing at a time (up to [`MAX_POOLS`]), not threads started for each
+/// view's first listing that spreads them and kept while listings come (let go after
+/// [`POOL_IDLE`] without one, so that an idle view has the threads it had before), one
+/// pool for each listing at a time (up to [`MAX_POOLS`]), not threads started for each
 /// chunk of a listing. A thread started after the NFS client cached its answer to
 /// `ACCESS` for a caller does not trust it (fs/nfs/dir.c
 /// `nfs_access_get_cached_locked`: an entry older than the asking task's start, its
 /// "login time", is asked again), so threads started for each chunk each asked the
 /// server whether the caller may search the directory: 33 to 42 `ACCESS` requests for
 /// an `ls -ln` of 300 files where the raw mount's asked 3 (docs/BENCHMARKS.md).
-#[derive(Default)]
 pub(super) struct Helpers {
-    /// Pools kept and not lent to a listing now.
-    idle: Mutex<Vec<rayon::ThreadPool>>,
+    /// Pools kept and not lent to a listing now, and whether a thread lets them go.
+    idle: Arc<Mutex<Idle>>,
     /// Pools kept, lent or not.
-    kept: AtomicUsize,
-    /// Threads started, for tests.
+    kept: Arc<AtomicUsize>,
+    /// How long a kept pool waits for a listing before it is let go.
+    pool_idle: std::time::Duration,
+    /// Threads started, and ended, for tests.
     started: Arc<AtomicUsize>,
+    ended: Arc<AtomicUsize>,
     /// Whether the log has said that no threads could be started.
     warned: AtomicBool,
     /// Whether the log has said that a thread could not act as a listing's caller.
@@ -156,6 +159,24 @@ pub(super) struct Helpers {
 /// Pools a view keeps: as many listings spread their lookups at once on kept
 /// threads; one more gets a pool of its own for the chunk, as every chunk did before.
 pub(super) const MAX_POOLS: usize = 4;
+
+/// How long a kept pool waits for the next listing before its threads end. A pool
+/// made anew costs its threads' start and one `ACCESS` (`file::warm_search`).
+pub(super) const POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Kept pools not lent now, each with when it came back, and whether the thread that
+/// lets them go runs.
+#[derive(Default)]
+struct Idle {
+    pools: Vec<(std::time::Instant, rayon::ThreadPool)>,
+    reaping: bool,
+}
+
+impl Default for Helpers {
+    fn default() -> Helpers {
+        Helpers::new(POOL_IDLE)
+    }
+}
 
 /// A pool lent to one listing's chunk: kept pools go back when it ends. One chunk at
 /// a time is also what keeps callers apart: a pool thread waiting in a join may run
@@ -178,12 +199,83 @@ impl std::ops::Deref for Lent<'_> {
 impl Drop for Lent<'_> {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take().filter(|_| self.kept) {
-            lock(&self.helpers.idle).push(pool);
+            self.helpers.keep(pool);
         }
     }
 }
 
 impl Helpers {
+    /// Helpers whose kept pools end after `pool_idle` without a listing.
+    pub(super) fn new(pool_idle: std::time::Duration) -> Helpers {
+        Helpers {
+            idle: Arc::default(),
+            kept: Arc::default(),
+            pool_idle,
+            started: Arc::default(),
+            ended: Arc::default(),
+            warned: AtomicBool::new(false),
+            warned_acting: AtomicBool::new(false),
+            #[cfg(test)]
+            looked_up_as: Mutex::default(),
+        }
+    }
+
+    /// Keeps a pool a listing gave back, until the next listing or [`POOL_IDLE`]; the
+    /// thread that lets idle pools go is started with the first (it touches no file,
+    /// and ends once none is kept idle). Without it (no thread to be had) the pool is
+    /// let go now.
+    fn keep(&self, pool: rayon::ThreadPool) {
+        let mut idle = lock(&self.idle);
+        idle.pools.push((std::time::Instant::now(), pool));
+        if idle.reaping {
+            return;
+        }
+        let (shared, kept, after) = (
+            Arc::clone(&self.idle),
+            Arc::clone(&self.kept),
+            self.pool_idle,
+        );
+        let started = std::thread::Builder::new()
+            .name("mountgroup-pools".into())
+            .spawn(move || Self::let_idle_go(&shared, &kept, after));
+        match started {
+            Ok(_) => idle.reaping = true,
+            Err(_) => {
+                let gone = idle.pools.len();
+                idle.pools.clear();
+                self.kept.fetch_sub(gone, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Lets each idle pool go once it has waited `after`, until none is left.
+    fn let_idle_go(idle: &Mutex<Idle>, kept: &AtomicUsize, after: std::time::Duration) {
+        loop {
+            let gone: Vec<rayon::ThreadPool> = {
+                let mut idle = lock(idle);
+                if idle.pools.is_empty() {
+                    idle.reaping = false;
+                    return;
+                }
+                let (old, young) = std::mem::take(&mut idle.pools)
+                    .into_iter()
+                    .partition(|(since, _)| since.elapsed() >= after);
+                idle.pools = young;
+                old.into_iter().map(|(_, pool)| pool).collect()
+            };
+            kept.fetch_sub(gone.len(), Ordering::Relaxed);
+            // Its threads end once their pool is dropped.
+            drop(gone);
+            let next = lock(idle)
+                .pools
+                .iter()
+                .map(|(since, _)| after.saturating_sub(since.elapsed()))
+                .min()
+                .unwrap_or_default();
+            std::thread::sleep(next.max(std::time::Duration::from_millis(10)));
+        }
+    }
+
     /// A pool of `threads` threads for one chunk of a listing: an idle one, or one
     /// started now; `None` where the system refuses threads (a pids limit): the
     /// listing then looks its entries up itself.
@@ -192,7 +284,7 @@ impl Helpers {
         if no_helpers::refused() {
             return None;
         }
-        if let Some(pool) = lock(&self.idle).pop() {
+        if let Some((_, pool)) = lock(&self.idle).pools.pop() {
             return Some(Lent {
                 helpers: self,
                 pool: Some(pool),
@@ -205,10 +297,13 @@ impl Helpers {
                 (n < MAX_POOLS).then_some(n + 1)
             })
             .is_ok();
-        let started = Arc::clone(&self.started);
+        let (started, ended) = (Arc::clone(&self.started), Arc::clone(&self.ended));
         let built = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|_| "mountgroup-lookup".into())
+            .exit_handler(move |_| {
+                ended.fetch_add(1, Ordering::Relaxed);
+            })
             .start_handler(move |_| {
                 started.fetch_add(1, Ordering::Relaxed);
                 // Started by a request: where the view acts as its callers, a thread
@@ -250,6 +345,18 @@ impl Helpers {
     #[cfg(test)]
     pub(super) fn started(&self) -> usize {
         self.started.load(Ordering::Relaxed)
+    }
+
+    /// How many threads ended, for tests.
+    #[cfg(test)]
+    pub(super) fn ended(&self) -> usize {
+        self.ended.load(Ordering::Relaxed)
+    }
+
+    /// How many pools are kept, lent or not, for tests.
+    #[cfg(test)]
+    pub(super) fn kept(&self) -> usize {
+        self.kept.load(Ordering::Relaxed)
     }
 
     /// The file-system ids of each part looked up so far, emptied.
@@ -429,7 +536,11 @@ impl ViewFs {
                     if !s.subdirs.is_empty() {
                         let subdirs = std::mem::take(&mut s.subdirs);
                         if let Ok(fd) = self.dir(ino).and_then(|d| d.fd()) {
-                            self.ahead.planned(fd, subdirs, attributes);
+                            let ids = self
+                                .acts_as_callers
+                                .then(crate::sys::creds::thread_ids)
+                                .and_then(Result::ok);
+                            self.ahead.planned(fd, subdirs, attributes, ids);
                         }
                     }
                     return Ok(());

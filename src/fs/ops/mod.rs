@@ -1672,6 +1672,39 @@ mod tests {
         drop(again);
     }
 
+    /// An idle view has the threads it had before its listings: kept pools end after
+    /// [`dirs::POOL_IDLE`] without a listing (here 200 ms), and a listing after that
+    /// gets a pool anew.
+    #[test]
+    fn kept_lookup_threads_end_when_no_listing_comes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = view(dir.path(), "gid=5");
+        v.helpers = dirs::Helpers::new(std::time::Duration::from_millis(200));
+        let lent: Vec<_> = (0..2).map(|_| v.helpers.lend(2).unwrap()).collect();
+        assert_eq!(helpers_started(&v, 4), 4);
+        assert_eq!(v.helpers.kept(), 2);
+        drop(lent);
+        // Lent again before they waited long: kept, no thread started.
+        let again = v.helpers.lend(2).unwrap();
+        drop(again);
+        assert_eq!(v.helpers.started(), 4);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while v.helpers.ended() < 4 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "idle pools kept: {} of 4 threads ended",
+                v.helpers.ended()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(v.helpers.kept(), 0);
+        // The next listing starts a pool anew, kept in turn.
+        let anew = v.helpers.lend(2).unwrap();
+        assert_eq!(helpers_started(&v, 6), 6);
+        drop(anew);
+        assert_eq!(v.helpers.kept(), 1);
+    }
+
     /// The lookup threads `v` started, once `n` have or 10 s passed (each counts
     /// itself as it starts, after its pool is made).
     fn helpers_started(v: &ViewFs, n: usize) -> usize {
@@ -1718,6 +1751,54 @@ mod tests {
         assert!(parts.iter().all(|&ids| ids == (0, 0)), "{parts:?}");
     }
 
+    /// Makes this test thread give up `CAP_DAC_READ_SEARCH`, which an acting thread
+    /// keeps and a local file system honours, where the NFS client does not (the
+    /// server answers for the caller: fs/nfs/dir.c `nfs_permission`): as the share
+    /// would ignore it. Threads it starts from now on inherit that.
+    fn without_read_search_override() {
+        use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
+        let mut caps = capabilities(None).unwrap();
+        caps.permitted.remove(CapabilitySet::DAC_READ_SEARCH);
+        caps.effective.remove(CapabilitySet::DAC_READ_SEARCH);
+        set_capabilities(None, caps).unwrap();
+    }
+
+    /// Where the view acts as its callers, a walk is warmed ahead as its caller: the
+    /// share's answers the warming gets (the NFS client's cached `ACCESS`) are those
+    /// the walker needs, and a directory closed to the walker is not listed ahead.
+    #[test]
+    fn a_walk_is_warmed_ahead_as_its_caller() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &std::path::Path, m| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        };
+        mode(dir.path(), 0o755);
+        for (name, m) in [("closed", 0o700), ("open", 0o755)] {
+            let d = dir.path().join(name);
+            std::fs::create_dir(&d).unwrap();
+            std::fs::write(d.join("f"), "").unwrap();
+            mode(&d, m);
+        }
+        let v = network_view(dir.path(), "ownership=share");
+        without_read_search_override();
+        let acting = crate::sys::creds::act_as(1000, 1000, &[]).unwrap();
+        let fh = v.opendir(ROOT).unwrap();
+        let items = rest(&v, fh, 0, Listing::WithAttributes);
+        v.release(fh);
+        drop(acting);
+        assert_eq!(items.iter().filter(|i| i.attr.is_some()).count(), 2);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while v.walked_ahead() < 1 || v.ahead.running() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the warming never ended"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(v.walked_ahead(), 1, "only the directory open to the caller");
+    }
+
     /// A walk's open of a directory warmed ahead takes the warming's descriptor, but
     /// only where the caller may read the directory: the warming lists as the view,
     /// and a view that acts as its callers leaves that check to the share.
@@ -1753,17 +1834,7 @@ mod tests {
         let mut want = vec![closed, open];
         want.sort();
         assert_eq!(held, want, "the first two in listing order");
-        // An acting thread keeps `CAP_DAC_READ_SEARCH`, which a local file system
-        // honours and the NFS client does not (the server answers for the caller:
-        // fs/nfs/dir.c `nfs_permission`): this thread gives it up, as the share
-        // would ignore it.
-        {
-            use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
-            let mut caps = capabilities(None).unwrap();
-            caps.permitted.remove(CapabilitySet::DAC_READ_SEARCH);
-            caps.effective.remove(CapabilitySet::DAC_READ_SEARCH);
-            set_capabilities(None, caps).unwrap();
-        }
+        without_read_search_override();
         let acting = crate::sys::creds::act_as(1000, 1000, &[]).unwrap();
         let refused = v.opendir(closed).err().map(|e| e.errno());
         drop(acting);
