@@ -135,17 +135,24 @@ impl Pending {
     /// Runs `work` for `path` in a thread of its own and waits no longer than `wait`
     /// for it: `None` where it has not answered by then. The run goes on in its thread
     /// until the share answers; meanwhile another for the same path does not start one
-    /// more, and is `None` at once. Where no thread can be started, `work` runs here,
-    /// unbounded, and the log says so.
+    /// more: it is `None` at once, or, where it `joins`, it waits for that run to end
+    /// and then runs anew, all within its own `wait` (a share that answers again is
+    /// seen by the first call after, not only once the run that waited ends). Where no
+    /// thread can be started, `work` runs here, unbounded, and the log says so.
     fn within<T: Send + 'static>(
         &self,
         path: &Path,
         wait: Duration,
+        joins: bool,
         what: &str,
         work: impl Fn() -> T + Send + Sync + 'static,
     ) -> Option<T> {
-        if !self.lock().insert(path.to_path_buf()) {
-            return None;
+        let deadline = std::time::Instant::now() + wait;
+        while !self.lock().insert(path.to_path_buf()) {
+            if !joins || std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
         let (sent, answer) = std::sync::mpsc::sync_channel(1);
         let (all, path2) = (Arc::clone(&self.0), path.to_path_buf());
@@ -163,7 +170,9 @@ impl Pending {
             tracing::warn!(error = %e, "cannot start a thread to {what}: doing it here, unbounded");
             return Some(work());
         }
-        answer.recv_timeout(wait).ok()
+        answer
+            .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+            .ok()
     }
 }
 
@@ -427,7 +436,7 @@ impl Node {
     fn check_within(&self, mechanism: Mechanism, target: &Path) -> Option<Check> {
         let target2 = target.to_path_buf();
         self.checking
-            .within(target, CHECK_WAIT, "check a view", move || {
+            .within(target, CHECK_WAIT, false, "check a view", move || {
                 mechanism.check(&target2)
             })
     }
@@ -1121,8 +1130,9 @@ impl Node {
     /// server is away or stalls (an NFS `hard` mount waits for it without end) makes the
     /// volume abnormal, "the share does not answer", and kubelet gets its answer in
     /// time. The measurement goes on in its thread until the share answers; while it
-    /// does, another call for the same path does not start one more, and answers the
-    /// same at once.
+    /// does, another call for the same path does not start one more: it waits for it
+    /// to end, within its own `wait`, and measures anew, so that the first call once
+    /// the share answers again is normal.
     ///
     /// # Errors
     /// Those of [`Node::stats`].
@@ -1144,7 +1154,7 @@ impl Node {
         let node = Arc::clone(self);
         let (id2, path2) = (id.clone(), path.to_path_buf());
         self.measuring
-            .within(path, wait, "measure a volume", move || {
+            .within(path, wait, true, "measure a volume", move || {
                 node.stats(&id2, &path2)
             })
             .unwrap_or_else(unanswered)
@@ -1264,5 +1274,59 @@ impl Node {
             inodes,
             abnormal,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A measurement that finds another of the same path waiting on the share waits
+    /// for it to end and measures anew, within its own bound: once the share answers,
+    /// the next call is answered (it was told "does not answer" at once while the
+    /// run that waited had not ended yet); a check does not wait.
+    #[test]
+    fn a_run_that_finds_another_waiting_runs_anew_once_it_ends() {
+        let pending = Arc::new(Pending::default());
+        let path = Path::new("/volume");
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = Arc::new(Mutex::new(held));
+        let waiting = Arc::clone(&held);
+        let first = pending.within(path, Duration::from_millis(50), true, "test", move || {
+            let _ = waiting.lock().unwrap().recv();
+            "old"
+        });
+        assert_eq!(first, None, "the share does not answer");
+        assert_eq!(
+            pending.within(path, Duration::ZERO, false, "test", || "check"),
+            None,
+            "a check does not wait"
+        );
+        let p2 = Arc::clone(&pending);
+        let second = std::thread::spawn(move || {
+            p2.within(
+                Path::new("/volume"),
+                Duration::from_secs(30),
+                true,
+                "test",
+                || "new",
+            )
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        release.send(()).unwrap();
+        assert_eq!(second.join().unwrap(), Some("new"));
+        // And a call past its bound while the run still waits is told so.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = Arc::new(Mutex::new(held));
+        let waiting = Arc::clone(&held);
+        let _ = pending.within(path, Duration::ZERO, true, "test", move || {
+            let _ = waiting.lock().unwrap().recv();
+            "old"
+        });
+        assert_eq!(
+            pending.within(path, Duration::from_millis(100), true, "test", || "new"),
+            None
+        );
+        release.send(()).unwrap();
     }
 }
