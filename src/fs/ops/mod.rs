@@ -1210,16 +1210,26 @@ mod tests {
     /// gets a read-write one beside it, which names the same registration (the kernel
     /// binds one backing file to an inode while any of its opens is: another id fails
     /// the writer's open). Journaled for both, and closed with the last of them.
-    #[test]
-    fn a_writer_after_a_reader_shares_its_registration() {
-        use super::super::snapshot::Passthrough;
+    /// A view with twins (as on SMB) and its journal, where a reader opened `f0` and
+    /// registered it as id 7 (on a stand-in device: the ids are only journaled, and
+    /// closing one fails), then a writer opened it and got the same registration.
+    struct ReaderThenWriter {
+        _dir: tempfile::TempDir,
+        v: ViewFs,
+        held: HeldJournal,
+        ino: u64,
+        dev: Arc<OwnedFd>,
+        reader: Opened,
+        writer: Opened,
+    }
+
+    fn reader_then_writer() -> ReaderThenWriter {
         let dir = populated(2);
         let v = view(dir.path(), "gid=5");
         v.twin_opens();
         let held = HeldJournal::default();
         held.take(&v);
         let ino = v.lookup(ROOT, OsStr::new("f0")).unwrap().ino;
-        // Not a FUSE device: the ids are only journaled here, and closing one fails.
         let dev = Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
         let reader = v.open(ino, libc::O_RDONLY, ME.into()).unwrap();
         assert!(!reader.data.writable, "a reader's descriptor is read-only");
@@ -1231,6 +1241,29 @@ mod tests {
         assert!(writer.data.writable);
         let shared = v.registration(ino, &writer.data, || panic!("registered anew"));
         assert_eq!(shared, Some(7));
+        ReaderThenWriter {
+            _dir: dir,
+            v,
+            held,
+            ino,
+            dev,
+            reader,
+            writer,
+        }
+    }
+
+    #[test]
+    fn a_writer_after_a_reader_shares_its_registration() {
+        use super::super::snapshot::Passthrough;
+        let ReaderThenWriter {
+            _dir,
+            v,
+            held,
+            ino,
+            dev,
+            reader,
+            writer,
+        } = reader_then_writer();
         let r = held.replay();
         assert_eq!(r.passthrough_of(ino, false), Passthrough::Id(7));
         assert_eq!(r.passthrough_of(ino, true), Passthrough::Id(7));
@@ -1260,19 +1293,15 @@ mod tests {
     /// kernel gave that id since.
     #[test]
     fn descriptors_sharing_a_registration_share_it_after_a_takeover_and_a_recovery() {
-        let dir = populated(2);
-        let v = view(dir.path(), "gid=5");
-        v.twin_opens();
-        let held = HeldJournal::default();
-        held.take(&v);
-        let ino = v.lookup(ROOT, OsStr::new("f0")).unwrap().ino;
-        // Not a FUSE device: the ids are only journaled here, and closing one fails.
-        let dev = Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
-        let reader = v.open(ino, libc::O_RDONLY, ME.into()).unwrap();
-        let made = crate::sys::fuse::Backing::adopt(&dev, 7);
-        assert_eq!(v.registration(ino, &reader.data, || Some(made)), Some(7));
-        let writer = v.open(ino, libc::O_WRONLY, ME.into()).unwrap();
-        assert_eq!(v.registration(ino, &writer.data, || None), Some(7));
+        let ReaderThenWriter {
+            _dir: dir,
+            v,
+            held,
+            dev,
+            reader: _reader,
+            writer: _writer,
+            ..
+        } = reader_then_writer();
         let registrations = |v: &ViewFs| -> Vec<*const super::super::inode::Registered> {
             v.handles
                 .iter()
