@@ -171,6 +171,13 @@ pub struct Registered {
 }
 
 impl Registered {
+    fn new(backing: Backing, journal: &JournalSlot) -> Arc<Registered> {
+        Arc::new(Registered {
+            backing,
+            journal: Arc::clone(journal),
+        })
+    }
+
     /// The id a FUSE open reply names.
     pub fn id(&self) -> u32 {
         self.backing.id()
@@ -296,10 +303,7 @@ impl DataFile {
     /// A registration made for this descriptor, journaled (its closing) in its view's
     /// journal.
     pub fn registration_of(&self, backing: Backing) -> Arc<Registered> {
-        Arc::new(Registered {
-            backing,
-            journal: Arc::clone(&self.journal),
-        })
+        Registered::new(backing, &self.journal)
     }
 
     /// The registration as plain data (its id stays open: see [`Backing`]).
@@ -330,12 +334,9 @@ impl DataFile {
                 let _ = data.passthrough.set(None);
             }
             Passthrough::Id(id) => {
-                let r = adopted.entry(id).or_insert_with(|| {
-                    Arc::new(Registered {
-                        backing: Backing::adopt(dev, id),
-                        journal: Arc::clone(journal),
-                    })
-                });
+                let r = adopted
+                    .entry(id)
+                    .or_insert_with(|| Registered::new(Backing::adopt(dev, id), journal));
                 let _ = data.passthrough.set(Some(Arc::clone(r)));
             }
         }
