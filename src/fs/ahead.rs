@@ -125,6 +125,9 @@ struct HeldDir {
     plan: Arc<AtomicUsize>,
     place: usize,
     fd: OwnedFd,
+    /// The inode it pins.
+    dev: u64,
+    ino: u64,
     /// When it was opened (from just before its open).
     opened: Instant,
 }
@@ -363,7 +366,8 @@ impl WalkAhead {
     /// Why the check is sound: the held descriptor pins its inode, so no other inode
     /// of its file system has its device and number while it is held; those, never
     /// changed for an inode, are read from the file system's cache without a request.
-    /// Whether the walker may read the directory is `may_read`'s to say (the kernel
+    /// The warming's thread read them when it opened the directory. Whether the
+    /// walker may read the directory is `may_read`'s to say (the kernel
     /// checked the view's attributes; where the view acts as its callers, the share
     /// answers for the caller: `ViewFs::opendir`).
     pub fn claim_dir(
@@ -380,11 +384,8 @@ impl WalkAhead {
         if held.opened.elapsed() >= self.shared.fresh {
             return None;
         }
-        let (a, b) = (
-            file::stat_cached(held.fd.as_fd()).ok()?,
-            file::stat_cached(at).ok()?,
-        );
-        if (a.dev, a.ino) != (b.dev, b.ino) || a.kind != Kind::Directory || !may_read() {
+        let st = file::stat_cached(at).ok()?;
+        if (st.dev, st.ino) != (held.dev, held.ino) || !may_read() {
             return None;
         }
         dir::seek(held.fd.as_fd(), 0).ok()?;
@@ -533,6 +534,8 @@ impl Shared {
         let at = file::open_child(job.parent.as_fd(), name, self.root_mnt).ok()?;
         let opened_at = Instant::now();
         let d = file::reopen(at.as_fd(), Kind::Directory, Access::Directory).ok()?;
+        // Never changed for the inode: read from the cache, no request.
+        let pins = file::stat_cached(d.as_fd()).ok().map(|st| (st.dev, st.ino));
         // Not the walker's read: the directory's access time is left alone whatever
         // the view's atime rule (the daemon owns every file, as O_NOATIME asks).
         let _ = file::set_noatime(d.as_fd());
@@ -569,13 +572,15 @@ impl Shared {
         }
         // The walker may be in this directory already, behind what was opened.
         self.stash(job, &mut opened);
-        self.hold(job, d, opened_at);
+        if let Some((dev, ino)) = pins {
+            self.hold(job, d, dev, ino, opened_at);
+        }
         Some(warmed)
     }
 
     /// Keeps a warmed directory's own descriptor for the walker's open of it, unless
     /// the walker has opened it already (it started listing it) or none is kept.
-    fn hold(&self, job: &Job, fd: OwnedFd, opened: Instant) {
+    fn hold(&self, job: &Job, fd: OwnedFd, dev: u64, ino: u64, opened: Instant) {
         if job.overtaken() || self.fresh.is_zero() {
             return;
         }
@@ -589,6 +594,8 @@ impl Shared {
             plan: Arc::clone(&job.walker),
             place: job.place,
             fd,
+            dev,
+            ino,
             opened,
         });
     }
