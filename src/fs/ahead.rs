@@ -30,7 +30,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -203,10 +203,19 @@ struct Shared {
     held_dirs: Mutex<VecDeque<HeldDir>>,
     /// Walkers' opens of a directory answered with the warming's descriptor.
     dirs_claimed: AtomicU64,
+    /// Whether the log has said that a walk's caller could not be acted as.
+    warned_acting: AtomicBool,
     /// How long a warmed directory's descriptor may serve the walker's open of it.
     fresh: Duration,
     /// The view root's mount: a name with another mount on it is not opened.
     root_mnt: Option<u64>,
+}
+
+/// The log line of [`WalkAhead::cannot_act`], once per view (`warned`).
+fn cannot_act(warned: &AtomicBool, e: crate::sys::Errno) {
+    if !warned.swap(true, Ordering::Relaxed) {
+        tracing::warn!(error = %e, "the walk-ahead cannot act as a walk's caller, so that walk goes on unwarmed (slower on a network share); the daemon needs CAP_SETUID and CAP_SETGID (the node plugin runs privileged, deploy/node.yaml)");
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -233,6 +242,7 @@ impl WalkAhead {
                 claimed: AtomicU64::new(0),
                 held_dirs: Mutex::default(),
                 dirs_claimed: AtomicU64::new(0),
+                warned_acting: AtomicBool::new(false),
                 fresh,
                 root_mnt,
             }),
@@ -393,6 +403,12 @@ impl WalkAhead {
         Some(held.fd)
     }
 
+    /// Says once that a walk's caller could not be acted as (`e`), so that the
+    /// directories its listings plan are not warmed: the walk goes on unwarmed.
+    pub fn cannot_act(&self, e: crate::sys::Errno) {
+        cannot_act(&self.shared.warned_acting, e);
+    }
+
     /// Walkers' opens of a directory answered with the warming's descriptor so far.
     #[cfg(test)]
     pub fn dirs_claimed(&self) -> u64 {
@@ -507,12 +523,14 @@ impl Shared {
                 }
             };
             // As the caller whose listing planned it, wholly; between jobs the thread
-            // is the view. A caller it cannot act as (the daemon lacks CAP_SETUID) is
-            // not warmed for: the walk goes on unwarmed.
-            let acting = job.ids.as_ref().map(|ids| ids.act());
-            if matches!(acting, Some(Err(_))) {
-                continue;
-            }
+            // is the view. A caller it cannot act as is not warmed for.
+            let acting = match job.ids.as_ref().map(|ids| ids.act()).transpose() {
+                Ok(acting) => acting,
+                Err(e) => {
+                    cannot_act(&self.warned_acting, e);
+                    continue;
+                }
+            };
             if self.warm(&job).is_some() {
                 self.warmed.fetch_add(1, Ordering::Relaxed);
             }

@@ -240,10 +240,13 @@ impl Helpers {
             .spawn(move || Self::let_idle_go(&shared, &kept, after));
         match started {
             Ok(_) => idle.reaping = true,
-            Err(_) => {
+            Err(e) => {
                 let gone = idle.pools.len();
                 idle.pools.clear();
                 self.kept.fetch_sub(gone, Ordering::Relaxed);
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "no thread to let idle lookup threads go: each listing starts its lookup threads anew, which on NFS costs an ACCESS request each time; raise the pids limit of the cgroup the view runs in");
+                }
             }
         }
     }
@@ -536,11 +539,14 @@ impl ViewFs {
                     if !s.subdirs.is_empty() {
                         let subdirs = std::mem::take(&mut s.subdirs);
                         if let Ok(fd) = self.dir(ino).and_then(|d| d.fd()) {
-                            let ids = self
+                            match self
                                 .acts_as_callers
                                 .then(crate::sys::creds::thread_ids)
-                                .and_then(Result::ok);
-                            self.ahead.planned(fd, subdirs, attributes, ids);
+                                .transpose()
+                            {
+                                Ok(ids) => self.ahead.planned(fd, subdirs, attributes, ids),
+                                Err(e) => self.ahead.cannot_act(e),
+                            }
                         }
                     }
                     return Ok(());
