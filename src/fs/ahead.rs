@@ -403,6 +403,17 @@ impl WalkAhead {
         Some(held.fd)
     }
 
+    /// How long ago the warming opened the directory `dir` (a node id) that pins the
+    /// inode `dev`/`ino`, if it holds it for the walker's open: the file system's
+    /// attributes of it are at least that new (each open of a directory on NFS asks the
+    /// server for them: close-to-open, fs/nfs/dir.c `nfs_lookup_verify_inode`).
+    pub fn warmed_age(&self, dir: u64, dev: u64, ino: u64) -> Option<std::time::Duration> {
+        lock(&self.shared.held_dirs)
+            .iter()
+            .find(|d| d.dir == dir && (d.dev, d.ino) == (dev, ino))
+            .map(|d| d.opened.elapsed())
+    }
+
     /// Says once that a walk's caller could not be acted as (`e`), so that the
     /// directories its listings plan are not warmed: the walk goes on unwarmed.
     pub fn cannot_act(&self, e: crate::sys::Errno) {

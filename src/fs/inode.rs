@@ -432,6 +432,9 @@ pub struct Inode {
     /// record's name in the list of names first: [`crate::fs::ops::ViewFs`],
     /// `records_listed`).
     pub record_seen: RecordMemo,
+    /// When the view last read its attributes from the file system afresh (not from
+    /// its cache): how fresh a cached read of them is at least.
+    pub synced: SyncedAt,
 }
 
 /// What a read of an inode's ownership record found.
@@ -458,6 +461,39 @@ impl RecordMemo {
 
     pub fn set(&self, seen: RecordSeen) {
         self.0.store(seen as u8, Ordering::Relaxed);
+    }
+}
+
+/// When something was last done, for threads to set and read in place: nanoseconds
+/// past the process's first use of it, plus one (0: never).
+#[derive(Debug, Default)]
+pub struct SyncedAt(AtomicU64);
+
+impl SyncedAt {
+    fn epoch() -> std::time::Instant {
+        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        *EPOCH.get_or_init(std::time::Instant::now)
+    }
+
+    /// Now.
+    pub fn mark(&self) {
+        let nanos = Self::epoch()
+            .elapsed()
+            .as_nanos()
+            .min(u128::from(u64::MAX - 1)) as u64;
+        self.0.store(nanos + 1, Ordering::Relaxed);
+    }
+
+    /// How long ago it was last marked; `None` if never.
+    pub fn age(&self) -> Option<std::time::Duration> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(
+                Self::epoch()
+                    .elapsed()
+                    .saturating_sub(std::time::Duration::from_nanos(at - 1)),
+            ),
+        }
     }
 }
 
@@ -634,6 +670,7 @@ impl InodeTable {
             data: Mutex::new(Weak::new()),
             registration: Mutex::new(Weak::new()),
             record_seen: RecordMemo::default(),
+            synced: SyncedAt::default(),
         });
         let mut maps = Maps {
             by_id: HashMap::new(),
@@ -801,6 +838,7 @@ impl InodeTable {
             data: Mutex::new(Weak::new()),
             registration: Mutex::new(Weak::new()),
             record_seen: RecordMemo::default(),
+            synced: SyncedAt::default(),
         });
         maps.by_id.insert(id, Arc::clone(&inode));
         maps.by_key.insert(key, id);
@@ -1030,6 +1068,7 @@ impl InodeTable {
                 data: Mutex::new(Weak::new()),
                 registration: Mutex::new(Weak::new()),
                 record_seen: RecordMemo::default(),
+                synced: SyncedAt::default(),
             });
             maps.by_id.insert(s.id, inode);
             maps.by_key.insert(key, s.id);

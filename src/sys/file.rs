@@ -234,15 +234,26 @@ pub fn stat_cached(fd: BorrowedFd<'_>) -> SysResult<Stat> {
 /// (an `O_PATH` descriptor) leads to, as its open for reading would check: on a
 /// network file system, the server's answer (the NFS client's access cache).
 pub fn may_read(fd: BorrowedFd<'_>) -> bool {
+    may(fd, libc::R_OK).is_ok()
+}
+
+/// [`may_read`] for the access `mode` asks (`R_OK`, `W_OK`, `X_OK`, or `F_OK`): what
+/// `access(2)` of the file answers the calling thread, as the file's own checks
+/// answer it (but for a read-only mount, which the caller checks).
+///
+/// # Errors
+/// `EACCES` where it may not, or the error of `faccessat2`.
+pub fn may(fd: BorrowedFd<'_>, mode: i32) -> SysResult<()> {
     // Through the magic link, as [`reopen`] opens it: rustix takes no `AT_EMPTY_PATH`
     // for `faccessat2`.
     let path = ProcPath::new(fd);
-    let (read, eaccess) = (rustix::fs::Access::READ_OK, AtFlags::EACCESS);
+    let access = rustix::fs::Access::from_bits_truncate(mode as u32);
+    let eaccess = AtFlags::EACCESS;
     match proc_fd_dir() {
-        Some(dir) => rustix::fs::accessat(dir, path.name(), read, eaccess),
-        None => rustix::fs::accessat(rustix::fs::CWD, path.as_cstr(), read, eaccess),
+        Some(dir) => rustix::fs::accessat(dir, path.name(), access, eaccess),
+        None => rustix::fs::accessat(rustix::fs::CWD, path.as_cstr(), access, eaccess),
     }
-    .is_ok()
+    .map_err(Errno::from)
 }
 
 /// `statx(2)` of what the single name `name` in `dir` is now, never following a

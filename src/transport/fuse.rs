@@ -249,6 +249,11 @@ impl FuseView {
         }
     }
 
+    /// Whether the kernel checks permissions (the mount's `default_permissions`).
+    pub fn kernel_checks(&self) -> bool {
+        self.kernel_checks
+    }
+
     /// Serves the files the view creates through the daemon while their creators hold
     /// them (`FuseView::creates_served`'s reason).
     pub fn serve_creates(mut self, serve: bool) -> FuseView {
@@ -417,21 +422,35 @@ impl FuseView {
         }
     }
 
+    /// An operation answered with an entry in the directory `dir`.
     fn entry<R: Fail + Into<ReplyEntry>>(
         &self,
         op: Op,
-        parent: u64,
+        ino: u64,
+        dir: u64,
         reply: R,
         run: impl FnOnce(&mut R) -> Result<Attr, FsError>,
     ) {
-        self.answer(op, parent, reply, run, |reply, a| {
+        self.answer(op, ino, reply, run, |reply, a| {
             reply.into().entry_with_ttls(
                 &self.attr_ttl,
-                &self.entry_ttl,
+                &self.entry_ttl_in(dir),
                 &self.fattr(&a),
                 Generation(0),
             );
         });
+    }
+
+    /// How long the kernel may keep a name in the directory `dir`: the entry timeout,
+    /// but where the share checks permissions and not every caller may search `dir`
+    /// (`ViewFs::searchable_by_all`), not at all: the kernel would let any caller
+    /// walk through a name it keeps, unchecked (no `default_permissions`).
+    fn entry_ttl_in(&self, dir: u64) -> Duration {
+        if self.fs.share_checks() && !self.fs.searchable_by_all(dir) {
+            Duration::ZERO
+        } else {
+            self.entry_ttl
+        }
     }
 
     /// [`FuseView::answer`] for an operation whose success carries nothing.
@@ -675,15 +694,32 @@ impl Filesystem for FuseView {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let reply = LookupReply {
             reply,
-            entry_ttl: self.entry_ttl,
+            entry_ttl: self.entry_ttl_in(parent.0),
         };
-        self.entry(Op::Lookup, parent.0, reply, |reply| {
-            let found = self.fs.lookup(parent.0, name);
-            if let Err(FsError::Absent(left)) = found {
-                reply.entry_ttl = reply.entry_ttl.min(left);
-            }
-            found
-        });
+        self.answer(
+            Op::Lookup,
+            parent.0,
+            reply,
+            |reply| {
+                let found = self.fs.lookup_for_kernel(parent.0, name);
+                if let Err(FsError::Absent(left)) = found {
+                    reply.entry_ttl = reply.entry_ttl.min(left);
+                }
+                found
+            },
+            |reply, (a, keep)| {
+                // Attributes the share's client had cached are kept no longer than
+                // the ones the view last read afresh would be: a stat then asks for
+                // them afresh (`ViewFs::lookup_for_kernel`).
+                let attr_ttl = keep.map_or(self.attr_ttl, |keep| keep.min(self.attr_ttl));
+                reply.reply.entry_with_ttls(
+                    &attr_ttl,
+                    &reply.entry_ttl,
+                    &self.fattr(&a),
+                    Generation(0),
+                );
+            },
+        );
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -761,7 +797,7 @@ impl Filesystem for FuseView {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(Op::Mknod, parent.0, reply, |_| {
+        self.entry(Op::Mknod, parent.0, parent.0, reply, |_| {
             let r = self.fs.mknod(parent.0, name, mode, creator(req)?);
             done_before(req, r, libc::EEXIST, || self.fs.lookup(parent.0, name))
         });
@@ -776,7 +812,7 @@ impl Filesystem for FuseView {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(Op::Mkdir, parent.0, reply, |_| {
+        self.entry(Op::Mkdir, parent.0, parent.0, reply, |_| {
             let r = self.fs.mkdir(parent.0, name, mode, creator(req)?);
             done_before(req, r, libc::EEXIST, || self.fs.lookup(parent.0, name))
         });
@@ -804,7 +840,7 @@ impl Filesystem for FuseView {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        self.entry(Op::Symlink, parent.0, reply, |_| {
+        self.entry(Op::Symlink, parent.0, parent.0, reply, |_| {
             let r = self
                 .fs
                 .symlink(parent.0, link_name, target.as_os_str(), creator(req)?);
@@ -843,7 +879,7 @@ impl Filesystem for FuseView {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.entry(Op::Link, ino.0, reply, |_| {
+        self.entry(Op::Link, ino.0, newparent.0, reply, |_| {
             let r = self.fs.link(ino.0, newparent.0, newname);
             done_before(req, r, libc::EEXIST, || {
                 self.fs.lookup(newparent.0, newname)
@@ -932,7 +968,7 @@ impl Filesystem for FuseView {
                 match backing {
                     Some(id) => reply.created_passthrough_raw(
                         &self.attr_ttl,
-                        &self.entry_ttl,
+                        &self.entry_ttl_in(parent.0),
                         &fa,
                         Generation(0),
                         FileHandle(fh),
@@ -941,7 +977,7 @@ impl Filesystem for FuseView {
                     ),
                     None => reply.created_with_ttls(
                         &self.attr_ttl,
-                        &self.entry_ttl,
+                        &self.entry_ttl_in(parent.0),
                         &fa,
                         Generation(0),
                         FileHandle(fh),
@@ -1117,6 +1153,7 @@ impl Filesystem for FuseView {
             ino.0,
             reply,
             |reply| {
+                let entry_ttl = self.entry_ttl_in(ino.0);
                 // Entries are looked up only as far as the reply has room for them.
                 let room = Room {
                     bytes: reply.room(),
@@ -1140,7 +1177,7 @@ impl Filesystem for FuseView {
                                 next,
                                 name,
                                 &self.attr_ttl,
-                                &self.entry_ttl,
+                                &entry_ttl,
                                 &self.fattr(a),
                                 Generation(0),
                             ),

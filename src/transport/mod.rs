@@ -173,8 +173,25 @@ pub fn keeps_records(
     }
 }
 
+/// The options a view answers a takeover with: its own, and `checks=share` where the
+/// share checks permissions (`ViewFs::share_checks`). A view mounted with
+/// `default_permissions` and one without differ in what the kernel checks, which a
+/// successor cannot change: a takeover between them (a daemon of another version) is
+/// refused, and the view keeps serving.
+fn identity_options(options: &ViewOptions, kernel_checks: bool) -> String {
+    let mut s = options.to_option_string();
+    if !kernel_checks && options.kernel_permission_checks() {
+        s.push_str(",checks=share");
+    }
+    s
+}
+
 /// The fuser configuration of a view.
-pub fn session_config(source: &Path, options: &ViewOptions) -> ::fuser::Config {
+pub fn session_config(
+    source: &Path,
+    options: &ViewOptions,
+    kernel_checks: bool,
+) -> ::fuser::Config {
     use ::fuser::MountOption as M;
     let mut cfg = ::fuser::Config::default();
     cfg.mount_options = vec![
@@ -183,7 +200,7 @@ pub fn session_config(source: &Path, options: &ViewOptions) -> ::fuser::Config {
         M::NoDev,
         M::NoSuid,
     ];
-    if options.kernel_permission_checks() {
+    if kernel_checks {
         cfg.mount_options.push(M::DefaultPermissions);
     }
     // Through fusermount3 (unprivileged use), which knows the VFS flags by name.
@@ -239,10 +256,18 @@ pub fn build(
         path: source.into(),
         errno: Errno(e.errno()),
     })?;
+    // Where the share checks permissions, the kernel checks none and keeps no name, so
+    // that every name of a path is looked up as its caller (`ViewFs::share_checks`).
+    let share_checks = fs.share_checks();
+    if share_checks {
+        tracing::info!(
+            "the view acts as its callers on NFS, whose server checks their permissions: mounted without default_permissions, it keeps no name in the kernel (entry_timeout 0 there), so that each name of each path is looked up as its caller, and the client and server check it as on the raw mount"
+        );
+    }
     Ok(fuse::FuseView::new(
         fs,
         options.passthrough,
-        options.kernel_permission_checks(),
+        options.kernel_permission_checks() && !share_checks,
         options.attr_timeout,
         options.entry_timeout,
     )
@@ -403,15 +428,15 @@ pub fn run_foreground(
             io::Error::new(io::ErrorKind::PermissionDenied, "passthrough=on needs root"),
         ));
     }
-    let identity = handover::Identity {
-        source: source.clone(),
-        mountpoint: mountpoint.clone(),
-        options: options.to_option_string(),
-    };
     // Before the view sizes its descriptor cache from it.
     let nofile = crate::sys::process::raise_nofile_limit();
     tracing::debug!(nofile, "open-file limit");
     let mut view = build(&source, root, options)?;
+    let identity = handover::Identity {
+        source: source.clone(),
+        mountpoint: mountpoint.clone(),
+        options: identity_options(options, view.kernel_checks()),
+    };
     if on_ring {
         view.want_ring();
     }
@@ -421,7 +446,7 @@ pub fn run_foreground(
     // waiting thread below ever sees them.
     let signals = TerminationSignals::block().map_err(|e| MountError::Session(e.into()))?;
     file::set_umask(0);
-    let mut cfg = session_config(&source, options);
+    let mut cfg = session_config(&source, options, view.kernel_checks());
     // Which descriptors the workers read ([`Protocol`]).
     let kept = holder.is_some();
     let mut protocol = Protocol {
@@ -710,7 +735,7 @@ fn mount_as_root(
     cfg: &::fuser::Config,
 ) -> Result<Connected, MountError> {
     let how = crate::sys::mount::FuseMount {
-        default_permissions: options.kernel_permission_checks(),
+        default_permissions: view.kernel_checks(),
         allow_other: true,
         selinux_context: options.selinux_context.clone(),
         flags: options.vfs_flags(),

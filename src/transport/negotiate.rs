@@ -84,7 +84,7 @@ pub fn negotiate(offered: InitFlags, asked: Asked) -> Result<Negotiation, String
         offered.contains(InitFlags::FUSE_ALLOW_IDMAP),
         asked.kernel_checks,
     ) {
-        (true, true) if asked.acts_as_callers => (
+        (true, _) if asked.acts_as_callers => (
             false,
             Some(
                 "ownership=share: the view acts as each caller, and an idmapped FUSE mount sends no caller's ids but a creator's; pods in user namespaces cannot use this view",

@@ -7,6 +7,10 @@ use super::super::journal::{Entry, Journal, Journaling, Replayed};
 use super::super::snapshot::{FileSnapshot, HandleSnapshot, Passthrough, ViewSnapshot};
 use super::*;
 
+/// The flag an `execve(2)`'s open of a file carries into FUSE's `OPEN`
+/// (`__FMODE_EXEC`, include/linux/fs.h; fs/exec.c `do_open_execat`).
+pub(super) const OPEN_EXEC: i32 = 0x20;
+
 impl ViewFs {
     pub(super) fn add_handle(&self, h: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -234,16 +238,29 @@ impl ViewFs {
             return Err(FsError::WrongKind);
         }
         let wants_write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
-        if wants_write {
+        if self.share_checks && flags & OPEN_EXEC != 0 {
+            // The kernel checked only that some execute bit is set (fs/fuse/dir.c
+            // `fuse_permission`); whether this caller may execute it is the share's.
+            file::may(inode.fd()?.as_fd(), libc::X_OK)?;
+        }
+        let rec = if wants_write {
             self.writable()?;
             // One read of the record serves both checks.
             let rec = self.record_for(&inode)?;
             if view::write_refused(&self.policy, inode.kind, rec.as_ref()) {
                 return Err(FsError::ReadOnlyFile);
             }
+            Some(rec)
+        } else {
+            None
+        };
+        let data = self.shared_data(&inode, wants_write)?;
+        if let Some(rec) = rec {
+            // After the open, which on a network share brought the attributes this
+            // reads (an NFS `OPEN`'s reply), so that it asks the server nothing more
+            // than the raw mount's open; no write is made before the open's reply.
             self.drop_set_id_for_writer(&inode, rec, caller)?;
         }
-        let data = self.shared_data(&inode, wants_write)?;
         let direct = self.serves_direct(flags, &data)?;
         let twin = self.twin(&data, flags)?;
         let fh = self.add_handle(Handle::File(OpenFile {

@@ -214,6 +214,10 @@ pub struct ViewFs {
     /// `ownership=share`: each request's calls on the share are made as its caller
     /// ([`ViewFs::act_for`]).
     acts_as_callers: bool,
+    /// The share checks every permission, the kernel's none ([`ViewFs::share_checks`]).
+    share_checks: bool,
+    /// How long the kernel keeps attributes the view answers (`attr_timeout=`).
+    attr_timeout: std::time::Duration,
     /// Whether a caller this process cannot see has been said to act without its
     /// groups.
     warned_unseen_caller: AtomicBool,
@@ -369,6 +373,8 @@ impl ViewFs {
         let nfs = file::is_nfs(root.as_fd());
         let delete_pends = file::is_smb(root.as_fd());
         let network = nfs || delete_pends || cephfs;
+        let acts_as_callers = options.ownership == crate::config::Ownership::Share;
+        let share_checks = acts_as_callers && nfs;
         if delete_pends && !options.entry_timeout.is_zero() {
             tracing::info!(
                 entry_timeout = options.entry_timeout.as_secs_f64(),
@@ -399,11 +405,13 @@ impl ViewFs {
             handles: DashMap::new(),
             next_fh: AtomicU64::new(1),
             warned_bad_record: AtomicBool::new(false),
-            checks_access: options.kernel_permission_checks(),
+            checks_access: options.kernel_permission_checks() && !share_checks,
             noreplace_missing: AtomicBool::new(false),
             tmpfile_missing: AtomicBool::new(false),
             daemon_ids: crate::sys::process::effective_ids(),
-            acts_as_callers: options.ownership == crate::config::Ownership::Share,
+            acts_as_callers,
+            share_checks,
+            attr_timeout: options.attr_timeout,
             warned_unseen_caller: AtomicBool::new(false),
             journal: Default::default(),
             live_files: LiveFiles::default(),
@@ -443,6 +451,51 @@ impl ViewFs {
     /// Whether the view acts as each caller on its share (`ownership=share`).
     pub fn acts_as_callers(&self) -> bool {
         self.acts_as_callers
+    }
+
+    /// Whether the share, not the kernel, checks every permission of this view's
+    /// callers: a view that acts as its callers on the kernel's NFS client, which asks
+    /// the server for each caller whatever the caller's capabilities
+    /// (fs/nfs/dir.c `nfs_permission`: the `ACCESS` cache, no `capable()`), as the
+    /// server checks each request. The view is then mounted without
+    /// `default_permissions`, and the kernel keeps no name in a directory that not
+    /// every caller may search ([`ViewFs::searchable_by_all`]): each name there is
+    /// looked up by the view as its caller, so the client checks that the caller may
+    /// search the directory, as the raw mount's path walk does, where the kernel's
+    /// cached names would skip the check. What that spares: the
+    /// kernel refreshes the attributes it checks whenever they expired
+    /// (fs/fuse/dir.c `fuse_permission`), and FUSE's lookup says nothing of what it is
+    /// for, so an open through the view asked the server for the file's attributes
+    /// that the raw mount's `OPEN` brings (fs/nfs/dir.c `nfs_lookup_verify_inode`); a
+    /// lookup now answers with the client's cached attributes, which expire at once,
+    /// and a stat's `GETATTR` asks the client afresh (docs/ARCHITECTURE.md,
+    /// *Permissions on NFS*).
+    pub fn share_checks(&self) -> bool {
+        self.share_checks
+    }
+
+    /// Whether every caller may search the directory `dir` by its mode (execute for
+    /// owner, group and others), as the share's client has it no more than the
+    /// attribute timeout after the view last read it afresh (read afresh otherwise):
+    /// the names in such a directory the kernel may keep, since any caller's lookup
+    /// of them would pass the search check. `false` for what cannot be read.
+    pub fn searchable_by_all(&self, dir: u64) -> bool {
+        let Ok(inode) = self.inodes.get(dir) else {
+            return false;
+        };
+        let Ok(fd) = inode.fd() else {
+            return false;
+        };
+        let fresh = inode
+            .synced
+            .age()
+            .is_some_and(|age| age < self.attr_timeout);
+        let st = if fresh {
+            file::stat_cached(fd.as_fd())
+        } else {
+            file::stat(fd.as_fd()).inspect(|_| inode.synced.mark())
+        };
+        st.is_ok_and(|st| st.kind == Kind::Directory && st.perm & 0o111 == 0o111)
     }
 
     /// Makes the calling worker thread act as the caller of a request on the share
@@ -727,6 +780,33 @@ impl ViewFs {
     /// `ENOENT` when absent ([`FsError::Absent`] when held names say so), `ENOTDIR`
     /// when `parent` is not a directory.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        self.lookup_cached(parent, name, false)
+            .map(|(attr, _)| attr)
+    }
+
+    /// The kernel's lookup: [`ViewFs::lookup`], where the share checks permissions
+    /// ([`ViewFs::share_checks`]) with the attributes its client has cached, which a
+    /// lookup for an open does not need (its `OPEN` brings them) and a stat asks for
+    /// afresh; and, for those, how long the kernel may keep them: what is left of the
+    /// attribute timeout since the view last read them afresh (they are at least as
+    /// new), else nothing.
+    ///
+    /// # Errors
+    /// As [`ViewFs::lookup`].
+    pub fn lookup_for_kernel(
+        &self,
+        parent: u64,
+        name: &OsStr,
+    ) -> FsResult<(Attr, Option<std::time::Duration>)> {
+        self.lookup_cached(parent, name, self.share_checks)
+    }
+
+    fn lookup_cached(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        cached: bool,
+    ) -> FsResult<(Attr, Option<std::time::Duration>)> {
         let held = if self.names.on() {
             let p = self.dir(parent)?;
             if let Some(left) = self.names.absent(parent, &p, name.as_bytes()) {
@@ -736,20 +816,20 @@ impl ViewFs {
         } else {
             None
         };
-        let found = self.find(parent, name);
+        let found = self.find(parent, name, cached);
         if let (Err(FsError::Os(Errno::ENOENT)), Some(p)) = (&found, held) {
             if self.names.missed(parent, &p) {
                 self.hold_names(parent, &p);
             }
         }
-        let was_held = matches!(found, Ok((_, true)));
+        let was_held = matches!(found, Ok((_, true, _)));
         self.listing.looked_up(parent, name.as_bytes(), was_held);
-        if let Ok((a, _)) = &found {
+        if let Ok((a, _, _)) = &found {
             if a.kind == Kind::Directory {
                 self.listing.reached(parent, a.ino);
             }
         }
-        found.map(|(attr, _)| attr)
+        found.map(|(attr, _, keep)| (attr, keep))
     }
 
     /// Lists directory `p` (number `ino`) for its held names (`fs/names.rs`): every
@@ -787,19 +867,27 @@ impl ViewFs {
 
     /// [`ViewFs::lookup`] made by the view itself (a listing's attributes).
     pub(super) fn lookup_entry(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
-        self.find(parent, name).map(|(attr, _)| attr)
+        self.find(parent, name, false).map(|(attr, _, _)| attr)
     }
 
-    /// A lookup: the attributes, and whether the kernel held the inode already (a
-    /// revalidation, most often).
-    fn find(&self, parent: u64, name: &OsStr) -> FsResult<(Attr, bool)> {
+    /// A lookup: the attributes, whether the kernel held the inode already (a
+    /// revalidation, most often), and, where `cached` asks for the attributes the
+    /// file system has cached, how long they may be kept ([`ViewFs::lookup_for_kernel`]).
+    fn find(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        cached: bool,
+    ) -> FsResult<(Attr, bool, Option<std::time::Duration>)> {
         if namespace::is_reserved_name(name.as_bytes()) {
             return Err(FsError::Os(Errno::ENOENT));
         }
         let p = self.dir(parent)?;
         let pfd = p.fd()?;
         if let Some((opened, st)) = self.ahead.claim(parent, pfd.as_fd(), name.as_bytes()) {
-            return self.register_stat(opened.fd, &st, opened.handle);
+            return self
+                .register_stat(opened.fd, &st, opened.handle, true)
+                .map(|(attr, held, _)| (attr, held, None));
         }
         let fd = match self
             .inodes
@@ -809,7 +897,27 @@ impl ViewFs {
             Err(Errno::EXDEV) => return Err(FsError::Os(Errno::ENOENT)),
             Err(e) => return Err(e.into()),
         };
+        if cached {
+            let st = file::stat_cached(fd.as_fd())?;
+            let handle = self.inodes.handle_of(fd.as_fd());
+            return self
+                .register_stat(fd, &st, handle, false)
+                .map(|(attr, held, age)| {
+                    // As new as the view's last fresh read of them, or a warming's open of
+                    // the directory, whichever came later.
+                    let warmed = self.ahead.warmed_age(attr.ino, st.dev, st.ino);
+                    let age = match (age, warmed) {
+                        (Some(a), Some(w)) => Some(a.min(w)),
+                        (a, w) => a.or(w),
+                    };
+                    let left = age.map_or(std::time::Duration::ZERO, |age| {
+                        self.attr_timeout.saturating_sub(age)
+                    });
+                    (attr, held, Some(left))
+                });
+        }
         self.register_held(fd)
+            .map(|(attr, held)| (attr, held, None))
     }
 
     pub(super) fn register(&self, fd: OwnedFd) -> FsResult<Attr> {
@@ -820,20 +928,27 @@ impl ViewFs {
     fn register_held(&self, fd: OwnedFd) -> FsResult<(Attr, bool)> {
         let st = file::stat(fd.as_fd())?;
         let handle = self.inodes.handle_of(fd.as_fd());
-        self.register_stat(fd, &st, handle)
+        self.register_stat(fd, &st, handle, true)
+            .map(|(attr, held, _)| (attr, held))
     }
 
-    /// [`ViewFs::register_held`] with the inode's attributes and handle read already.
+    /// [`ViewFs::register_held`] with the inode's attributes and handle read already,
+    /// afresh (`synced`) or from the file system's cache; and how long ago the view
+    /// last read them afresh.
     fn register_stat(
         &self,
         fd: OwnedFd,
         st: &file::Stat,
         handle: Option<FileHandle>,
-    ) -> FsResult<(Attr, bool)> {
+        synced: bool,
+    ) -> FsResult<(Attr, bool, Option<std::time::Duration>)> {
         let inode = self.inodes.lookup_handled(fd, st, handle);
+        if synced {
+            inode.synced.mark();
+        }
         let held = inode.lookups() > 1;
         match self.attr(&inode, st) {
-            Ok(a) => Ok((a, held)),
+            Ok(a) => Ok((a, held, inode.synced.age())),
             Err(e) => {
                 self.inodes.forget(inode.id, 1);
                 Err(e)
@@ -853,6 +968,7 @@ impl ViewFs {
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
         let inode = self.inodes.get(ino)?;
         let st = file::stat(inode.fd()?.as_fd())?;
+        inode.synced.mark();
         self.attr(&inode, &st)
     }
 
@@ -986,15 +1102,21 @@ impl ViewFs {
         Ok(st)
     }
 
-    /// `access(2)` when the kernel does not check permissions itself (CIFS `noperm`):
-    /// everything is allowed but writing to a read-only view.
+    /// `access(2)` (and `chdir(2)`'s check) when the kernel does not check permissions
+    /// itself. Under CIFS `noperm` everything is allowed; where the share checks
+    /// ([`ViewFs::share_checks`]), the share's answer for the caller, whose
+    /// credentials the worker acts with.
     ///
     /// # Errors
-    /// `EROFS` for `W_OK` on a read-only view.
+    /// `EROFS` for `W_OK` on a read-only view; where the share checks, what it
+    /// answers (`EACCES`).
     pub fn access(&self, ino: u64, mask: i32) -> FsResult<()> {
-        self.inodes.get(ino)?;
+        let inode = self.inodes.get(ino)?;
         if mask & libc::W_OK != 0 {
             self.writable()?;
+        }
+        if self.share_checks {
+            file::may(inode.fd()?.as_fd(), mask)?;
         }
         Ok(())
     }
@@ -1826,6 +1948,69 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         assert_eq!(v.walked_ahead(), 1, "only the directory open to the caller");
+    }
+
+    /// Where the share checks permissions (`share_checks`), `access(2)` and an exec's
+    /// open get the share's answer for the caller, and a lookup answers with the
+    /// cached attributes, kept no longer than the attribute timeout after the view last
+    /// read them afresh; names are kept only in a directory every caller may search.
+    #[test]
+    fn where_the_share_checks_it_answers_access_exec_and_lookups_for_the_caller() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::write(dir.path().join("f"), b"x").unwrap();
+        std::fs::set_permissions(dir.path().join("f"), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+        for (name, mode) in [("open", 0o755), ("search", 0o711), ("closed", 0o750)] {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+            std::fs::set_permissions(dir.path().join(name), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+        }
+        let mut v = view(
+            dir.path(),
+            "mode=native,gid=4242,disk_gid=5000,ownership=share",
+        );
+        let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        // Not on NFS: the kernel checks, and `access` allows all but writing a
+        // read-only view; an exec's open is the kernel's to refuse.
+        assert!(!v.share_checks());
+        v.access(f, libc::X_OK).unwrap();
+        let exec = handles::OPEN_EXEC | libc::O_RDONLY;
+        let opened = v.open(f, exec, Caller { pid: 0 }).unwrap();
+        v.release(opened.fh);
+        assert_eq!(v.lookup_for_kernel(ROOT, OsStr::new("f")).unwrap().1, None);
+        v.share_checks = true;
+        // No execute bit for anyone: even root is refused (faccessat2).
+        assert_eq!(v.access(f, libc::X_OK).unwrap_err().errno(), libc::EACCES);
+        v.access(f, libc::R_OK | libc::W_OK).unwrap();
+        assert_eq!(
+            v.open(f, exec, Caller { pid: 0 }).err().map(|e| e.errno()),
+            Some(libc::EACCES)
+        );
+        let opened = v.open(f, libc::O_RDONLY, Caller { pid: 0 }).unwrap();
+        v.release(opened.fh);
+        // Read afresh just now (the getattr): kept for about the attribute timeout.
+        v.getattr(f).unwrap();
+        let (a, keep) = v.lookup_for_kernel(ROOT, OsStr::new("f")).unwrap();
+        assert_eq!(a.ino, f);
+        let keep = keep.expect("cached attributes say how long they may be kept");
+        assert!(
+            keep > std::time::Duration::ZERO && keep <= v.attr_timeout,
+            "{keep:?}"
+        );
+        // Never read afresh: not kept at all.
+        std::fs::write(dir.path().join("g"), b"y").unwrap();
+        let (_, keep) = v.lookup_for_kernel(ROOT, OsStr::new("g")).unwrap();
+        assert_eq!(keep, Some(std::time::Duration::ZERO));
+        // Names are kept where every caller may search, not elsewhere.
+        let searchable = |name: &str| {
+            let d = v.lookup(ROOT, OsStr::new(name)).unwrap().ino;
+            v.searchable_by_all(d)
+        };
+        assert!(searchable("open") && searchable("search") && !searchable("closed"));
+        assert!(!v.searchable_by_all(f), "a file is no directory");
+        assert!(!v.searchable_by_all(ROOT), "0700");
     }
 
     /// A walk's open of a directory warmed ahead takes the warming's descriptor, but
