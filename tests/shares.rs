@@ -1539,6 +1539,22 @@ fn a_view_spares_the_nfs_server_what_it_can() {
 /// a stat costs the raw mount's requests, a create FUSE's own lookup of the new name
 /// and the parent's attributes besides, an open a `GETATTR` besides and a removal up
 /// to two (what remains of issue 57: docs/BENCHMARKS.md, *On the users' shares*).
+/// A view acting as its callers (pod's group 4242, the volume's 5000) of a new volume
+/// `vol` of the NFS `export`, mounted at `share`: its directory as the driver makes it,
+/// nobody's (the squashed driver), the volume's own group, setgid.
+fn acting_view_of_a_new_volume(f: &Fixture, export: &Path, share: &Path) -> Mounted {
+    let vol = export.join("vol");
+    fs::create_dir(&vol).unwrap();
+    chown(&vol, 65534, 5000);
+    fs::set_permissions(&vol, fs::Permissions::from_mode(0o2775)).unwrap();
+    Mounted::start(
+        &share.join("vol"),
+        &f.mnt,
+        &["-o", "mode=native,gid=4242,disk_gid=5000,ownership=share"],
+    )
+    .unwrap()
+}
+
 /// A view acting as its callers on NFS leaves every permission check to the share
 /// (no `default_permissions`; `ViewFs::share_checks`): an outsider through the view is
 /// refused what the raw mount refuses it, and allowed what it allows, right after the
@@ -1552,16 +1568,7 @@ fn a_view_on_nfs_leaves_each_callers_permissions_to_the_share() {
     let (export, _knfsd) = squashed_export(&f, 4249);
     let share = f.subdir("share");
     let _share = mount_nfs(&export, &share, "");
-    let vol = export.join("vol");
-    fs::create_dir(&vol).unwrap();
-    chown(&vol, 65534, 5000);
-    fs::set_permissions(&vol, fs::Permissions::from_mode(0o2775)).unwrap();
-    let m = Mounted::start(
-        &share.join("vol"),
-        &f.mnt,
-        &["-o", "mode=native,gid=4242,disk_gid=5000,ownership=share"],
-    )
-    .unwrap();
+    let m = acting_view_of_a_new_volume(&f, &export, &share);
     let log = m.log_text();
     assert!(log.contains("mounted without default_permissions"), "{log}");
     let owner = |script: &str| {
@@ -1630,18 +1637,7 @@ fn a_view_acting_as_its_callers_costs_the_nfs_server_the_raw_mounts_requests() {
     let share = f.subdir("share");
     let _share = mount_nfs(&export, &share, "");
     await_delegations(&share);
-    // The volume's directory as the driver makes it: nobody's (the squashed driver),
-    // the volume's own group, setgid.
-    let vol = export.join("vol");
-    fs::create_dir(&vol).unwrap();
-    chown(&vol, 65534, 5000);
-    fs::set_permissions(&vol, fs::Permissions::from_mode(0o2775)).unwrap();
-    let m = Mounted::start(
-        &share.join("vol"),
-        &f.mnt,
-        &["-o", "mode=native,gid=4242,disk_gid=5000,ownership=share"],
-    )
-    .unwrap();
+    let m = acting_view_of_a_new_volume(&f, &export, &share);
     const N: usize = 300;
     // The pod's user: through the view a member of the pod's group; on the raw mount
     // with the volume's as its own (the server looks a uid's other groups up itself:
