@@ -467,9 +467,10 @@ impl ViewFs {
     /// (fs/fuse/dir.c `fuse_permission`), and FUSE's lookup says nothing of what it is
     /// for, so an open through the view asked the server for the file's attributes
     /// that the raw mount's `OPEN` brings (fs/nfs/dir.c `nfs_lookup_verify_inode`); a
-    /// lookup now answers with the client's cached attributes, which expire at once,
-    /// and a stat's `GETATTR` asks the client afresh (docs/ARCHITECTURE.md,
-    /// *Permissions on NFS*).
+    /// lookup now answers with the client's cached attributes, kept no longer than the
+    /// view's last fresh read of them would be ([`ViewFs::lookup_for_kernel`]), and a
+    /// stat asks the client afresh after that (docs/ARCHITECTURE.md, *Permissions on
+    /// NFS*).
     pub fn share_checks(&self) -> bool {
         self.share_checks
     }
