@@ -1736,9 +1736,9 @@ fn a_view_acting_as_its_callers_costs_the_nfs_server_the_raw_mounts_requests() {
         // not need (its OPEN brings them): write 1204, read 958, delete 733 to 851
         // requests against the raw mount's 906, 616 and 607 before (`ViewFs::
         // share_checks`). A few requests of the client's own (a lease renewal, a CLOSE
-        // of a file another phase left open) fall in any phase; a read of files the
-        // server gives read delegations for costs up to 36 CLOSEs more than the raw
-        // mount's 300 (not traced yet).
+        // of a file another phase left open) fall in any phase; a read costs up to 36
+        // CLOSEs more than the raw mount's 300 (so do a create and a tree, not a
+        // write; not traced yet).
         // A walk nothing (each directory was opened twice, by the walk-ahead and by
         // the walker's OPENDIR, each open a close-to-open GETATTR, 88 requests against
         // the raw mount's 70 for 20 directories: the OPENDIR now takes the warming's
