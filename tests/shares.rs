@@ -1738,7 +1738,8 @@ fn a_view_acting_as_its_callers_costs_the_nfs_server_the_raw_mounts_requests() {
         // share_checks`). A few requests of the client's own (a lease renewal, a CLOSE
         // of a file another phase left open) fall in any phase; a read costs up to 36
         // CLOSEs more than the raw mount's 300 (so do a create and a tree, not a
-        // write; not traced yet).
+        // write): the pod's close of the kernel's passthrough open of some files
+        // (docs/BENCHMARKS.md).
         // A walk nothing (each directory was opened twice, by the walk-ahead and by
         // the walker's OPENDIR, each open a close-to-open GETATTR, 88 requests against
         // the raw mount's 70 for 20 directories: the OPENDIR now takes the warming's
