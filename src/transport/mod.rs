@@ -178,9 +178,9 @@ pub fn keeps_records(
 /// `default_permissions` and one without differ in what the kernel checks, which a
 /// successor cannot change: a takeover between them (a daemon of another version) is
 /// refused, and the view keeps serving.
-fn identity_options(options: &ViewOptions, kernel_checks: bool) -> String {
+fn identity_options(options: &ViewOptions, share_checks: bool) -> String {
     let mut s = options.to_option_string();
-    if !kernel_checks && options.kernel_permission_checks() {
+    if share_checks {
         s.push_str(",checks=share");
     }
     s
@@ -256,18 +256,18 @@ pub fn build(
         path: source.into(),
         errno: Errno(e.errno()),
     })?;
-    // Where the share checks permissions, the kernel checks none and keeps no name, so
-    // that every name of a path is looked up as its caller (`ViewFs::share_checks`).
-    let share_checks = fs.share_checks();
-    if share_checks {
+    // Where the share checks permissions, the kernel checks none, and keeps no name in
+    // a directory that not every caller may search (`ViewFs::share_checks`).
+    if fs.share_checks() {
         tracing::info!(
-            "the view acts as its callers on NFS, whose server checks their permissions: mounted without default_permissions, it keeps no name in the kernel (entry_timeout 0 there), so that each name of each path is looked up as its caller, and the client and server check it as on the raw mount"
+            "the view acts as its callers on NFS, whose server checks their permissions: mounted without default_permissions; the kernel keeps no name in a directory that not every caller may search, so that each such name is looked up as its caller, and the client and server check it as on the raw mount"
         );
     }
+    let kernel_checks = fs.kernel_checks();
     Ok(fuse::FuseView::new(
         fs,
         options.passthrough,
-        options.kernel_permission_checks() && !share_checks,
+        kernel_checks,
         options.attr_timeout,
         options.entry_timeout,
     )
@@ -435,7 +435,7 @@ pub fn run_foreground(
     let identity = handover::Identity {
         source: source.clone(),
         mountpoint: mountpoint.clone(),
-        options: identity_options(options, view.kernel_checks()),
+        options: identity_options(options, view.fs().share_checks()),
     };
     if on_ring {
         view.want_ring();

@@ -201,7 +201,7 @@ pub struct ViewFs {
     next_fh: AtomicU64,
     warned_bad_record: AtomicBool,
     /// Whether the kernel checks permissions (`default_permissions`); not under CIFS
-    /// `noperm`, where everything is allowed.
+    /// `noperm`, where everything is allowed, nor where the share checks them.
     checks_access: bool,
     /// Set once the backing file system answered `RENAME_NOREPLACE` with `EINVAL`.
     noreplace_missing: AtomicBool,
@@ -473,6 +473,12 @@ impl ViewFs {
     /// NFS*).
     pub fn share_checks(&self) -> bool {
         self.share_checks
+    }
+
+    /// Whether the kernel checks permissions (the mount's `default_permissions`): not
+    /// under CIFS `noperm`, nor where the share checks them ([`ViewFs::share_checks`]).
+    pub fn kernel_checks(&self) -> bool {
+        self.checks_access
     }
 
     /// Whether every caller may search the directory `dir` by its mode (execute for
