@@ -904,44 +904,39 @@ impl ViewFs {
             Err(Errno::EXDEV) => return Err(FsError::Os(Errno::ENOENT)),
             Err(e) => return Err(e.into()),
         };
-        if cached {
-            let st = file::stat_cached(fd.as_fd())?;
-            let handle = self.inodes.handle_of(fd.as_fd());
-            return self
-                .register_stat(fd, &st, handle, false)
-                .map(|(attr, held, age)| {
-                    // As new as the view's last fresh read of them, or a warming's open of
-                    // the directory, whichever came later.
-                    let warmed = self.ahead.warmed_age(attr.ino, st.dev, st.ino);
-                    let age = match (age, warmed) {
-                        (Some(a), Some(w)) => Some(a.min(w)),
-                        (a, w) => a.or(w),
-                    };
-                    let left = age.map_or(std::time::Duration::ZERO, |age| {
-                        self.attr_timeout.saturating_sub(age)
-                    });
-                    (attr, held, Some(left))
-                });
+        let st = if cached {
+            file::stat_cached(fd.as_fd())?
+        } else {
+            file::stat(fd.as_fd())?
+        };
+        let handle = self.inodes.handle_of(fd.as_fd());
+        let (attr, held, age) = self.register_stat(fd, &st, handle, !cached)?;
+        if !cached {
+            return Ok((attr, held, None));
         }
-        self.register_held(fd)
-            .map(|(attr, held)| (attr, held, None))
+        // As new as the view's last fresh read of them, or a warming's open of the
+        // directory, whichever came later.
+        let warmed = self.ahead.warmed_age(attr.ino, st.dev, st.ino);
+        let age = match (age, warmed) {
+            (Some(a), Some(w)) => Some(a.min(w)),
+            (a, w) => a.or(w),
+        };
+        let left = age.map_or(std::time::Duration::ZERO, |age| {
+            self.attr_timeout.saturating_sub(age)
+        });
+        Ok((attr, held, Some(left)))
     }
 
     pub(super) fn register(&self, fd: OwnedFd) -> FsResult<Attr> {
-        self.register_held(fd).map(|(attr, _)| attr)
-    }
-
-    /// [`ViewFs::register`], and whether the kernel held the inode already.
-    fn register_held(&self, fd: OwnedFd) -> FsResult<(Attr, bool)> {
         let st = file::stat(fd.as_fd())?;
         let handle = self.inodes.handle_of(fd.as_fd());
         self.register_stat(fd, &st, handle, true)
-            .map(|(attr, held, _)| (attr, held))
+            .map(|(attr, _, _)| attr)
     }
 
-    /// [`ViewFs::register_held`] with the inode's attributes and handle read already,
-    /// afresh (`synced`) or from the file system's cache; and how long ago the view
-    /// last read them afresh.
+    /// [`ViewFs::register`] with the inode's attributes and handle read already,
+    /// afresh (`synced`) or from the file system's cache; and whether the kernel held
+    /// the inode already, and how long ago the view last read them afresh.
     fn register_stat(
         &self,
         fd: OwnedFd,
