@@ -1670,7 +1670,17 @@ fn a_view_acting_as_its_callers_costs_the_nfs_server_the_raw_mounts_requests() {
             "for i in $(seq {N}); do cat f$i; done >/dev/null",
             true,
         ),
-        ("delete", "rm -f f*", false),
+        // One process a file, as the other phases, and a pause each fifth: a phase
+        // of many attribute timeouts (`actimeo=1`), each with removals in it, so that
+        // what the view would ask once each (the directory's attributes, which each
+        // removal changes) shows beside what the raw mount asks (nothing: a removal
+        // renews the client's attributes of the directory, fs/nfs/nfs4proc.c
+        // `update_changeattr_locked`).
+        (
+            "delete",
+            "for i in $(seq {N}); do rm -f f$i; case $i in *0|*5) sleep 0.5;; esac; done",
+            false,
+        ),
         // A tree of DIRS directories of N / DIRS files each, then a walk that stats
         // every entry.
         (

@@ -229,6 +229,28 @@ pub fn stat_cached(fd: BorrowedFd<'_>) -> SysResult<Stat> {
     statx_at(fd, c"", AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC)
 }
 
+/// The type and permission bits of what `fd` refers to (`statx(2)` asking for no
+/// more): a network file system asks its server only when its own cache of them
+/// is stale (the NFS client: its attribute timeout, or a change it was told of,
+/// as its permission checks revalidate; fs/nfs/inode.c `nfs_getattr`), where a
+/// full [`stat`] also asks after each change of the times or size it knows is
+/// coming (a directory's after every create or removal in it).
+///
+/// # Errors
+/// As [`stat`].
+pub fn kind_and_perm(fd: BorrowedFd<'_>) -> SysResult<(Kind, u32)> {
+    let want = StatxFlags::TYPE | StatxFlags::MODE;
+    let sx = rustix::fs::statx(
+        fd,
+        c"",
+        AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+        want,
+    )
+    .map_err(failed("statx"))?;
+    let kind = Kind::from_mode(u32::from(sx.stx_mode)).ok_or(Errno::EIO)?;
+    Ok((kind, u32::from(sx.stx_mode) & PERM_MASK))
+}
+
 /// Whether the calling thread, with its file-system ids, groups and capabilities
 /// (`faccessat2(R_OK, AT_EACCESS)` of its `/proc/self/fd` link), may read what `fd`
 /// (an `O_PATH` descriptor) leads to, as its open for reading would check: on a

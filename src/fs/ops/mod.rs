@@ -482,10 +482,14 @@ impl ViewFs {
     }
 
     /// Whether every caller may search the directory `dir` by its mode (execute for
-    /// owner, group and others), as the share's client has it no more than the
-    /// attribute timeout after the view last read it afresh (read afresh otherwise):
-    /// the names in such a directory the kernel may keep, since any caller's lookup
-    /// of them would pass the search check. `false` for what cannot be read.
+    /// owner, group and others), as the share's client has it: its mode only, which
+    /// the client asks its server for when its own permission check would (its
+    /// attribute timeout for the directory, or a change it was told of:
+    /// [`file::kind_and_perm`]), so that a mode another node changed reaches the view
+    /// when it reaches the raw mount's path walks, and the view's own creates and
+    /// removals in the directory cost no request for it. The names in such a
+    /// directory the kernel may keep, since any caller's lookup of them would pass
+    /// the search check. `false` for what cannot be read.
     pub fn searchable_by_all(&self, dir: u64) -> bool {
         let Ok(inode) = self.inodes.get(dir) else {
             return false;
@@ -493,16 +497,8 @@ impl ViewFs {
         let Ok(fd) = inode.fd() else {
             return false;
         };
-        let fresh = inode
-            .synced
-            .age()
-            .is_some_and(|age| age < self.attr_timeout);
-        let st = if fresh {
-            file::stat_cached(fd.as_fd())
-        } else {
-            file::stat(fd.as_fd()).inspect(|_| inode.synced.mark())
-        };
-        st.is_ok_and(|st| st.kind == Kind::Directory && st.perm & 0o111 == 0o111)
+        file::kind_and_perm(fd.as_fd())
+            .is_ok_and(|(kind, perm)| kind == Kind::Directory && perm & 0o111 == 0o111)
     }
 
     /// Makes the calling worker thread act as the caller of a request on the share
