@@ -770,6 +770,18 @@ impl InodeTable {
         }
     }
 
+    /// Whether the table has the inode `st` and `handle` describe, as
+    /// [`InodeTable::lookup_handled`] would find it: one the kernel holds (or a
+    /// handle or the view's own use keeps).
+    pub fn has(&self, st: &Stat, handle: Option<&FileHandle>) -> bool {
+        let handle = handle.filter(|_| self.shared.mount_fd.is_some()).cloned();
+        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
+        maps.by_key
+            .get(&InodeKey::of(st, handle))
+            .and_then(|id| maps.by_id.get(id))
+            .is_some_and(|i| i.kind == st.kind)
+    }
+
     /// [`InodeTable::lookup`] with the handle of `fd` taken already (`None`: it has
     /// none), as the walk-ahead takes it off the walker's path (`fs/ahead.rs`).
     pub fn lookup_handled(&self, fd: OwnedFd, st: &Stat, handle: Option<FileHandle>) -> Arc<Inode> {

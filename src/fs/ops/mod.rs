@@ -788,11 +788,12 @@ impl ViewFs {
     }
 
     /// The kernel's lookup: [`ViewFs::lookup`], where the share checks permissions
-    /// ([`ViewFs::share_checks`]) with the attributes its client has cached, which a
-    /// lookup for an open does not need (its `OPEN` brings them) and a stat asks for
-    /// afresh; and, for those, how long the kernel may keep them: what is left of the
-    /// attribute timeout since the view last read them afresh (they are at least as
-    /// new), else nothing.
+    /// ([`ViewFs::share_checks`]) and the kernel holds the name already, with the
+    /// attributes its client has cached, which a lookup for an open does not need (its
+    /// `OPEN` brings them) and a stat asks for afresh; and, for those, how long the
+    /// kernel may keep them: what is left of the attribute timeout since the view last
+    /// read them afresh (they are at least as new), else nothing. `None`: read
+    /// afresh, kept for the attribute timeout.
     ///
     /// # Errors
     /// As [`ViewFs::lookup`].
@@ -900,12 +901,22 @@ impl ViewFs {
             Err(Errno::EXDEV) => return Err(FsError::Os(Errno::ENOENT)),
             Err(e) => return Err(e.into()),
         };
-        let st = if cached {
+        let handle = self.inodes.handle_of(fd.as_fd());
+        let mut st = if cached {
             file::stat_cached(fd.as_fd())?
         } else {
             file::stat(fd.as_fd())?
         };
-        let handle = self.inodes.handle_of(fd.as_fd());
+        // A name new to the kernel (its first lookup, or its first since the kernel
+        // let the inode go) is read afresh: the client's own lookup of it has most
+        // often just brought its attributes, which costs no request, and the kernel
+        // may then keep them, where a stat would ask again at once. A revalidation
+        // (an open's lookup of a name the kernel holds, most often) asks nothing.
+        let new = cached && !self.inodes.has(&st, handle.as_ref());
+        if new {
+            st = file::stat(fd.as_fd())?;
+        }
+        let cached = cached && !new;
         let (attr, held, age) = self.register_stat(fd, &st, handle, !cached)?;
         if !cached {
             return Ok((attr, held, None));
@@ -1997,8 +2008,15 @@ mod tests {
             keep > std::time::Duration::ZERO && keep <= v.attr_timeout,
             "{keep:?}"
         );
-        // Never read afresh: not kept at all.
+        // A name new to the kernel is read afresh, and kept for the attribute
+        // timeout: a stat right after its lookup asks nothing more.
         std::fs::write(dir.path().join("g"), b"y").unwrap();
+        v.attr_timeout = std::time::Duration::from_millis(50);
+        let (_, keep) = v.lookup_for_kernel(ROOT, OsStr::new("g")).unwrap();
+        assert_eq!(keep, None, "read afresh");
+        // Held, and last read afresh longer ago than the attribute timeout: answered
+        // from the cache, and not kept at all.
+        std::thread::sleep(2 * v.attr_timeout);
         let (_, keep) = v.lookup_for_kernel(ROOT, OsStr::new("g")).unwrap();
         assert_eq!(keep, Some(std::time::Duration::ZERO));
         // Names are kept where every caller may search, not elsewhere.
