@@ -774,12 +774,14 @@ impl InodeTable {
     /// [`InodeTable::lookup_handled`] would find it: one the kernel holds (or a
     /// handle or the view's own use keeps).
     pub fn has(&self, st: &Stat, handle: Option<&FileHandle>) -> bool {
-        let handle = handle.filter(|_| self.shared.mount_fd.is_some()).cloned();
-        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
-        maps.by_key
-            .get(&InodeKey::of(st, handle))
-            .and_then(|id| maps.by_id.get(id))
+        self.by_key(&self.key_of(st, handle.cloned()))
             .is_some_and(|i| i.kind == st.kind)
+    }
+
+    /// The key the table files the inode `st` and `handle` describe under: by handle
+    /// where it can open handles (a mount descriptor), else by number.
+    fn key_of(&self, st: &Stat, handle: Option<FileHandle>) -> InodeKey {
+        InodeKey::of(st, handle.filter(|_| self.shared.mount_fd.is_some()))
     }
 
     /// [`InodeTable::lookup`] with the handle of `fd` taken already (`None`: it has
@@ -788,7 +790,7 @@ impl InodeTable {
         // Without a mount descriptor to open handles against, inodes keep their
         // descriptors.
         let handle = handle.filter(|_| self.shared.mount_fd.is_some());
-        let key = InodeKey::of(st, handle.clone());
+        let key = self.key_of(st, handle.clone());
         {
             // Under the read lock no FORGET can remove an entry, so an inode found
             // here has at least one lookup and may safely gain another.

@@ -240,15 +240,7 @@ pub fn stat_cached(fd: BorrowedFd<'_>) -> SysResult<Stat> {
 /// As [`stat`].
 pub fn kind_and_perm(fd: BorrowedFd<'_>) -> SysResult<(Kind, u32)> {
     let want = StatxFlags::TYPE | StatxFlags::MODE;
-    let sx = rustix::fs::statx(
-        fd,
-        c"",
-        AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
-        want,
-    )
-    .map_err(failed("statx"))?;
-    let kind = Kind::from_mode(u32::from(sx.stx_mode)).ok_or(Errno::EIO)?;
-    Ok((kind, u32::from(sx.stx_mode) & PERM_MASK))
+    statx_wanting(fd, c"", AtFlags::EMPTY_PATH, want).map(|st| (st.kind, st.perm))
 }
 
 /// Whether the calling thread, with its file-system ids, groups and capabilities
@@ -303,6 +295,16 @@ fn single_name(name: &OsStr) -> SysResult<()> {
 
 fn statx_at<P: rustix::path::Arg>(dir: BorrowedFd<'_>, path: P, flags: AtFlags) -> SysResult<Stat> {
     let want = StatxFlags::BASIC_STATS | StatxFlags::BTIME | StatxFlags::MNT_ID;
+    statx_wanting(dir, path, flags, want)
+}
+
+/// [`statx_at`] asking for `want` only: what else the [`Stat`] holds may be stale.
+fn statx_wanting<P: rustix::path::Arg>(
+    dir: BorrowedFd<'_>,
+    path: P,
+    flags: AtFlags,
+    want: StatxFlags,
+) -> SysResult<Stat> {
     let sx = rustix::fs::statx(dir, path, flags | AtFlags::SYMLINK_NOFOLLOW, want)
         .map_err(failed("statx"))?;
     let mask = StatxFlags::from_bits_retain(sx.stx_mask);

@@ -902,25 +902,23 @@ impl ViewFs {
             Err(e) => return Err(e.into()),
         };
         let handle = self.inodes.handle_of(fd.as_fd());
-        let mut st = if cached {
-            file::stat_cached(fd.as_fd())?
-        } else {
-            file::stat(fd.as_fd())?
-        };
         // A name new to the kernel (its first lookup, or its first since the kernel
         // let the inode go) is read afresh: the client's own lookup of it has most
         // often just brought its attributes, which costs no request, and the kernel
         // may then keep them, where a stat would ask again at once. A revalidation
         // (an open's lookup of a name the kernel holds, most often) asks nothing.
-        let new = cached && !self.inodes.has(&st, handle.as_ref());
-        if new {
-            st = file::stat(fd.as_fd())?;
-        }
-        let cached = cached && !new;
-        let (attr, held, age) = self.register_stat(fd, &st, handle, !cached)?;
-        if !cached {
-            return Ok((attr, held, None));
-        }
+        let held_st = if cached {
+            Some(file::stat_cached(fd.as_fd())?).filter(|st| self.inodes.has(st, handle.as_ref()))
+        } else {
+            None
+        };
+        let Some(st) = held_st else {
+            let st = file::stat(fd.as_fd())?;
+            return self
+                .register_stat(fd, &st, handle, true)
+                .map(|(attr, held, _)| (attr, held, None));
+        };
+        let (attr, held, age) = self.register_stat(fd, &st, handle, false)?;
         // As new as the view's last fresh read of them, or a warming's open of the
         // directory, whichever came later.
         let warmed = self.ahead.warmed_age(attr.ino, st.dev, st.ino);
