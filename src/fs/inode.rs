@@ -126,11 +126,11 @@ pub struct DataFile {
     /// The view's journal, where the closing of the backing id is written (once the
     /// view has one).
     journal: JournalSlot,
-    /// Where the file waits for its last handle after it was removed while open: see
-    /// [`DataFile::remove_when_let_go`].
-    moved_aside: Mutex<Option<MovedAside>>,
     /// Counts this descriptor among its view's live ones for as long as it lives.
     _live: Counted,
+    /// Counts it among its inode's, until its descriptor and registration are closed
+    /// (the fields above drop first).
+    _held: OpenHold,
 }
 
 /// How many shared descriptors ([`DataFile`]) of a view live. One counts from its
@@ -205,15 +205,72 @@ pub struct MovedAside {
     pub name: std::ffi::OsString,
 }
 
-impl Drop for DataFile {
-    /// Removes the reserved name of a file removed while open (its registration, if
-    /// no other descriptor shares it, is closed by [`Registered`]'s drop).
+/// The shared descriptors of one inode that live ([`DataFile`]: a reader's read-only
+/// one and a writer's read-write one may live at once, and only the newer is the
+/// inode's `data`), and where its file waits for the last of them after it was
+/// removed while one lived ([`OpenHold::remove_when_let_go`]).
+#[derive(Default)]
+pub struct InodeOpens(Mutex<Opens>);
+
+#[derive(Default)]
+struct Opens {
+    live: usize,
+    moved_aside: Option<MovedAside>,
+}
+
+impl InodeOpens {
+    /// Counts one more.
+    fn hold(self: &Arc<Self>) -> OpenHold {
+        lock(&self.0).live += 1;
+        OpenHold(Arc::clone(self))
+    }
+
+    /// Counts one more while one lives: what keeps the file open on the share, where
+    /// removing it would leave it "delete pending" and seen under its name. `None`
+    /// when every descriptor, with its registration, is closed.
+    pub fn held(self: &Arc<Self>) -> Option<OpenHold> {
+        let mut o = lock(&self.0);
+        (o.live > 0).then(|| {
+            o.live += 1;
+            OpenHold(Arc::clone(self))
+        })
+    }
+}
+
+/// One count of [`InodeOpens`]. The last one dropped removes the reserved name the
+/// file was moved aside to, if it was.
+pub struct OpenHold(Arc<InodeOpens>);
+
+impl OpenHold {
+    /// Removes `aside` (the reserved name this file was moved to when it was removed
+    /// while the view held it open) once the last shared descriptor of the file is
+    /// let go. Until then the server keeps the file under that name, which no view
+    /// shows, and an open of it that the kernel makes for passthrough after the
+    /// view's own (fs/fuse/passthrough.c `fuse_passthrough_open` opens the backing
+    /// file again, by its name on a network share) still finds it. Removed at once,
+    /// the file would be "delete pending" on an SMB server, which refuses every open
+    /// of it, and the kernel would fail the caller's open with `EIO` (fs/fuse/
+    /// iomode.c `fuse_file_io_open`), where without the view the open succeeds or
+    /// finds no file; and the client would show it under its name to every lookup
+    /// until the last open of it is closed (fs/smb/client/smb2inode.c
+    /// `smb2_query_path_info` asks through an open handle of the path where it has
+    /// one), where the raw mount's removal finds it closed and shows no file.
+    pub fn remove_when_let_go(&self, aside: MovedAside) {
+        lock(&(self.0).0).moved_aside = Some(aside);
+    }
+}
+
+impl Drop for OpenHold {
     fn drop(&mut self) {
-        let moved = self
-            .moved_aside
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let moved = {
+            let mut o = lock(&(self.0).0);
+            o.live -= 1;
+            if o.live == 0 {
+                o.moved_aside.take()
+            } else {
+                None
+            }
+        };
         if let Some(m) = moved
             && let Err(e) = file::unlink(m.dir.as_fd(), &m.name, file::Remove::NonDirectory)
         {
@@ -235,31 +292,23 @@ pub fn left_aside(e: Errno, name: &std::ffi::OsStr) {
 
 impl DataFile {
     /// A shared descriptor of the view whose journal is `journal`, counted in its
-    /// `live` ones.
-    pub fn new(fd: OwnedFd, writable: bool, journal: &JournalSlot, live: &LiveFiles) -> DataFile {
+    /// `live` ones and in its inode's `opens`.
+    pub fn new(
+        fd: OwnedFd,
+        writable: bool,
+        journal: &JournalSlot,
+        live: &LiveFiles,
+        opens: &Arc<InodeOpens>,
+    ) -> DataFile {
         DataFile {
             fd: Arc::new(fd),
             writable,
             passthrough: OnceLock::new(),
             direct: OnceLock::new(),
             journal: Arc::clone(journal),
-            moved_aside: Mutex::new(None),
             _live: live.count(),
+            _held: opens.hold(),
         }
-    }
-
-    /// Removes `aside` (the reserved name this file was moved to when it was removed
-    /// while the view held it open) once the last handle lets the file go. Until then
-    /// the server keeps the file under that name, which no view shows, and an open of
-    /// it that the kernel makes for passthrough after the view's own (fs/fuse/
-    /// passthrough.c `fuse_passthrough_open` opens the backing file again, by its
-    /// name on a network share) still finds it. Removed at once, the file would be
-    /// "delete pending" on an SMB server, which refuses every open of it, and the
-    /// kernel would fail the caller's open with `EIO` (fs/fuse/iomode.c
-    /// `fuse_file_io_open`), where without the view the open succeeds or finds no
-    /// file.
-    pub fn remove_when_let_go(&self, aside: MovedAside) {
-        *lock(&self.moved_aside) = Some(aside);
     }
 
     /// The descriptor direct I/O goes through: the shared one reopened with
@@ -315,32 +364,27 @@ impl DataFile {
         }
     }
 
-    /// A shared descriptor handed over by the process that served the view before,
-    /// with its registration on the connection of `dev`: one per id, in `adopted`,
+    /// Takes the registration of a shared descriptor handed over by the process that
+    /// served the view before, on the connection of `dev`: one per id, in `adopted`,
     /// for the descriptors that share one.
     pub fn adopt(
-        fd: OwnedFd,
-        writable: bool,
+        &self,
         passthrough: Passthrough,
         dev: &Arc<OwnedFd>,
-        journal: &JournalSlot,
-        live: &LiveFiles,
         adopted: &mut HashMap<u32, Arc<Registered>>,
-    ) -> DataFile {
-        let data = DataFile::new(fd, writable, journal, live);
+    ) {
         match passthrough {
             Passthrough::Untried => {}
             Passthrough::Refused => {
-                let _ = data.passthrough.set(None);
+                let _ = self.passthrough.set(None);
             }
             Passthrough::Id(id) => {
                 let r = adopted
                     .entry(id)
-                    .or_insert_with(|| Registered::new(Backing::adopt(dev, id), journal));
-                let _ = data.passthrough.set(Some(Arc::clone(r)));
+                    .or_insert_with(|| Registered::new(Backing::adopt(dev, id), &self.journal));
+                let _ = self.passthrough.set(Some(Arc::clone(r)));
             }
         }
-        data
     }
 }
 
@@ -425,6 +469,8 @@ pub struct Inode {
     journaled: AtomicBool,
     /// The shared I/O descriptor while any handle is open.
     pub data: Mutex<Weak<DataFile>>,
+    /// Its shared descriptors that live, `data` and any older one.
+    pub opens: Arc<InodeOpens>,
     /// The passthrough registration its shared descriptors hold, while one does: the
     /// one a descriptor made later must name too (`ViewFs::registration`).
     pub registration: Mutex<Weak<Registered>>,
@@ -668,6 +714,7 @@ impl InodeTable {
             lookups: AtomicU64::new(1),
             journaled: AtomicBool::new(true),
             data: Mutex::new(Weak::new()),
+            opens: Arc::default(),
             registration: Mutex::new(Weak::new()),
             record_seen: RecordMemo::default(),
             synced: SyncedAt::default(),
@@ -850,6 +897,7 @@ impl InodeTable {
             // table (`journal_to` holds the lock).
             journaled: AtomicBool::new(self.journal.get().is_none()),
             data: Mutex::new(Weak::new()),
+            opens: Arc::default(),
             registration: Mutex::new(Weak::new()),
             record_seen: RecordMemo::default(),
             synced: SyncedAt::default(),
@@ -1080,6 +1128,7 @@ impl InodeTable {
                 // Restored before any journal: the journal's first write holds it.
                 journaled: AtomicBool::new(true),
                 data: Mutex::new(Weak::new()),
+                opens: Arc::default(),
                 registration: Mutex::new(Weak::new()),
                 record_seen: RecordMemo::default(),
                 synced: SyncedAt::default(),
@@ -1451,6 +1500,7 @@ mod tests {
             false,
             &Default::default(),
             &LiveFiles::default(),
+            &f.opens,
         ));
         *lock(&f.data) = Arc::downgrade(&data);
         std::fs::remove_file(dir.path().join("f")).unwrap();

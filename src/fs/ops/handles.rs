@@ -197,7 +197,13 @@ impl ViewFs {
                 return Ok(d);
             }
         }
-        let data = Arc::new(DataFile::new(fd, writable, &self.journal, &self.live_files));
+        let data = Arc::new(DataFile::new(
+            fd,
+            writable,
+            &self.journal,
+            &self.live_files,
+            &inode.opens,
+        ));
         *slot = Arc::downgrade(&data);
         Ok(data)
     }
@@ -629,17 +635,19 @@ impl ViewFs {
         let mut files = Vec::with_capacity(snap.files.len());
         let mut adopted = HashMap::new();
         for f in &snap.files {
-            let data = Arc::new(DataFile::adopt(
+            let inode = f.ino.map(|ino| self.inodes.get(ino)).transpose()?;
+            let opens = inode
+                .as_ref()
+                .map_or_else(Arc::default, |i| Arc::clone(&i.opens));
+            let data = Arc::new(DataFile::new(
                 take(f.fd)?,
                 f.writable,
-                f.passthrough,
-                dev,
                 &self.journal,
                 &self.live_files,
-                &mut adopted,
+                &opens,
             ));
-            if let Some(ino) = f.ino {
-                let inode = self.inodes.get(ino)?;
+            data.adopt(f.passthrough, dev, &mut adopted);
+            if let Some(inode) = inode {
                 *lock(&inode.data) = Arc::downgrade(&data);
                 if let Some(Some(r)) = data.passthrough.get() {
                     *lock(&inode.registration) = Arc::downgrade(r);

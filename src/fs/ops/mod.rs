@@ -140,13 +140,15 @@ pub struct Created {
 struct OpenFile {
     /// The node id the handle was opened on.
     ino: u64,
+    /// Where the kernel's passthrough open of the file would otherwise reach the
+    /// server by name: the file opened again with the caller's flags, for the kernel
+    /// to take over ([`ViewFs::twin_opens`]); kept while the handle lives, and closed
+    /// before the handle lets `data` go, which counts the file open until then
+    /// (`namespace.rs`, `held_child`).
+    _twin: Option<Arc<OwnedFd>>,
     data: Arc<DataFile>,
     /// O_SYNC/O_DSYNC: writes that go through the daemon are synced before the reply.
     sync: bool,
-    /// Where the kernel's passthrough open of the file would otherwise reach the
-    /// server by name: the file opened again with the caller's flags, for the kernel
-    /// to take over ([`ViewFs::twin_opens`]); kept while the handle lives.
-    _twin: Option<Arc<OwnedFd>>,
 }
 
 struct DirStream {
@@ -262,7 +264,7 @@ pub struct ViewFs {
     /// the SMB client), is "delete pending" on the server, which refuses that open, and
     /// the kernel fails the caller's open with `EIO` (fs/fuse/iomode.c
     /// `fuse_file_io_open`). With the lock the removal sees the file held and moves it
-    /// aside instead ([`DataFile::remove_when_let_go`]).
+    /// aside instead ([`OpenHold::remove_when_let_go`]).
     removal: RwLock<()>,
     /// Whether an open answered with kernel passthrough makes a twin of the file
     /// ([`ViewFs::twin_opens`]).
@@ -2440,6 +2442,36 @@ mod tests {
             .unwrap();
         assert_eq!(aside(), 0);
         v.release(keep);
+    }
+
+    #[test]
+    fn a_file_is_held_against_a_removal_by_a_reader_after_a_writer_beside_it_went() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = view(dir.path(), "gid=5");
+        v.delete_pends = true;
+        // Readers get read-only descriptors, and a writer one of its own beside them.
+        v.twin_opens();
+        std::fs::write(dir.path().join("pid"), "1234").unwrap();
+        let ino = v.lookup(ROOT, OsStr::new("pid")).unwrap().ino;
+        let reader = v.open(ino, libc::O_RDONLY, ME.into()).unwrap();
+        let writer = v.open(ino, libc::O_RDWR, ME.into()).unwrap();
+        assert!(!reader.data.writable && writer.data.writable);
+        drop(writer.data);
+        v.release(writer.fh);
+        v.unlink(ROOT, OsStr::new("pid"), Remove::NonDirectory)
+            .unwrap();
+        let aside: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(
+            aside.len() == 1 && namespace::is_reserved_name(aside[0].as_bytes()),
+            "moved aside, not removed: {aside:?}"
+        );
+        drop(reader.data);
+        v.release(reader.fh);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     #[test]

@@ -12,7 +12,7 @@
 
 use std::os::unix::ffi::OsStringExt;
 
-use crate::fs::inode::{MovedAside, left_aside};
+use crate::fs::inode::{MovedAside, OpenHold, left_aside};
 
 use super::*;
 
@@ -402,6 +402,7 @@ impl ViewFs {
             true,
             &self.journal,
             &self.live_files,
+            &inode.opens,
         ));
         *lock(&inode.data) = Arc::downgrade(&data);
         let attr = self.attr_of_new(&inode, &st, record);
@@ -620,8 +621,8 @@ impl ViewFs {
                 // and is made (`ViewFs::removal`): one already made is seen held, one
                 // after finds no file.
                 let _no_opens = write(&self.removal);
-                if let Some(data) = self.held_child(pfd.as_fd(), name) {
-                    return self.unlink_held(&pfd, name, &data);
+                if let Some(held) = self.held_child(pfd.as_fd(), name) {
+                    return self.unlink_held(&pfd, name, &held);
                 }
                 return Ok(file::unlink(pfd.as_fd(), name, what)?);
             }
@@ -629,32 +630,37 @@ impl ViewFs {
         Ok(file::unlink(pfd.as_fd(), name, what)?)
     }
 
-    /// The shared descriptor of what `name` in `dir` is now, if the view holds it open
-    /// (a hint: the name is read, not opened). Only an inode of the table can be open:
-    /// the kernel opens what it looked up.
-    fn held_child(&self, dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> Option<Arc<DataFile>> {
-        // Nothing open, nothing held: spare the share the stat of the name. Counted
-        // from the making of a shared descriptor, not from its handle, which an open
-        // adds after it lets a removal go on (`ViewFs::removal`).
+    /// A count of the shared descriptors of what `name` in `dir` is now, if the view
+    /// holds it open (a hint: the name is read, not opened). Only an inode of the table
+    /// can be open: the kernel opens what it looked up. Counted from the making of a
+    /// shared descriptor, not from its handle, which an open adds after it lets a
+    /// removal go on (`ViewFs::removal`), until it and its registration are closed,
+    /// after the twins of its handles: a removal that finds the file let go finds no
+    /// open of it left on the share, where one that ran while a `RELEASE` was closing
+    /// them left the file "delete pending" and shown under its name
+    /// ([`OpenHold::remove_when_let_go`]). Every one of the file's descriptors counts,
+    /// not only the one the inode hands to new opens: a writer's read-write one made
+    /// beside a reader's may go first.
+    fn held_child(&self, dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> Option<OpenHold> {
+        // Nothing open, nothing held: spare the share the stat of the name.
         if self.live_files.none() {
             return None;
         }
         let st = file::stat_child(dir, name).ok()?;
         let key = InodeKey::of(&st, self.inodes.handle_of_child(dir, name));
-        let inode = self.inodes.by_key(&key)?;
-        lock(&inode.data).upgrade()
+        self.inodes.by_key(&key)?.opens.held()
     }
 
-    /// Removes `name`, whose file `data` the view holds open, where removing an open
+    /// Removes `name`, whose file the view holds open (`held`), where removing an open
     /// file leaves its name until the last handle closes (`delete_pends`): renamed to a
     /// reserved name (hidden from every view, and random), so that the name is free at
     /// once, as the caller, who has closed the file or holds it open, expects of an
     /// unlink; the reserved name is removed when the view lets the file go
-    /// ([`DataFile::remove_when_let_go`] says why not now).
-    fn unlink_held(&self, dir: &Arc<OwnedFd>, name: &OsStr, data: &DataFile) -> FsResult<()> {
+    /// ([`OpenHold::remove_when_let_go`] says why not now).
+    fn unlink_held(&self, dir: &Arc<OwnedFd>, name: &OsStr, held: &OpenHold) -> FsResult<()> {
         let hidden = reserved_name("gone");
         file::rename(dir.as_fd(), name, dir.as_fd(), &hidden, 0)?;
-        data.remove_when_let_go(MovedAside {
+        held.remove_when_let_go(MovedAside {
             dir: Arc::clone(dir),
             name: hidden,
         });
@@ -707,8 +713,8 @@ impl ViewFs {
         if self.delete_pends && flags == 0 {
             // As in `unlink`: no open of a file begins meanwhile.
             let _no_opens = write(&self.removal);
-            if let Some(data) = self.held_child(npfd.as_fd(), new_name) {
-                return self.rename_onto_held(pfd.as_fd(), name, &npfd, new_name, &data);
+            if let Some(held) = self.held_child(npfd.as_fd(), new_name) {
+                return self.rename_onto_held(pfd.as_fd(), name, &npfd, new_name, &held);
             }
             return Ok(file::rename(
                 pfd.as_fd(),
@@ -739,7 +745,7 @@ impl ViewFs {
         name: &OsStr,
         new_dir: &Arc<OwnedFd>,
         new_name: &OsStr,
-        held: &DataFile,
+        held: &OpenHold,
     ) -> FsResult<()> {
         let hidden = reserved_name("gone");
         let nd = new_dir.as_fd();
