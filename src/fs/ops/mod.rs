@@ -2444,6 +2444,20 @@ mod tests {
         v.release(keep);
     }
 
+    /// Asserts that `dir` holds one entry, under a reserved name: a removed file the
+    /// view holds open, moved aside rather than removed.
+    fn only_moved_aside(dir: &std::path::Path) {
+        let aside: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(
+            aside.len() == 1 && namespace::is_reserved_name(aside[0].as_bytes()),
+            "moved aside, not removed: {aside:?}"
+        );
+    }
+
     #[test]
     fn a_file_is_held_against_a_removal_by_a_reader_after_a_writer_beside_it_went() {
         let dir = tempfile::tempdir().unwrap();
@@ -2460,15 +2474,7 @@ mod tests {
         v.release(writer.fh);
         v.unlink(ROOT, OsStr::new("pid"), Remove::NonDirectory)
             .unwrap();
-        let aside: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name())
-            .collect();
-        assert!(
-            aside.len() == 1 && namespace::is_reserved_name(aside[0].as_bytes()),
-            "moved aside, not removed: {aside:?}"
-        );
+        only_moved_aside(dir.path());
         drop(reader.data);
         v.release(reader.fh);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
@@ -2488,15 +2494,7 @@ mod tests {
         assert!(v.handles.is_empty());
         v.unlink(ROOT, OsStr::new("pid"), Remove::NonDirectory)
             .unwrap();
-        let aside: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name())
-            .collect();
-        assert!(
-            aside.len() == 1 && namespace::is_reserved_name(aside[0].as_bytes()),
-            "moved aside, not removed: {aside:?}"
-        );
+        only_moved_aside(dir.path());
         drop(data);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
