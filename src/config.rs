@@ -384,6 +384,27 @@ const IGNORED: &[&str] = &[
 /// view's type is always `fuse.mountgroup`) and fstab's `comment=`.
 const IGNORED_WITH_VALUE: &[&str] = &["subtype", "comment"];
 
+/// The items of mount flags as kubelet sends them (a StorageClass's `mountOptions`,
+/// each of which may itself hold several comma-separated items), empty ones left out.
+pub fn option_items<'a>(flags: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    flags
+        .into_iter()
+        .flat_map(split_options)
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .collect()
+}
+
+/// Whether the item `key` or `key=value` is a view's: one of [`OPTIONS`], or one views
+/// take and ignore (fstab's `nofail`, `x-` options, ...).
+pub fn is_view_item(item: &str) -> bool {
+    let key = item.split_once('=').map_or(item, |(k, _)| k);
+    IGNORED.contains(&item)
+        || item.starts_with("x-")
+        || IGNORED_WITH_VALUE.contains(&key)
+        || OPTIONS.iter().any(|o| o.keys.contains(&key))
+}
+
 /// How a native view (an idmapped bind mount, no process) treats an option.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NativeUse {

@@ -15,6 +15,7 @@ pub fn to_status(e: VolumeError) -> Status {
         VolumeError::PermissionDenied(_) => Code::PermissionDenied,
         VolumeError::OutOfRange(_) => Code::OutOfRange,
         VolumeError::Unavailable(_) => Code::Unavailable,
+        VolumeError::DeadlineExceeded(_) => Code::DeadlineExceeded,
         VolumeError::Internal(_) => Code::Internal,
     };
     Status::new(code, e.to_string())

@@ -13,6 +13,9 @@ pub mod btrfs;
 pub mod cephfs;
 pub mod key;
 pub mod local;
+pub mod nfs;
+pub mod remote;
+pub mod smb;
 
 pub use local::{LocalShare, MARKER, ShareInit};
 
@@ -157,6 +160,21 @@ pub enum ShareError {
     /// The share root is not (or no longer) the share: nothing is done there.
     #[error("{0}")]
     NotThere(String),
+    /// A named share's server refused the credentials or the node.
+    #[error("{0}")]
+    Refused(String),
+    /// A named share's server cannot be reached, or does not serve it now.
+    #[error("{0}")]
+    Unreachable(String),
+    /// A named share's server has no such share or directory.
+    #[error("{0}")]
+    NoSuchShare(String),
+    /// A named share's client refused the options, or the share is malformed.
+    #[error("{0}")]
+    Rejected(String),
+    /// A named share's server did not answer within the call's deadline.
+    #[error("{0}")]
+    TimedOut(String),
 }
 
 pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ShareError {

@@ -104,6 +104,8 @@ pub enum VolumeError {
     #[error("{0}")]
     Unavailable(String),
     #[error("{0}")]
+    DeadlineExceeded(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -153,7 +155,13 @@ impl From<ShareError> for VolumeError {
             ShareError::Conflict(_) => VolumeError::AlreadyExists(e.to_string()),
             // UNAVAILABLE: the sidecars and kubelet retry it, and the share may be
             // mounted by then.
-            ShareError::NotThere(_) => VolumeError::Unavailable(e.to_string()),
+            ShareError::NotThere(_) | ShareError::Unreachable(_) => {
+                VolumeError::Unavailable(e.to_string())
+            }
+            ShareError::Refused(_) => VolumeError::PermissionDenied(e.to_string()),
+            ShareError::NoSuchShare(_) => VolumeError::NotFound(e.to_string()),
+            ShareError::Rejected(_) => VolumeError::InvalidArgument(e.to_string()),
+            ShareError::TimedOut(_) => VolumeError::DeadlineExceeded(e.to_string()),
             ShareError::Io { .. } | ShareError::Corrupt { .. } | ShareError::Backend(_) => {
                 VolumeError::Internal(e.to_string())
             }
