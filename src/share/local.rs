@@ -13,7 +13,7 @@ use crate::sys::Errno;
 use super::{
     CapacityMode, Created, NATIVE_GROUP_BASE, NATIVE_ROOT_MODE, Share, ShareError, VolumeId,
     VolumeRecord, VolumeSpec, btrfs, cephfs, idmappable, io, keeps_owners, native_inert,
-    owners_root, remove_as_owners, write_atomically,
+    owners_root, remove_tree, write_atomically,
 };
 
 /// What enforces a share's capacity.
@@ -397,11 +397,11 @@ impl Share for LocalShare {
                         crate::sys::file::open_root(&self.root.join("volumes")).map_err(failed)?;
                     let volumes = std::os::fd::AsFd::as_fd(&volumes);
                     let owner = crate::sys::file::stat(volumes).map_err(failed)?;
-                    remove_as_owners(
+                    remove_tree(
                         volumes,
                         (owner.uid, owner.gid),
                         std::ffi::OsStr::new(id.as_str()),
-                        group,
+                        Some(group),
                     )
                     .map_err(failed)?;
                 }

@@ -13,6 +13,7 @@ pub mod btrfs;
 pub mod cephfs;
 pub mod key;
 pub mod local;
+pub mod made;
 pub mod nfs;
 pub mod remote;
 pub mod smb;
@@ -312,35 +313,36 @@ pub(crate) fn probe_owner(dir: std::os::fd::BorrowedFd<'_>, group: u32) -> Resul
 }
 
 /// Removes `name` in the directory `parent` (owned by `parent_owner`, uid and gid)
-/// and, for a directory, everything in it,
-/// each directory emptied as its owner (with the volume's `group` and its own), who may
-/// give themselves the access a directory of theirs denies them: on a share that keeps
-/// owners, a squashed driver owns nothing a pod made. Names are taken one at a time,
-/// never followed (a symlink is removed, a mount point refused with `EXDEV`).
+/// and, for a directory, everything in it. With a `group` (a volume whose views act
+/// as their callers), each directory is emptied as its owner (with the volume's group
+/// and its own), who may give themselves the access a directory of theirs denies
+/// them: on a share that keeps owners, a squashed driver owns nothing a pod made.
+/// Without one, as the driver. Names are taken one at a time, never followed (a
+/// symlink is removed, a mount point refused with `EXDEV`).
 ///
 /// # Errors
 /// The first error of acting, `chmod`, listing or removing.
-pub(crate) fn remove_as_owners(
+pub(crate) fn remove_tree(
     parent: std::os::fd::BorrowedFd<'_>,
     parent_owner: (u32, u32),
     name: &std::ffi::OsStr,
-    group: u32,
+    group: Option<u32>,
 ) -> Result<(), Errno> {
     use crate::sys::creds::act_as;
     use crate::sys::file::{self, Access, Kind, Remove};
     use std::os::fd::AsFd;
     use std::os::unix::ffi::OsStrExt;
+    let acting = |(uid, gid): (u32, u32)| group.map(|g| act_as(uid, g, &[g, gid])).transpose();
     // The parent's owner reaches the entry: the daemon may not search the directory.
-    let as_parent_owner = || act_as(parent_owner.0, group, &[group, parent_owner.1]);
     let (entry, st) = {
-        let _owner = as_parent_owner()?;
+        let _owner = acting(parent_owner)?;
         let entry = file::open_child(parent, name, None)?;
         let st = file::stat(entry.as_fd())?;
         (entry, st)
     };
     let how = if st.kind == Kind::Directory {
         let names = {
-            let _owner = act_as(st.uid, group, &[group, st.gid])?;
+            let _owner = acting((st.uid, st.gid))?;
             if st.perm & 0o700 != 0o700 {
                 file::chmod(entry.as_fd(), st.perm | 0o700)?;
             }
@@ -362,7 +364,7 @@ pub(crate) fn remove_as_owners(
             names
         };
         for child in names {
-            remove_as_owners(
+            remove_tree(
                 entry.as_fd(),
                 (st.uid, st.gid),
                 std::ffi::OsStr::from_bytes(&child),
@@ -373,7 +375,7 @@ pub(crate) fn remove_as_owners(
     } else {
         Remove::NonDirectory
     };
-    let _owner = as_parent_owner()?;
+    let _owner = acting(parent_owner)?;
     file::unlink(parent, name, how)
 }
 
@@ -577,11 +579,11 @@ mod tests {
         chown(&d, Some(1000), Some(g)).unwrap();
         fs::set_permissions(&d, fs::Permissions::from_mode(0o500)).unwrap();
         let parent = crate::sys::file::open_root(dir.path()).unwrap();
-        remove_as_owners(
+        remove_tree(
             std::os::fd::AsFd::as_fd(&parent),
             (0, 0),
             std::ffi::OsStr::new("vol"),
-            g,
+            Some(g),
         )
         .unwrap();
         assert!(!vol.exists());

@@ -165,6 +165,13 @@ pub fn open_root(path: &Path) -> SysResult<OwnedFd> {
     .map_err(failed("open"))
 }
 
+/// The path that names the very inode `fd` refers to (its `/proc/self/fd/N` magic
+/// link), for the calls that take a path: resolving it reaches that inode and no
+/// other, whatever was renamed since. Valid while `fd` is open.
+pub fn fd_path(fd: BorrowedFd<'_>) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
 static OPENAT2_MISSING: AtomicBool = AtomicBool::new(false);
 
 /// Opens one entry of a directory as an `O_PATH|O_NOFOLLOW` descriptor.
