@@ -38,12 +38,28 @@ pub struct ServeConfig {
     pub keeper_socket: Option<PathBuf>,
     /// The share key file (created with a random key if absent); `None`: no key.
     pub share_key_file: Option<PathBuf>,
-    /// Where secret views keep their tmpfs (memory; never the state directory).
+    /// Where secret views keep their tmpfs (memory; never the state directory), and
+    /// the controller mounts named shares for a call (`shares/`).
     pub runtime_dir: PathBuf,
+    /// The longest a call waits for a named share's server to answer its mount.
+    pub share_timeout: std::time::Duration,
+    /// ceph-csi's configuration file, for a `clusterID`'s monitors.
+    pub ceph_csi_config: PathBuf,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// The Kubernetes API, asked whether a pod runs in a user namespace.
     pub kube: KubeApi,
+}
+
+impl ServeConfig {
+    /// How named shares are mounted.
+    pub fn remotes(&self) -> crate::share::remote::Settings {
+        crate::share::remote::Settings {
+            work_dir: self.runtime_dir.join("shares"),
+            ceph_config: self.ceph_csi_config.clone(),
+            timeout: self.share_timeout,
+        }
+    }
 }
 
 /// Which Kubernetes API server the node plugin asks about pods.
@@ -261,6 +277,7 @@ impl Opened {
                 Arc::clone(&key),
                 cfg.clone(),
             );
+            let remotes = cfg.remotes();
             tokio::task::spawn_blocking(move || {
                 Node::start(
                     cfg.node_id,
@@ -271,6 +288,7 @@ impl Opened {
                         state: &cfg.state_dir,
                         runtime: &cfg.runtime_dir,
                         keeper: keeper_socket,
+                        remotes,
                     },
                     pods,
                     kernel.map(|k| k.idmap),
@@ -281,7 +299,13 @@ impl Opened {
             .map_err(|e: VolumeError| setup("--state-dir", &e))?
         };
         let capacity_enforced = *share.capacity() == CapacityMode::Enforced;
-        let controller = Arc::new(Controller::new(share, guards, key, Some(Arc::clone(&node))));
+        let controller = Arc::new(Controller::new(
+            share,
+            guards,
+            key,
+            Some(Arc::clone(&node)),
+            cfg.remotes(),
+        ));
         Ok(Driver {
             node,
             controller,

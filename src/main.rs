@@ -78,9 +78,19 @@ struct ServeArgs {
     /// STATE_DIR/share.key. `none` runs without a key (local use only).
     #[arg(long, value_name = "PATH|none")]
     share_key_file: Option<String>,
-    /// Where secret views keep their private tmpfs mounts.
+    /// Where secret views keep their private tmpfs mounts (and the controller mounts a
+    /// named share for the length of a call, under shares/).
     #[arg(long, default_value = "/run/mountgroup")]
     runtime_dir: PathBuf,
+    /// The longest a NodeStageVolume or CreateVolume waits for a named share's server
+    /// to answer its mount, in seconds, when the call's own deadline is longer (or
+    /// none): then DEADLINE_EXCEEDED, naming the server, and nothing mounted.
+    #[arg(long, value_name = "SECONDS", default_value_t = 50)]
+    share_timeout: u64,
+    /// ceph-csi's configuration file (its ConfigMap), where a StorageClass's or PV's
+    /// `clusterID` finds its monitors.
+    #[arg(long, value_name = "PATH", default_value = mountgroup::share::cephfs::CEPH_CSI_CONFIG)]
+    ceph_csi_config: PathBuf,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 0.0.0.0:9810).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -194,6 +204,8 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     let cfg = mountgroup::csi::server::ServeConfig {
         share_key_file,
+        share_timeout: std::time::Duration::from_secs(args.share_timeout.max(1)),
+        ceph_csi_config: args.ceph_csi_config,
         metrics_addr: args.metrics_addr,
         runtime_dir: args.runtime_dir,
         endpoint: args.endpoint,

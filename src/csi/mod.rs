@@ -50,3 +50,48 @@ where
         }
     }
 }
+
+/// The deadline a request's caller set (its `grpc-timeout` header: a number and a unit
+/// of `H`, `M`, `S`, `m`, `u` or `n`, gRPC's PROTOCOL-HTTP2), if any: kubelet's calls
+/// carry theirs (two minutes for NodeStageVolume, kubernetes pkg/volume/csi
+/// `csiTimeout`), the sidecars their `--timeout`.
+pub fn deadline<T>(req: &tonic::Request<T>) -> Option<std::time::Duration> {
+    let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    use std::time::Duration;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// A request's `secrets`, for the domain.
+pub fn secrets(map: &std::collections::HashMap<String, String>) -> crate::volume::Secrets {
+    crate::volume::Secrets(map.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_callers_deadline_is_read_from_its_grpc_timeout() {
+        let with = |v: &str| {
+            let mut r = tonic::Request::new(());
+            r.metadata_mut().insert("grpc-timeout", v.parse().unwrap());
+            super::deadline(&r)
+        };
+        assert_eq!(
+            with("119999873u"),
+            Some(std::time::Duration::from_micros(119_999_873))
+        );
+        assert_eq!(with("60S"), Some(std::time::Duration::from_secs(60)));
+        assert_eq!(with("2M"), Some(std::time::Duration::from_secs(120)));
+        assert_eq!(with("x"), None);
+        assert_eq!(super::deadline(&tonic::Request::new(())), None);
+    }
+}

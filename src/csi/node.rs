@@ -9,10 +9,12 @@ use tracing::info_span;
 
 use super::pb::node_service_capability::rpc::Type as RpcType;
 use super::validate::{self, CapabilityError};
-use super::{blocking, pb};
+use super::{blocking, deadline, pb, secrets};
+use crate::share::VolumeHandle;
 use crate::share::key::SECRET_NAME;
+use crate::share::remote;
 use crate::volume::Lifecycle;
-use crate::volume::node::{Node, PublishRequest, Usage};
+use crate::volume::node::{Node, PublishRequest, StageRequest, Usage};
 use crate::volume::secrets::Payload;
 
 /// The topology key NodeGetInfo reports (informational: volumes carry no
@@ -40,16 +42,26 @@ impl pb::node_server::Node for NodeService {
         &self,
         req: Request<pb::NodeStageVolumeRequest>,
     ) -> Result<Response<pb::NodeStageVolumeResponse>, Status> {
+        let deadline = deadline(&req);
         let r = req.get_ref();
-        let id = validate::volume_id(&r.volume_id, "volume_id")?;
+        let id = VolumeHandle::new(validate::handle(&r.volume_id, "volume_id")?);
         let staging = validate::abs_path(&r.staging_target_path, "staging_target_path")?;
-        let cap = validate::capability(r.volume_capability.as_ref(), "volume_capability")
+        let share = remote::attributes(&r.volume_context).map_err(Status::invalid_argument)?;
+        let kind = share.as_ref().map(|a| a.location.remote.kind());
+        let cap = validate::capability(r.volume_capability.as_ref(), "volume_capability", kind)
             .map_err(CapabilityError::into_status)?;
-        let secret = r.secrets.get(SECRET_NAME).cloned();
+        let secrets = secrets(&r.secrets);
         let node = Arc::clone(&self.node);
         let span = info_span!("NodeStageVolume", volume_id = %id, staging = %staging.display());
         blocking(span, move || {
-            node.stage(&id, &staging, &cap, secret.as_deref())
+            node.stage(StageRequest {
+                volume_id: &id,
+                staging_path: &staging,
+                capability: &cap,
+                secrets: &secrets,
+                share,
+                deadline,
+            })
         })
         .await?;
         Ok(Response::new(pb::NodeStageVolumeResponse {}))
@@ -61,7 +73,7 @@ impl pb::node_server::Node for NodeService {
         req: Request<pb::NodeUnstageVolumeRequest>,
     ) -> Result<Response<pb::NodeUnstageVolumeResponse>, Status> {
         let r = req.get_ref();
-        let id = validate::volume_id(&r.volume_id, "volume_id")?;
+        let id = VolumeHandle::new(validate::handle(&r.volume_id, "volume_id")?);
         let staging = validate::abs_path(&r.staging_target_path, "staging_target_path")?;
         let node = Arc::clone(&self.node);
         let span = info_span!("NodeUnstageVolume", volume_id = %id, staging = %staging.display());
@@ -77,9 +89,15 @@ impl pb::node_server::Node for NodeService {
         req: Request<pb::NodePublishVolumeRequest>,
     ) -> Result<Response<pb::NodePublishVolumeResponse>, Status> {
         let r = req.get_ref();
-        let volume_id = validate::volume_id(&r.volume_id, "volume_id")?;
+        let volume_id = VolumeHandle::new(validate::handle(&r.volume_id, "volume_id")?);
         let target_path = validate::abs_path(&r.target_path, "target_path")?;
         let lifecycle = validate::lifecycle(&r.volume_context)?;
+        let kind = match lifecycle {
+            Lifecycle::Persistent => remote::attributes(&r.volume_context)
+                .map_err(Status::invalid_argument)?
+                .map(|a| a.location.remote.kind()),
+            Lifecycle::Ephemeral(_) => None,
+        };
         // Inline volumes are never staged: kubelet sends no staging path for them.
         let staging_path = match lifecycle {
             Lifecycle::Persistent => {
@@ -87,8 +105,9 @@ impl pb::node_server::Node for NodeService {
             }
             Lifecycle::Ephemeral(_) => PathBuf::new(),
         };
-        let capability = validate::capability(r.volume_capability.as_ref(), "volume_capability")
-            .map_err(CapabilityError::into_status)?;
+        let capability =
+            validate::capability(r.volume_capability.as_ref(), "volume_capability", kind)
+                .map_err(CapabilityError::into_status)?;
         let secrets = Payload(
             r.secrets
                 .iter()
@@ -122,7 +141,7 @@ impl pb::node_server::Node for NodeService {
         req: Request<pb::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<pb::NodeUnpublishVolumeResponse>, Status> {
         let r = req.get_ref();
-        let id = validate::volume_id(&r.volume_id, "volume_id")?;
+        let id = VolumeHandle::new(validate::handle(&r.volume_id, "volume_id")?);
         let target = validate::abs_path(&r.target_path, "target_path")?;
         let node = Arc::clone(&self.node);
         let span = info_span!("NodeUnpublishVolume", volume_id = %id, target = %target.display());
@@ -135,7 +154,7 @@ impl pb::node_server::Node for NodeService {
         req: Request<pb::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<pb::NodeGetVolumeStatsResponse>, Status> {
         let r = req.get_ref();
-        let id = validate::volume_id(&r.volume_id, "volume_id")?;
+        let id = VolumeHandle::new(validate::handle(&r.volume_id, "volume_id")?);
         let path = validate::lookup_path(&r.volume_path, "volume_path")?;
         let node = Arc::clone(&self.node);
         let span = info_span!("NodeGetVolumeStats", volume_id = %id, path = %path.display());
@@ -163,7 +182,7 @@ impl pb::node_server::Node for NodeService {
         req: Request<pb::NodeExpandVolumeRequest>,
     ) -> Result<Response<pb::NodeExpandVolumeResponse>, Status> {
         let r = req.get_ref();
-        let id = validate::volume_id(&r.volume_id, "volume_id")?;
+        let id = VolumeHandle::new(validate::handle(&r.volume_id, "volume_id")?);
         let path = validate::lookup_path(&r.volume_path, "volume_path")?;
         let requested = r
             .capacity_range

@@ -8,6 +8,7 @@ use tonic::Status;
 
 use crate::config::{MountGroup, ViewOptions};
 use crate::share::VolumeId;
+use crate::share::remote::Kind;
 use crate::volume::{AccessMode, Capability, Inline, Lifecycle, SecretSpec};
 
 use super::pb;
@@ -29,6 +30,54 @@ pub fn volume_id(value: &str, field: &str) -> Result<VolumeId, Status> {
         return Err(invalid(format!("{field} missing in request")));
     }
     VolumeId::parse(value).map_err(|why| invalid(format!("{field} {value:?} {why}")))
+}
+
+/// The longest volume id taken from a request: CSI's general string limit is 128
+/// bytes, but a static PV's `volumeHandle` is whatever its author wrote, and the
+/// peers' own ids pass the limit (csi-driver-nfs's `server#share#subdir#uuid#`).
+const MAX_HANDLE: usize = 1024;
+
+/// A required volume id as a request carries it: a share root's volume id, a volume
+/// the driver made on a named share, or a static PV's handle, any string of printable
+/// characters. It names no path: the node keeps it in its state and hashes it for
+/// file names.
+///
+/// # Errors
+/// InvalidArgument naming `field`.
+pub fn handle(value: &str, field: &str) -> Result<String, Status> {
+    if value.is_empty() {
+        return Err(invalid(format!("{field} missing in request")));
+    }
+    if value.len() > MAX_HANDLE {
+        return Err(invalid(format!(
+            "{field} is longer than {MAX_HANDLE} bytes"
+        )));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(invalid(format!("{field} holds a control character")));
+    }
+    Ok(value.to_string())
+}
+
+/// A CreateVolume name: it names the volume's directory on a named share unless its
+/// class's `subDir` does, and is the id of a share root's volume, so it must be a
+/// directory's name.
+///
+/// # Errors
+/// InvalidArgument naming it.
+pub fn name(value: &str) -> Result<(), Status> {
+    if value.len() > crate::share::MAX_ID_LEN {
+        return Err(invalid(format!(
+            "name is longer than {} bytes",
+            crate::share::MAX_ID_LEN
+        )));
+    }
+    if value == "." || value == ".." || value.contains('/') || value.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "name {value:?} cannot be a directory's name"
+        )));
+    }
+    Ok(())
 }
 
 /// A path the request names only to find a volume there (`volume_path` of
@@ -104,6 +153,7 @@ impl CapabilityError {
 pub fn capability(
     cap: Option<&pb::VolumeCapability>,
     field: &str,
+    share: Option<Kind>,
 ) -> Result<Capability, CapabilityError> {
     let bad = |m: String| CapabilityError::Invalid(invalid(m));
     let cap = cap.ok_or_else(|| bad(format!("{field} missing in request")))?;
@@ -139,13 +189,24 @@ pub fn capability(
         }
         Some(pb::volume_capability::AccessType::Mount(m)) => m,
     };
-    if !(mount.fs_type.is_empty() || mount.fs_type == "fuse.mountgroup") {
+    // A named share's own type (`cifs`, `nfs`, ...) says what the share is, as a
+    // peer's PV may; the pod sees a view of it.
+    let share_type = share.is_some_and(|k| {
+        k.mount_types().contains(&mount.fs_type.as_str())
+            || (k == Kind::Smb && mount.fs_type == "smb")
+    });
+    if !(mount.fs_type.is_empty() || mount.fs_type == "fuse.mountgroup" || share_type) {
         return Err(CapabilityError::Unsupported(format!(
             "{field}.mount.fs_type {:?} is not supported (leave it empty)",
             mount.fs_type
         )));
     }
-    let options = ViewOptions::parse_all(mount.mount_flags.iter().map(String::as_str))
+    let (client, view) = match share {
+        None => (Vec::new(), mount.mount_flags.clone()),
+        Some(kind) => crate::share::remote::split_flags(kind, &mount.mount_flags)
+            .map_err(|e| bad(format!("{field}.mount.mount_flags: {e}")))?,
+    };
+    let options = ViewOptions::parse_all(view.iter().map(String::as_str))
         .map_err(|e| bad(format!("{field}.mount.mount_flags: {e}")))?;
     let mount_group = if mount.volume_mount_group.is_empty() {
         None
@@ -160,6 +221,7 @@ pub fn capability(
     Ok(Capability {
         access,
         options,
+        client,
         mount_group,
     })
 }
@@ -265,7 +327,14 @@ pub fn lifecycle(ctx: &std::collections::HashMap<String, String>) -> Result<Life
     }
     let get = |k: &str| ctx.get(k).map(String::as_str);
     if !ephemeral {
-        if let Some(k) = OURS.into_iter().find(|k| ctx.contains_key(*k)) {
+        // A persistent volume's `source` is an SMB share's (`//server/share`, as
+        // csi-driver-smb's PVs name it), never an inline volume's.
+        let smb_source =
+            get("source").is_some_and(|s| s.starts_with("//") || s.starts_with("\\\\"));
+        if let Some(k) = OURS
+            .into_iter()
+            .find(|k| ctx.contains_key(*k) && !(*k == "source" && smb_source))
+        {
             return Err(invalid(format!(
                 "volume_context.{k} applies to inline (ephemeral) volumes only"
             )));
@@ -362,45 +431,49 @@ mod tests {
         let ok = capability(
             Some(&cap(&["ro"], "2000", Mode::MultiNodeMultiWriter)),
             "volume_capability",
+            None,
         )
         .unwrap();
         assert_eq!(ok.mount_group, MountGroup::new(2000));
         assert!(ok.options.readonly);
         assert_eq!(
-            message(capability(None, "volume_capability")),
+            message(capability(None, "volume_capability", None)),
             "volume_capability missing in request"
         );
         assert_eq!(
             message(capability(
                 Some(&cap(&[], "abc", Mode::SingleNodeWriter)),
-                "volume_capability"
+                "volume_capability",
+                None
             )),
             "volume_capability.mount.volume_mount_group \"abc\" is not a group id"
         );
         assert_eq!(
             message(capability(
                 Some(&cap(&["colour=red"], "", Mode::SingleNodeWriter)),
-                "volume_capability"
+                "volume_capability",
+                None
             )),
             "volume_capability.mount.mount_flags: unknown option `colour`"
         );
         assert!(
             message(capability(
                 Some(&cap(&[], "", Mode::Unknown)),
-                "volume_capability"
+                "volume_capability",
+                None
             ))
             .contains("access_mode.mode 0")
         );
         let mut block = cap(&[], "", Mode::SingleNodeWriter);
         block.access_type = Some(AccessType::Block(Default::default()));
         assert!(matches!(
-            capability(Some(&block), "c"),
+            capability(Some(&block), "c", None),
             Err(CapabilityError::Unsupported(_))
         ));
         let mut none = cap(&[], "", Mode::SingleNodeWriter);
         none.access_mode = None;
         assert_eq!(
-            message(capability(Some(&none), "c")),
+            message(capability(Some(&none), "c", None)),
             "c.access_mode missing in request"
         );
     }

@@ -12,8 +12,8 @@ use crate::sys::Errno;
 
 use super::{
     CapacityMode, Created, NATIVE_GROUP_BASE, NATIVE_ROOT_MODE, Share, ShareError, VolumeId,
-    VolumeRecord, VolumeSpec, btrfs, cephfs, idmappable, io, keeps_owners, native_inert,
-    owners_root, remove_tree, write_atomically,
+    VolumeRecord, VolumeSpec, btrfs, cephfs, idmappable, io, keeps_owners, keeps_xattr,
+    native_inert, owners_root, remove_tree, restore_root, write_atomically,
 };
 
 /// What enforces a share's capacity.
@@ -520,21 +520,7 @@ impl Share for LocalShare {
     }
 
     fn keeps_xattr(&self, name: &std::ffi::CStr) -> Result<(), String> {
-        let volumes = self.root.join("volumes");
-        let fd = crate::sys::file::open_root(&volumes)
-            .map_err(|e| format!("{}: {e}", volumes.display()))?;
-        match crate::sys::xattr::probe(std::os::fd::AsFd::as_fd(&fd), name) {
-            Ok(()) => Ok(()),
-            Err(e @ (Errno(libc::EOPNOTSUPP) | Errno(libc::ENOSYS))) => Err(format!(
-                "the share's file system keeps no extended attributes {} ({e})",
-                name.to_string_lossy()
-            )),
-            Err(e) => Err(format!(
-                "{}: extended attribute {}: {e}",
-                volumes.display(),
-                name.to_string_lossy()
-            )),
-        }
+        keeps_xattr(&self.root.join("volumes"), name)
     }
 
     fn keep_native_root(&self, rec: &VolumeRecord) -> Result<bool, ShareError> {
@@ -571,21 +557,13 @@ impl Share for LocalShare {
         } else {
             0
         };
-        if (st.uid, st.gid, st.perm) == (owner, group, NATIVE_ROOT_MODE) {
+        let Some(was) = restore_root(fd, &st, Some(owner), group, rec.owners).map_err(failed)?
+        else {
             return Ok(false);
-        }
-        // As a member of the group, which a squashed driver needs to give it back.
-        let _acting = rec
-            .owners
-            .then(|| crate::sys::creds::act_as(0, group, &[group]))
-            .transpose()
-            .map_err(failed)?;
-        // chown first: it clears the setgid bit that chmod then sets.
-        file::chown(fd, Some(owner), Some(group)).map_err(failed)?;
-        file::chmod(fd, NATIVE_ROOT_MODE).map_err(failed)?;
+        };
         tracing::warn!(
             volume_id = %rec.id,
-            was = %format!("{}:{} {:04o}", st.uid, st.gid, st.perm),
+            %was,
             now = %format!("{owner}:{group} {NATIVE_ROOT_MODE:04o}"),
             "a pod changed the native volume's root; restored"
         );

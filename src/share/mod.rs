@@ -90,6 +90,47 @@ impl fmt::Display for VolumeId {
     }
 }
 
+/// A volume as CSI calls name it: a share root's [`VolumeId`], the id of a volume the
+/// driver made on a named share, or a static PV's `volumeHandle`, whatever its author
+/// wrote (printable, checked where requests are read). It names no path: the node
+/// keeps it in its state and hashes it for names on disk.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct VolumeHandle(String);
+
+impl VolumeHandle {
+    pub fn new(s: impl Into<String>) -> VolumeHandle {
+        VolumeHandle(s.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The share root's volume it names, if it is one's id.
+    pub fn root(&self) -> Option<VolumeId> {
+        VolumeId::parse(&self.0).ok()
+    }
+}
+
+impl From<VolumeId> for VolumeHandle {
+    fn from(id: VolumeId) -> VolumeHandle {
+        VolumeHandle(id.0)
+    }
+}
+
+impl From<&VolumeId> for VolumeHandle {
+    fn from(id: &VolumeId) -> VolumeHandle {
+        VolumeHandle(id.0.clone())
+    }
+}
+
+impl fmt::Display for VolumeHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// What the share records of a volume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
@@ -379,6 +420,55 @@ pub(crate) fn remove_tree(
     file::unlink(parent, name, how)
 }
 
+/// Gives a volume's root `fd` (as `st` found it) back what every pod of it relies on:
+/// `owner` (where one is given), the volume's `group`, `2775`, where a pod changed
+/// them; with `owners`, as a member of the group, which a squashed driver needs to
+/// give it back. What it was, where it changed.
+///
+/// # Errors
+/// The error of acting, `chown` or `chmod`.
+pub(crate) fn restore_root(
+    fd: std::os::fd::BorrowedFd<'_>,
+    st: &crate::sys::file::Stat,
+    owner: Option<u32>,
+    group: u32,
+    owners: bool,
+) -> Result<Option<String>, Errno> {
+    use crate::sys::file;
+    if owner.is_none_or(|o| o == st.uid) && (st.gid, st.perm) == (group, NATIVE_ROOT_MODE) {
+        return Ok(None);
+    }
+    let _acting = owners
+        .then(|| crate::sys::creds::act_as(0, group, &[group]))
+        .transpose()?;
+    // chown first: it clears the setgid bit that chmod then sets.
+    file::chown(fd, owner, Some(group))?;
+    file::chmod(fd, NATIVE_ROOT_MODE)?;
+    Ok(Some(format!("{}:{} {:04o}", st.uid, st.gid, st.perm)))
+}
+
+/// Whether the file system of the directory `dir` keeps extended attributes named
+/// like `name` (a probe name of a view's records' namespace, written and removed), or
+/// why not: SMB without EA support, NFS (no `trusted.*` namespace), FAT.
+///
+/// # Errors
+/// Why not.
+pub fn keeps_xattr(dir: &Path, name: &std::ffi::CStr) -> Result<(), String> {
+    let fd = crate::sys::file::open_root(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    match crate::sys::xattr::probe(std::os::fd::AsFd::as_fd(&fd), name) {
+        Ok(()) => Ok(()),
+        Err(e @ (Errno(libc::EOPNOTSUPP) | Errno(libc::ENOSYS))) => Err(format!(
+            "the share's file system keeps no extended attributes {} ({e})",
+            name.to_string_lossy()
+        )),
+        Err(e) => Err(format!(
+            "{}: extended attribute {}: {e}",
+            dir.display(),
+            name.to_string_lossy()
+        )),
+    }
+}
+
 /// Whether the file system of `dir` keeps each file's owner itself and checks each
 /// call's permissions as its caller's, so that a view acting as its callers gives them
 /// their own files there: the kernel's NFS client with `sec=sys`. Why not otherwise.
@@ -420,16 +510,9 @@ fn nfs_security(options: &str) -> &str {
 /// # Errors
 /// Why not, naming what would work.
 pub fn idmappable(dir: &Path) -> Result<(), String> {
-    let identity = crate::sys::process::IDENTITY_MAP;
-    let ns = crate::sys::process::user_namespace(identity, identity)
-        .map_err(|e| format!("a user namespace cannot be made: {e}"))?;
+    let ns = identity_namespace()?;
     let ns = std::os::fd::AsFd::as_fd(&ns);
-    crate::sys::mount::can_idmap(dir, ns).map_err(|e| {
-        format!(
-            "the file system of {} cannot be idmapped ({e}): native views need one that can (ext4, xfs or btrfs on Linux 5.12+, tmpfs on 6.3+, CephFS on 6.7+; not CIFS, not NFS)",
-            dir.display()
-        )
-    })?;
+    can_idmap_with(dir, ns)?;
     match crate::sys::mount::idmapped_creates(dir, ns) {
         // Mounted read-only (`mountgroup mount --native` of such a source): no view of
         // it makes anything.
@@ -439,6 +522,36 @@ pub fn idmappable(dir: &Path) -> Result<(), String> {
             dir.display()
         )),
     }
+}
+
+/// A user namespace whose maps are the identity, to idmap a probe's clone with.
+fn identity_namespace() -> Result<std::os::fd::OwnedFd, String> {
+    let identity = crate::sys::process::IDENTITY_MAP;
+    crate::sys::process::user_namespace(identity, identity)
+        .map_err(|e| format!("a user namespace cannot be made: {e}"))
+}
+
+fn can_idmap_with(dir: &Path, ns: std::os::fd::BorrowedFd<'_>) -> Result<(), String> {
+    crate::sys::mount::can_idmap(dir, ns).map_err(|e| {
+        format!(
+            "the file system of {} cannot be idmapped ({e}): native views need one that can (ext4, xfs or btrfs on Linux 5.12+, tmpfs on 6.3+, CephFS on 6.7+; not CIFS, not NFS)",
+            dir.display()
+        )
+    })
+}
+
+/// Whether a native view of the volume at `dir` may be mounted on this node, made and
+/// checked without making anything there (a volume's directory, which pods may use):
+/// its mount can be idmapped, and every mount of its file system here is
+/// `nosuid,nodev` ([`native_inert`]). Whether creations work through an idmapped
+/// mount of it is the share's, which CreateVolume asked of it ([`idmappable`]).
+///
+/// # Errors
+/// Why not.
+pub fn native_capable_at(dir: &Path) -> Result<(), String> {
+    let ns = identity_namespace()?;
+    can_idmap_with(dir, std::os::fd::AsFd::as_fd(&ns))?;
+    native_inert(dir)
 }
 
 /// Whether what a pod makes on a native view of `dir` is inert on every mount of

@@ -25,7 +25,8 @@ use crate::sys::Errno;
 use crate::sys::mount::{FsMountError, FsParam};
 
 /// A kind of share the driver mounts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Kind {
     Smb,
     Nfs,
@@ -1104,7 +1105,9 @@ fn refused(loc: &Location, server: &str, creds: &Credentials, e: &FsMountError) 
 /// Mounts `loc` (detached: attach it, or drop it) with the kernel's client, its
 /// `client` options and `creds`, waiting no longer than `within`: a server that does
 /// not answer by then is [`ShareError::TimedOut`], and the mount, should it end later,
-/// is let go of unattached.
+/// is let go of unattached. `hold` is dropped once the kernel has answered, whenever
+/// that is (a caller's guard that keeps a second mount of the same place from starting
+/// meanwhile).
 ///
 /// # Errors
 /// The server's answer, mapped by what it means ([`refused`]); a credential never
@@ -1115,6 +1118,7 @@ pub fn mount(
     creds: &Credentials,
     settings: &Settings,
     within: Duration,
+    hold: impl Send + 'static,
 ) -> Result<OwnedFd, ShareError> {
     let (loc2, client, creds, settings) =
         (loc.clone(), client.clone(), creds.clone(), settings.clone());
@@ -1141,6 +1145,7 @@ pub fn mount(
                 }
                 Err(first.unwrap_or_else(|| ShareError::Backend("no way to mount it".into())))
             })();
+            drop(hold);
             // A mount made after the caller gave up is dropped here, unattached.
             let _ = sent.send(made);
         })

@@ -50,6 +50,9 @@ pub struct Capability {
     pub access: AccessMode,
     /// `mount_flags`, parsed; the CSI `volume_mount_group` is not merged in yet.
     pub options: ViewOptions,
+    /// The options of `mount_flags` that are a named share's kernel client's (its
+    /// mount's, at NodeStageVolume); none for the share root's volumes.
+    pub client: crate::share::remote::ClientOptions,
     /// `volume_mount_group`: the pod's fsGroup.
     pub mount_group: Option<crate::config::MountGroup>,
 }
@@ -107,6 +110,41 @@ pub enum VolumeError {
     DeadlineExceeded(String),
     #[error("{0}")]
     Internal(String),
+}
+
+/// A request's `secrets`: the share key, or a named share's credentials. `Debug`
+/// shows the keys only, never a value.
+#[derive(Clone, Default)]
+pub struct Secrets(pub std::collections::HashMap<String, String>);
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut keys: Vec<&String> = self.0.keys().collect();
+        keys.sort();
+        write!(f, "Secrets({keys:?})")
+    }
+}
+
+impl Secrets {
+    /// The share key, where the request carries one.
+    pub fn share_key(&self) -> Option<&str> {
+        self.0
+            .get(crate::share::key::SECRET_NAME)
+            .map(String::as_str)
+    }
+}
+
+/// How long a call may wait on a named share's server: the request's own deadline
+/// (its `grpc-timeout`, less a tenth, so that the answer is the driver's and names the
+/// server), and never more than `longest`.
+pub fn share_wait(
+    deadline: Option<std::time::Duration>,
+    longest: std::time::Duration,
+) -> std::time::Duration {
+    match deadline {
+        Some(d) => longest.min(d.mul_f64(0.9)),
+        None => longest,
+    }
 }
 
 /// What a CSI caller must configure to send the share key, for each kind of call.

@@ -17,22 +17,24 @@ use std::collections::BTreeMap;
 
 use crate::config::ViewOptions;
 use crate::share::key::ShareKey;
-use crate::share::{Share, VolumeId, VolumeRecord, VolumeSpec};
+use crate::share::remote::{self, Attributes, Credentials, Role, Settings, Traits};
+use crate::share::{Share, VolumeHandle, VolumeId, VolumeRecord, VolumeSpec};
 use crate::sys::mount::{self, Health};
 
 use super::guard::OpGuards;
 use super::secrets::{self, Payload};
 use super::serve::{self, Check, Mechanism, PodLookup, PodRef, Publish};
-use super::state::{NodeState, Published, Staged, ViewKind};
+use super::state::{NodeState, Published, Staged, StagedShare, ViewKind};
 use super::view::{VIEW_FSTYPE, Views};
 use super::{
-    Capability, Inline, Lifecycle, SECRET_DEFAULT_MODE, SecretUse, VolumeError, authorize,
+    Capability, Inline, Lifecycle, SECRET_DEFAULT_MODE, SecretUse, Secrets, VolumeError, authorize,
+    share_wait,
 };
 
 /// A NodePublishVolume, validated.
 #[derive(Clone, Debug)]
 pub struct PublishRequest {
-    pub volume_id: VolumeId,
+    pub volume_id: VolumeHandle,
     /// The staging path of a persistent volume (unused for inline volumes).
     pub staging_path: PathBuf,
     pub target_path: PathBuf,
@@ -185,11 +187,59 @@ struct Restored {
 }
 
 /// Where a node keeps things: its state directory, its runtime directory (secret
-/// views' tmpfs, the views' control sockets), and the keeper's socket.
+/// views' tmpfs, the views' control sockets), and the keeper's socket; and how it
+/// mounts named shares.
 pub struct NodeDirs<'a> {
     pub state: &'a Path,
     pub runtime: &'a Path,
     pub keeper: PathBuf,
+    pub remotes: Settings,
+}
+
+/// What a volume shows on this node: a directory of the share root (its record), or
+/// the named share its stage mounted at its staging path.
+#[derive(Clone, Debug)]
+enum Backing {
+    Root(VolumeRecord),
+    Named {
+        staging: PathBuf,
+        share: StagedShare,
+    },
+}
+
+impl Backing {
+    fn group(&self) -> Option<u32> {
+        match self {
+            Backing::Root(r) => r.group,
+            Backing::Named { share, .. } => share.group,
+        }
+    }
+
+    fn owners(&self) -> bool {
+        match self {
+            Backing::Root(r) => r.owners,
+            Backing::Named { share, .. } => share.owners,
+        }
+    }
+
+    fn not_native(&self) -> Option<&str> {
+        match self {
+            Backing::Root(r) => r.not_native.as_deref(),
+            Backing::Named { share, .. } => share.not_native.as_deref(),
+        }
+    }
+}
+
+/// A NodeStageVolume, validated.
+pub struct StageRequest<'a> {
+    pub volume_id: &'a VolumeHandle,
+    pub staging_path: &'a Path,
+    pub capability: &'a Capability,
+    pub secrets: &'a Secrets,
+    /// The named share the PV's attributes name, if they name one.
+    pub share: Option<Attributes>,
+    /// The request's deadline, where it has one.
+    pub deadline: Option<Duration>,
 }
 
 /// The node service's domain.
@@ -213,6 +263,8 @@ pub struct Node {
     /// The targets a [`Node::views_overview`] checks now, in a thread that may wait on
     /// the share: one at a time for each.
     checking: Pending,
+    /// How named shares are mounted.
+    remotes: Settings,
 }
 
 impl Node {
@@ -236,6 +288,7 @@ impl Node {
             state: state_dir,
             runtime: runtime_dir,
             keeper,
+            remotes,
         } = dirs;
         std::fs::create_dir_all(state_dir).map_err(|e| {
             VolumeError::Internal(format!("state directory {}: {e}", state_dir.display()))
@@ -255,6 +308,7 @@ impl Node {
             state: Mutex::new(state),
             measuring: Pending::default(),
             checking: Pending::default(),
+            remotes,
         });
         node.recover();
         Ok(node)
@@ -277,11 +331,20 @@ impl Node {
     fn recover(&self) {
         let snapshot = self.state().clone();
         for (id, s) in &snapshot.staged {
+            if let Some(share) = &s.share {
+                if !share_mounted(share, &s.staging_path) {
+                    // Its credentials were the stage's, and are kept nowhere: kubelet's
+                    // reconciler stages the volume of a pod that needs it again.
+                    tracing::warn!(volume_id = %id, staging = %s.staging_path.display(), share = %share.share, "the share is not mounted at the staging path: kubelet's next NodeStageVolume mounts it again");
+                }
+                continue;
+            }
+            let Some(root) = id.root() else { continue };
             if !matches!(mount::health(&s.staging_path), Health::Mounted(_)) {
                 if let Health::Dead = mount::health(&s.staging_path) {
                     let _ = mount::unmount_lazy(&s.staging_path);
                 }
-                match mount::bind(&self.share.data_path(id), &s.staging_path) {
+                match mount::bind(&self.share.data_path(&root), &s.staging_path) {
                     Ok(()) => {
                         tracing::info!(volume_id = %id, staging = %s.staging_path.display(), "staging restored")
                     }
@@ -335,7 +398,7 @@ impl Node {
             }
             Check::Gone => {}
         }
-        let record = self.record_of(p.kind, &p.volume_id);
+        let record = self.backing_of(p.kind, &p.volume_id);
         if let Err(why) = self.source_on_share(p.kind, &p.volume_id, record.as_ref(), &p.source) {
             // kubelet's reconciler mounts what a pod needs and is not mounted (after a
             // reboot, every volume), retrying a failed NodeStage or NodePublish with
@@ -442,18 +505,22 @@ impl Node {
     }
 
     /// Where the volume is in use on this node, if anywhere.
-    pub fn in_use(&self, id: &VolumeId) -> Option<String> {
+    pub fn in_use(&self, id: &str) -> Option<String> {
+        let id = VolumeHandle::new(id);
         let st = self.state();
-        let targets = st.targets_of(id);
+        let targets = st.targets_of(&id);
         if let Some(t) = targets.first() {
             return Some(format!("published at {}", t.display()));
         }
         st.staged
-            .get(id)
+            .get(&id)
             .map(|s| format!("staged at {}", s.staging_path.display()))
     }
 
-    /// Whether the node can serve: FUSE is usable and the share is reachable.
+    /// Whether the node can serve: FUSE is usable, and the share root, where it is the
+    /// share, is reachable. A share root that is not (yet) the share is not waited
+    /// for: a cluster whose classes name their shares mounts none, and a call on a
+    /// volume of a share root that is not there is told `UNAVAILABLE`, retried.
     ///
     /// # Errors
     /// A message saying what is missing.
@@ -463,30 +530,63 @@ impl Node {
             Ok(m) if m.file_type().is_char_device() => {}
             _ => return Err("/dev/fuse is missing: FUSE is not usable on this node".into()),
         }
-        self.share.check().map_err(|e| e.to_string())
+        match self.share.check() {
+            Ok(()) | Err(crate::share::ShareError::NotThere(_)) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
-    /// Makes the volume available at `staging_path` (a bind mount of its directory
-    /// on the share). Repeating it with the same path is OK; another path while staged
-    /// is ALREADY_EXISTS.
+    /// Makes the volume available at its staging path: the named share its PV's
+    /// attributes name, mounted there with the node-stage Secret ([`Node::stage_named`]),
+    /// or a bind mount of its directory on the share root. Repeating it with the same
+    /// path is OK; another path while staged is ALREADY_EXISTS.
     ///
     /// # Errors
     /// A missing or wrong share key (the node-stage secret, as a CIFS mount needs the
     /// account key), `NotFound` for an unknown volume, `AlreadyExists`, `Aborted`,
-    /// `Internal`.
-    pub fn stage(
-        &self,
-        id: &VolumeId,
-        staging_path: &Path,
-        _capability: &Capability,
-        secret: Option<&str>,
-    ) -> Result<(), VolumeError> {
-        authorize(&self.key, secret, SecretUse::NodeStage)?;
+    /// `Internal`; for a named share, what mounting it answered.
+    pub fn stage(&self, req: StageRequest<'_>) -> Result<(), VolumeError> {
+        if req.share.is_some() {
+            return self.stage_named(&req);
+        }
+        let StageRequest {
+            volume_id,
+            staging_path,
+            secrets,
+            ..
+        } = req;
+        let id = volume_id.root().ok_or_else(|| {
+            VolumeError::InvalidArgument(format!(
+                "volume_id {volume_id:?} names no volume of the share root, and volume_context names no share (source; server and share; clusterID or monitors)"
+            ))
+        })?;
+        authorize(&self.key, secrets.share_key(), SecretUse::NodeStage)?;
         let _guard = self.guards.acquire(id.as_str(), "NodeStageVolume")?;
-        let Some(rec) = self.share.get(id)? else {
+        let Some(rec) = self.share.get(&id)? else {
             return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
         };
-        self.keep_native_root(Some(&rec));
+        self.keep_native_root(Some(&Backing::Root(rec)));
+        if self.staged_here(volume_id, staging_path)? {
+            return Ok(());
+        }
+        mount::bind(&self.share.data_path(&id), staging_path).map_err(|e| {
+            VolumeError::Internal(format!(
+                "binding volume {id} at {}: {e}",
+                staging_path.display()
+            ))
+        })?;
+        self.record_stage(volume_id, staging_path, None)?;
+        tracing::info!(volume_id = %id, staging = %staging_path.display(), "volume staged");
+        Ok(())
+    }
+
+    /// Whether `id` is staged at `staging_path` already (a repeat: OK); otherwise
+    /// readies the path for a new mount.
+    ///
+    /// # Errors
+    /// `AlreadyExists` for another staging path or a mount of another there,
+    /// `Internal`.
+    fn staged_here(&self, id: &VolumeHandle, staging_path: &Path) -> Result<bool, VolumeError> {
         let existing = self.state().staged.get(id).cloned();
         if let Some(s) = &existing {
             if s.staging_path != staging_path {
@@ -497,7 +597,7 @@ impl Node {
             }
         }
         match mount::health(staging_path) {
-            Health::Mounted(_) if existing.is_some() => return Ok(()),
+            Health::Mounted(_) if existing.is_some() => return Ok(true),
             Health::Mounted(t) => {
                 return Err(VolumeError::AlreadyExists(format!(
                     "staging_target_path {} already holds a {t} mount",
@@ -515,14 +615,19 @@ impl Node {
                 staging_path.display()
             ))
         })?;
-        mount::bind(&self.share.data_path(id), staging_path).map_err(|e| {
-            VolumeError::Internal(format!(
-                "binding volume {id} at {}: {e}",
-                staging_path.display()
-            ))
-        })?;
+        Ok(false)
+    }
+
+    /// Records a stage; undoes its mount where the state cannot be written.
+    fn record_stage(
+        &self,
+        id: &VolumeHandle,
+        staging_path: &Path,
+        share: Option<StagedShare>,
+    ) -> Result<(), VolumeError> {
         let staged = Staged {
             staging_path: staging_path.to_path_buf(),
+            share,
         };
         if let Err(e) = self.update(|st| {
             st.staged.insert(id.clone(), staged);
@@ -530,7 +635,81 @@ impl Node {
             let _ = mount::unmount_lazy(staging_path);
             return Err(e);
         }
-        tracing::info!(volume_id = %id, staging = %staging_path.display(), "volume staged");
+        Ok(())
+    }
+
+    /// Mounts the named share a PV's attributes name (its volume's directory on it) at
+    /// the staging path, with the node-stage Secret's credentials and the client's
+    /// options of the PV's `mountOptions`, within the call's deadline. The mount is
+    /// made detached and attached only once made, so a server that does not answer
+    /// leaves nothing at the staging path, and a later stage of the same path is
+    /// refused (`ABORTED`, retried) until the kernel has given up on it. A volume the
+    /// driver made native or acting gets its root back where a pod changed it; nothing
+    /// of a static volume is changed.
+    fn stage_named(&self, req: &StageRequest<'_>) -> Result<(), VolumeError> {
+        let Some(attrs) = &req.share else {
+            return Err(VolumeError::Internal("no share to stage".into()));
+        };
+        let id = req.volume_id;
+        let staging = req.staging_path;
+        let kind = attrs.location.remote.kind();
+        let at = attrs.location.describe();
+        let creds = Credentials::of(
+            kind,
+            &req.secrets.0,
+            &req.capability.client,
+            Role::NodeStage,
+        )
+        .map_err(VolumeError::InvalidArgument)?;
+        let _guard = self.guards.acquire(id.as_str(), "NodeStageVolume")?;
+        let staged = StagedShare {
+            kind,
+            share: at.clone(),
+            group: attrs.traits.group(),
+            owners: matches!(attrs.traits, Traits::Owners(_)),
+            not_native: attrs.not_native.clone(),
+        };
+        if self.staged_here(id, staging)? {
+            return Ok(());
+        }
+        // One mount of a staging path at a time, held until the kernel answers.
+        let mounting = self
+            .guards
+            .acquire(&format!("mount at {}", staging.display()), "NodeStageVolume")
+            .map_err(|_| {
+                VolumeError::Aborted(format!(
+                    "a mount of {at} at {} is still waiting on its server (an earlier NodeStageVolume gave up on it)",
+                    staging.display()
+                ))
+            })?;
+        let within = share_wait(req.deadline, self.remotes.timeout);
+        let fd = remote::mount(
+            &attrs.location,
+            &req.capability.client,
+            &creds,
+            &self.remotes,
+            within,
+            mounting,
+        )?;
+        mount::attach_detached(std::os::fd::AsFd::as_fd(&fd), staging).map_err(|e| {
+            VolumeError::Internal(format!("attaching {at} at {}: {e}", staging.display()))
+        })?;
+        drop(fd);
+        // The share's root, mounted, reached through the mount: nothing is resolved
+        // on the share by path.
+        if let Some(mode) = attrs
+            .mount_permissions
+            .filter(|_| attrs.traits == Traits::Plain)
+        {
+            set_mode(staging, mode);
+        }
+        let backing = Backing::Named {
+            staging: staging.to_path_buf(),
+            share: staged.clone(),
+        };
+        self.keep_native_root(Some(&backing));
+        self.record_stage(id, staging, Some(staged))?;
+        tracing::info!(volume_id = %id, staging = %staging.display(), share = %at, "volume staged: the share is mounted");
         Ok(())
     }
 
@@ -538,7 +717,7 @@ impl Node {
     ///
     /// # Errors
     /// `FailedPrecondition` while a view of the volume is still published.
-    pub fn unstage(&self, id: &VolumeId, staging_path: &Path) -> Result<(), VolumeError> {
+    pub fn unstage(&self, id: &VolumeHandle, staging_path: &Path) -> Result<(), VolumeError> {
         let _guard = self.guards.acquire(id.as_str(), "NodeUnstageVolume")?;
         if let Some(t) = self.state().targets_of(id).first() {
             return Err(VolumeError::FailedPrecondition(format!(
@@ -618,7 +797,7 @@ impl Node {
         let (kind, source) = match &req.lifecycle {
             Lifecycle::Persistent => (ViewKind::Persistent, req.staging_path.clone()),
             Lifecycle::Ephemeral(Inline::Share { .. }) => {
-                (ViewKind::InlineShare, self.share.data_path(id))
+                (ViewKind::InlineShare, self.share.data_path(&inline_id(id)?))
             }
             Lifecycle::Ephemeral(Inline::Secrets(_)) => {
                 // A secret view published by an earlier version keeps the tmpfs its
@@ -654,8 +833,8 @@ impl Node {
                 this.remove_source(kind, id, &source);
             }
         };
-        // The volume's record, read once for the rest of the publish.
-        let record = self.record_of(kind, id);
+        // What the volume is, read once for the rest of the publish.
+        let record = self.backing_of(kind, id);
         if let Err(why) = self.source_on_share(kind, id, record.as_ref(), &source) {
             undo_source(self);
             return Err(VolumeError::FailedPrecondition(format!(
@@ -789,10 +968,10 @@ impl Node {
     #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
-        id: &VolumeId,
+        id: &VolumeHandle,
         target: &Path,
         kind: ViewKind,
-        record: Option<&VolumeRecord>,
+        record: Option<&Backing>,
         options: &ViewOptions,
         recorded: Option<(Mechanism, Option<String>)>,
         pod: Option<&PodRef>,
@@ -800,18 +979,26 @@ impl Node {
         let (recorded, recorded_fallback) = recorded.unzip();
         let served = serve::decide(
             &Publish {
-                volume_group: record.and_then(|r| r.group),
-                not_native: record.and_then(|r| r.not_native.as_deref()),
-                owners: record.is_some_and(|r| r.owners),
+                volume_group: record.and_then(Backing::group),
+                not_native: record.and_then(Backing::not_native),
+                owners: record.is_some_and(Backing::owners),
                 secrets: kind == ViewKind::InlineSecrets,
                 options,
                 recorded,
                 fuse_idmap: self.fuse_idmap,
             },
             &mut serve::Asking {
-                share: || self.share.native_capable(),
-                records: || self.share_records(),
-                owners: || self.share.keeps_owners(),
+                share: || match record {
+                    Some(Backing::Named { staging, .. }) => {
+                        crate::share::native_capable_at(staging)
+                    }
+                    _ => self.share.native_capable(),
+                },
+                records: || self.share_records(record),
+                owners: || match record {
+                    Some(Backing::Named { staging, .. }) => crate::share::keeps_owners(staging),
+                    _ => self.share.keeps_owners(),
+                },
                 pod: || self.pods.pod(pod),
             },
         )?;
@@ -834,13 +1021,15 @@ impl Node {
         })
     }
 
-    /// Which records the share keeps: `trusted.` extended attributes, else `user.`
-    /// ones, else none.
-    fn share_records(&self) -> serve::Records {
+    /// Which records the volume's share keeps: `trusted.` extended attributes, else
+    /// `user.` ones, else none (a named share's asked at its root, the staging path).
+    fn share_records(&self, backing: Option<&Backing>) -> serve::Records {
         use crate::fs::record::{TRUSTED_PROBE_XATTR, USER_PROBE_XATTR};
-        serve::Records::probed(self.share.keeps_xattr(TRUSTED_PROBE_XATTR), || {
-            self.share.keeps_xattr(USER_PROBE_XATTR)
-        })
+        let keeps = |name| match backing {
+            Some(Backing::Named { staging, .. }) => crate::share::keeps_xattr(staging, name),
+            _ => self.share.keeps_xattr(name),
+        };
+        serve::Records::probed(keeps(TRUSTED_PROBE_XATTR), || keeps(USER_PROBE_XATTR))
     }
 
     /// Makes the source of a publish exist: checks a persistent volume is on the share
@@ -861,21 +1050,32 @@ impl Node {
         let target = &req.target_path;
         Ok(match &req.lifecycle {
             Lifecycle::Persistent => {
-                let staged_here = self.state().staged.contains_key(id);
-                match self.share.get(id)? {
-                    Some(_) => {}
-                    // Staged here, so it was on the share: the share is not there.
-                    None if staged_here => {
-                        return Err(VolumeError::FailedPrecondition(format!(
-                            "volume {id} cannot be served: it is staged here but not on the share {} (is the share mounted?)",
-                            self.share.data_path(id).display()
-                        )));
-                    }
-                    None => {
-                        return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
+                let staged = self.state().staged.get(id).cloned();
+                if staged.as_ref().is_some_and(|s| s.share.is_none()) || staged.is_none() {
+                    // A volume of the share root: it must be on the share.
+                    let root = id.root().ok_or_else(|| {
+                        VolumeError::FailedPrecondition(format!(
+                            "volume {id} is not staged at {}",
+                            source.display()
+                        ))
+                    })?;
+                    match self.share.get(&root)? {
+                        Some(_) => {}
+                        // Staged here, so it was on the share: the share is not there.
+                        None if staged.is_some() => {
+                            return Err(VolumeError::FailedPrecondition(format!(
+                                "volume {id} cannot be served: it is staged here but not on the share {} (is the share mounted?)",
+                                self.share.data_path(&root).display()
+                            )));
+                        }
+                        None => {
+                            return Err(VolumeError::NotFound(format!(
+                                "volume {id} does not exist"
+                            )));
+                        }
                     }
                 }
-                match self.state().staged.get(id) {
+                match staged {
                     Some(s) if s.staging_path == source => {}
                     _ => {
                         return Err(VolumeError::FailedPrecondition(format!(
@@ -886,7 +1086,9 @@ impl Node {
                 }
                 false
             }
-            Lifecycle::Ephemeral(Inline::Share { size }) => self.ensure_inline_volume(id, *size)?,
+            Lifecycle::Ephemeral(Inline::Share { size }) => {
+                self.ensure_inline_volume(&inline_id(id)?, *size)?
+            }
             Lifecycle::Ephemeral(Inline::Secrets(spec)) => {
                 let payload = secrets::payload(&req.secrets, spec)?;
                 let mode = spec
@@ -917,20 +1119,31 @@ impl Node {
     fn source_on_share(
         &self,
         kind: ViewKind,
-        id: &VolumeId,
-        record: Option<&VolumeRecord>,
+        id: &VolumeHandle,
+        record: Option<&Backing>,
         source: &Path,
     ) -> Result<(), String> {
         use std::os::unix::fs::MetadataExt;
-        if kind == ViewKind::InlineSecrets {
-            return Ok(());
-        }
-        if record.is_none() {
-            return Err(format!(
-                "volume {id} is not on the share (is the share mounted?)"
-            ));
-        }
-        let data = self.share.data_path(id);
+        let data = match (kind, record) {
+            (ViewKind::InlineSecrets, _) => return Ok(()),
+            (_, None) => {
+                return Err(format!(
+                    "volume {id} is not on the share (is the share mounted?)"
+                ));
+            }
+            (_, Some(Backing::Named { staging, share })) => {
+                return if source == staging && share_mounted(share, staging) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{} is not mounted at {} (a reboot, or it was unmounted)",
+                        share.share,
+                        staging.display()
+                    ))
+                };
+            }
+            (_, Some(Backing::Root(rec))) => self.share.data_path(&rec.id),
+        };
         let identity = |p: &Path| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
         match (identity(source), identity(&data)) {
             (Some(a), Some(b)) if a == b => Ok(()),
@@ -942,23 +1155,63 @@ impl Node {
         }
     }
 
-    /// The record on the share of what a view of `kind` shows, if the share has it (a
-    /// secret view's content is not on the share).
-    fn record_of(&self, kind: ViewKind, id: &VolumeId) -> Option<VolumeRecord> {
-        match kind {
-            ViewKind::InlineSecrets => None,
-            ViewKind::Persistent | ViewKind::InlineShare => self.share.get(id).ok().flatten(),
+    /// What a view of `kind` of volume `id` shows, where it is known: the named share
+    /// its stage mounted, or its record on the share root (a secret view's content is
+    /// on neither).
+    fn backing_of(&self, kind: ViewKind, id: &VolumeHandle) -> Option<Backing> {
+        if kind == ViewKind::InlineSecrets {
+            return None;
         }
+        if kind == ViewKind::Persistent
+            && let Some(Staged {
+                staging_path,
+                share: Some(share),
+            }) = self.state().staged.get(id).cloned()
+        {
+            return Some(Backing::Named {
+                staging: staging_path,
+                share,
+            });
+        }
+        self.share
+            .get(&id.root()?)
+            .ok()
+            .flatten()
+            .map(Backing::Root)
     }
 
-    /// Gives a native volume's root back its owner, group and mode where a pod changed
-    /// them (as kubelet's `OnRootMismatch` would for a volume it owns).
-    fn keep_native_root(&self, record: Option<&VolumeRecord>) {
-        let Some(rec) = record.filter(|r| r.group.is_some()) else {
+    /// Gives a native (or acting) volume's root back its owner, group and mode where a
+    /// pod changed them (as kubelet's `OnRootMismatch` would for a volume it owns).
+    fn keep_native_root(&self, record: Option<&Backing>) {
+        let Some(group) = record.and_then(Backing::group) else {
             return;
         };
-        if let Err(e) = self.share.keep_native_root(rec) {
-            tracing::error!(volume_id = %rec.id, error = %e, "cannot restore the native volume's root");
+        match record {
+            Some(Backing::Root(rec)) => {
+                if let Err(e) = self.share.keep_native_root(rec) {
+                    tracing::error!(volume_id = %rec.id, error = %e, "cannot restore the native volume's root");
+                }
+            }
+            Some(Backing::Named { staging, share }) => {
+                // An acting volume's root is whoever the server made of the driver
+                // when it was made: only its group and mode are given back.
+                let owner = (!share.owners).then_some(0);
+                let restored = crate::sys::file::open_root(staging).and_then(|fd| {
+                    let fd = std::os::fd::AsFd::as_fd(&fd);
+                    let st = crate::sys::file::stat(fd)?;
+                    crate::share::restore_root(fd, &st, owner, group, share.owners)
+                });
+                match restored {
+                    Ok(Some(was)) => {
+                        tracing::warn!(share = %share.share, %was, "a pod changed the volume's root; restored")
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::error!(share = %share.share, error = %e, "cannot restore the volume's root")
+                    }
+                }
+            }
+            None => {}
         }
     }
 
@@ -1003,11 +1256,12 @@ impl Node {
 
     /// Removes what a publish made for an inline view: the inline volume, or the
     /// secrets tmpfs (and with it the secrets).
-    fn remove_source(&self, kind: ViewKind, id: &VolumeId, source: &Path) {
+    fn remove_source(&self, kind: ViewKind, id: &VolumeHandle, source: &Path) {
         match kind {
             ViewKind::Persistent => {}
             ViewKind::InlineShare => {
-                if let Err(e) = self.share.delete(id) {
+                let Some(root) = id.root() else { return };
+                if let Err(e) = self.share.delete(&root) {
                     tracing::error!(volume_id = %id, error = %e, "cannot delete the inline volume");
                 }
             }
@@ -1027,7 +1281,7 @@ impl Node {
     /// # Errors
     /// `FailedPrecondition` when the target belongs to another volume, `Aborted`,
     /// `Internal` if it cannot be unmounted.
-    pub fn unpublish(&self, id: &VolumeId, target: &Path) -> Result<(), VolumeError> {
+    pub fn unpublish(&self, id: &VolumeHandle, target: &Path) -> Result<(), VolumeError> {
         let _guard = self.guards.acquire(id.as_str(), "NodeUnpublishVolume")?;
         let existing = self.state().published.get(target).cloned();
         match existing {
@@ -1077,19 +1331,32 @@ impl Node {
     /// `Unavailable` (retried by kubelet) when the share records less than `requested`.
     pub fn expand(
         &self,
-        id: &VolumeId,
+        id: &VolumeHandle,
         path: &Path,
         requested: Option<u64>,
         secret: Option<&str>,
     ) -> Result<u64, VolumeError> {
+        if let Some(Backing::Named { share, .. }) = self.backing_of(ViewKind::Persistent, id) {
+            // ControllerExpandVolume did what there was to do (a CephFS quota), and
+            // asked nothing of the nodes.
+            if !self.is_at(id, path) {
+                return Err(VolumeError::NotFound(format!(
+                    "volume {id} is not published or staged at {}",
+                    path.display()
+                )));
+            }
+            tracing::debug!(volume_id = %id, share = %share.share, "nothing to expand on the node");
+            return Ok(requested.unwrap_or(0));
+        }
         if secret.is_some() {
             authorize(&self.key, secret, SecretUse::NodeExpand)?;
         }
         let _guard = self.guards.acquire(id.as_str(), "NodeExpandVolume")?;
+        let missing = || VolumeError::NotFound(format!("volume {id} does not exist"));
         let rec = self
             .share
-            .get(id)?
-            .ok_or_else(|| VolumeError::NotFound(format!("volume {id} does not exist")))?;
+            .get(&id.root().ok_or_else(missing)?)?
+            .ok_or_else(missing)?;
         if !self.is_at(id, path) {
             return Err(VolumeError::NotFound(format!(
                 "volume {id} is not published or staged at {}",
@@ -1120,7 +1387,7 @@ impl Node {
         Ok(rec.capacity_bytes)
     }
 
-    fn is_at(&self, id: &VolumeId, path: &Path) -> bool {
+    fn is_at(&self, id: &VolumeHandle, path: &Path) -> bool {
         let st = self.state();
         st.published.get(path).is_some_and(|p| p.volume_id == *id)
             || st.staged.get(id).is_some_and(|s| s.staging_path == path)
@@ -1138,16 +1405,21 @@ impl Node {
     /// Those of [`Node::stats`].
     pub fn stats_within(
         self: &Arc<Self>,
-        id: &VolumeId,
+        id: &VolumeHandle,
         path: &Path,
         wait: Duration,
     ) -> Result<VolumeStats, VolumeError> {
         let unanswered = || {
-            let share = self.share.data_path(id);
-            tracing::warn!(volume_id = %id, path = %path.display(), share = %share.display(), "the share does not answer: the volume is abnormal until it does");
+            let share = match self.backing_of(ViewKind::Persistent, id) {
+                Some(Backing::Named { share, .. }) => share.share,
+                _ => id.root().map_or_else(
+                    || "the share".to_string(),
+                    |r| self.share.data_path(&r).display().to_string(),
+                ),
+            };
+            tracing::warn!(volume_id = %id, path = %path.display(), %share, "the share does not answer: the volume is abnormal until it does");
             Ok(VolumeStats::abnormal(format!(
-                "the share does not answer at {} (not within {} s: its server is away, or stalls); pods' calls wait on it",
-                share.display(),
+                "the share does not answer at {share} (not within {} s: its server is away, or stalls); pods' calls wait on it",
                 wait.as_secs_f64()
             )))
         };
@@ -1171,7 +1443,7 @@ impl Node {
     ///
     /// # Errors
     /// `NotFound` when the volume does not exist or is not published or staged at `path`.
-    pub fn stats(&self, id: &VolumeId, path: &Path) -> Result<VolumeStats, VolumeError> {
+    pub fn stats(&self, id: &VolumeHandle, path: &Path) -> Result<VolumeStats, VolumeError> {
         let published = self
             .state()
             .published
@@ -1187,8 +1459,13 @@ impl Node {
                 path.display()
             )));
         }
-        if !secret_view {
-            match self.share.get(id) {
+        let named = match self.backing_of(ViewKind::Persistent, id) {
+            Some(Backing::Named { staging, share }) => Some((staging, share)),
+            _ => None,
+        };
+        let missing = || VolumeError::NotFound(format!("volume {id} does not exist"));
+        if !secret_view && named.is_none() {
+            match self.share.get(&id.root().ok_or_else(missing)?) {
                 Ok(Some(_)) => {}
                 Ok(None) => {
                     return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
@@ -1215,7 +1492,11 @@ impl Node {
         let measured = match (&abnormal, &published) {
             (None, _) => path.to_path_buf(),
             (Some(_), Some(p)) if secret_view => p.source.clone(),
-            (Some(_), _) => self.share.data_path(id),
+            (Some(_), _) => match (&named, id.root()) {
+                (Some((staging, _)), _) => staging.clone(),
+                (None, Some(root)) => self.share.data_path(&root),
+                (None, None) => return Err(missing()),
+            },
         };
         let usage = match crate::sys::file::statvfs_path(&measured) {
             Ok(s) => Some(s),
@@ -1257,7 +1538,16 @@ impl Node {
         // whatever serves it: a FUSE view's statfs answers with the quota, but a native
         // view's is the share's file system's (a bind mount's superblock), so kubelet
         // would report the whole share as the volume.
-        if !secret_view && let Some((limit, used)) = self.share.volume_bytes(id) {
+        let quota = match (&named, id.root()) {
+            (Some((staging, share)), _) if share.kind == remote::Kind::Cephfs => {
+                crate::share::cephfs::limit_bytes(staging)
+                    .zip(crate::share::cephfs::used_bytes(staging))
+            }
+            (Some(_), _) => None,
+            (None, Some(root)) => self.share.volume_bytes(&root),
+            (None, None) => None,
+        };
+        if !secret_view && let Some((limit, used)) = quota {
             bytes = Usage {
                 total: limit,
                 // No more than the file system has left, where it could be measured.
@@ -1274,6 +1564,40 @@ impl Node {
             inodes,
             abnormal,
         })
+    }
+}
+
+/// The share-root volume an inline volume's handle names (kubelet's `csi-<sha256>`).
+///
+/// # Errors
+/// `InvalidArgument` for a handle that cannot name one.
+fn inline_id(id: &VolumeHandle) -> Result<VolumeId, VolumeError> {
+    id.root().ok_or_else(|| {
+        VolumeError::InvalidArgument(format!(
+            "volume_id {id:?} cannot name an inline volume on the share root"
+        ))
+    })
+}
+
+/// Whether the named share `share` is what is mounted at `staging`.
+fn share_mounted(share: &StagedShare, staging: &Path) -> bool {
+    matches!(mount::mount_type(staging), Ok(Some(t)) if share.kind.mount_types().contains(&t.as_str()))
+}
+
+/// Gives the root of the share mounted at `staging` the mode `mode` a PV's
+/// `mountPermissions` asks for (csi-driver-nfs chmods its mount's root so), where it
+/// has another; says so where it cannot.
+fn set_mode(staging: &Path, mode: u32) {
+    let set = crate::sys::file::open_root(staging).and_then(|fd| {
+        let fd = std::os::fd::AsFd::as_fd(&fd);
+        let st = crate::sys::file::stat(fd)?;
+        if st.perm != mode {
+            crate::sys::file::chmod(fd, mode)?;
+        }
+        Ok(())
+    });
+    if let Err(e) = set {
+        tracing::warn!(staging = %staging.display(), mode = %format!("{mode:04o}"), error = %e, "cannot give the share's root the mode mountPermissions asks for");
     }
 }
 

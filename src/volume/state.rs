@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::share::{VolumeId, write_atomically};
+use crate::share::remote::Kind;
+use crate::share::{VolumeHandle, write_atomically};
 
 use super::VolumeError;
 use super::serve::Mechanism;
@@ -20,6 +21,27 @@ const VERSION: u32 = 1;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Staged {
     pub staging_path: PathBuf,
+    /// The named share mounted at the staging path, for a volume of one (none for the
+    /// share root's, whose directory is bound there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<StagedShare>,
+}
+
+/// A named share a stage mounted: what it is, never its credentials.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagedShare {
+    pub kind: Kind,
+    /// The share's directory as its users write it (`//server/share/dir`).
+    pub share: String,
+    /// The volume's own group on the share (a volume the driver made native, or
+    /// whose views act as their callers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<u32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub owners: bool,
+    /// Why a volume the driver made is not native, as CreateVolume found it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_native: Option<String>,
 }
 
 /// What a published view shows.
@@ -38,7 +60,7 @@ pub enum ViewKind {
 /// A view published at a target path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Published {
-    pub volume_id: VolumeId,
+    pub volume_id: VolumeHandle,
     #[serde(default)]
     pub kind: ViewKind,
     /// What the view shows: the staging path, the volume directory of an inline
@@ -62,7 +84,7 @@ pub struct Published {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeState {
     pub version: u32,
-    pub staged: BTreeMap<VolumeId, Staged>,
+    pub staged: BTreeMap<VolumeHandle, Staged>,
     pub published: BTreeMap<PathBuf, Published>,
 }
 
@@ -111,7 +133,7 @@ impl NodeState {
     }
 
     /// The targets at which a volume is published.
-    pub fn targets_of(&self, id: &VolumeId) -> Vec<PathBuf> {
+    pub fn targets_of(&self, id: &VolumeHandle) -> Vec<PathBuf> {
         self.published
             .iter()
             .filter(|(_, p)| &p.volume_id == id)
@@ -133,11 +155,25 @@ mod tests {
             version: VERSION,
             ..Default::default()
         };
-        let id = VolumeId::parse("v1").unwrap();
+        let id = VolumeHandle::new("v1");
         s.staged.insert(
             id.clone(),
             Staged {
                 staging_path: "/s".into(),
+                share: None,
+            },
+        );
+        s.staged.insert(
+            VolumeHandle::new("smb-server.default.svc.cluster.local/share##"),
+            Staged {
+                staging_path: "/s2".into(),
+                share: Some(StagedShare {
+                    kind: Kind::Smb,
+                    share: "//smb-server.default.svc.cluster.local/share".into(),
+                    group: None,
+                    owners: false,
+                    not_native: None,
+                }),
             },
         );
         s.published.insert(
