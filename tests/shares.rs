@@ -11,6 +11,10 @@ mod common;
 mod driver;
 #[path = "common/keeper.rs"]
 mod keeper;
+#[path = "common/kubelet.rs"]
+mod kubelet;
+#[path = "common/named.rs"]
+mod named;
 #[path = "common/nodes.rs"]
 mod nodes;
 #[path = "common/outage.rs"]
@@ -26,6 +30,8 @@ use std::time::Duration;
 
 use common::*;
 use driver::*;
+use kubelet::StorageClass;
+use named::*;
 use nodes::*;
 use outage::*;
 use shares::*;
@@ -44,15 +50,24 @@ enum Kept {
     Owners,
 }
 
-/// What a share gives a pod through the driver's default publish, on the mount at
-/// `root/share`: a view, never a failed publish, with the semantics the share can
-/// hold and why in the metric and the log. Where it keeps `user.*` attributes, a pod
-/// sees its own uid on what it makes, and its chmod holds: git and PostgreSQL run as
-/// the pod's user. Where it keeps none, CIFS semantics without records. With
-/// `crash`, a view that acts as its callers is killed under a pod's open private
-/// files ([`assert_private_opens_outlive_a_crash`]).
-async fn default_publish_on_a_share(root: &Path, staging: &Path, kept: Kept, crash: bool) {
-    let (d, mut c, target, _unmount) = default_publish(root, staging, G).await;
+/// What a share gives a pod through the driver's default publish of a volume of the
+/// class `class` (the share named, mounted by the driver with the Secret `secret`):
+/// a view, never a failed publish, with the semantics the share can hold and why in
+/// the metric and the log. `served` is the directory the server serves as the class's
+/// share. Where it keeps `user.*` attributes, a pod sees its own uid on what it makes,
+/// and its chmod holds: git and PostgreSQL run as the pod's user. Where it keeps none,
+/// CIFS semantics without records. With `crash`, a view that acts as its callers is
+/// killed under a pod's open private files ([`assert_private_opens_outlive_a_crash`]).
+async fn default_publish_on_a_share(
+    root: &Path,
+    class: &StorageClass,
+    secret: &std::collections::HashMap<String, String>,
+    served: &Path,
+    kept: Kept,
+    crash: bool,
+) {
+    let (d, mut c, _dirs, p, data) = named_publish(root, class, secret, served, G).await;
+    let target = p.target.clone();
     match kept {
         Kept::Nothing => {
             assert_eq!(
@@ -66,14 +81,14 @@ async fn default_publish_on_a_share(root: &Path, staging: &Path, kept: Kept, cra
                 mechanism(&d.metrics_addr(), &target),
                 ("fuse-user-xattr".into(), "share-keeps-user-records".into())
             );
-            assert_owners_view(root, &target, Kept::UserXattrs);
+            assert_owners_view(root, &data, &target, Kept::UserXattrs);
         }
         Kept::Owners => {
             assert_eq!(
                 mechanism(&d.metrics_addr(), &target),
                 ("fuse-as-callers".into(), String::new())
             );
-            assert_owners_view(root, &target, Kept::Owners);
+            assert_owners_view(root, &data, &target, Kept::Owners);
             if crash {
                 assert_private_opens_outlive_a_crash(&target);
             }
@@ -137,7 +152,6 @@ async fn default_publish_on_a_share(root: &Path, staging: &Path, kept: Kept, cra
             ),
         )
     };
-    let data = root.join("share/volumes/vol");
     assert!(
         ran.ok && ran.stdout == "r",
         "{ran:?}\nthe share itself: {:?}\n{}",
@@ -162,19 +176,17 @@ async fn default_publish_on_a_share(root: &Path, staging: &Path, kept: Kept, cra
         "{}",
         logs()
     );
-    c.unpublish_unstage("vol", &target, staging).await;
-    if kept == Kept::Owners {
-        // What the pods made is theirs on the server, private directories too (git's,
-        // PostgreSQL's 0700 one): the driver, squashed, deletes the volume all the same.
-        c.controller
-            .delete_volume(mountgroup::csi::pb::DeleteVolumeRequest {
-                volume_id: "vol".into(),
-                secrets: Default::default(),
-            })
-            .await
-            .unwrap();
-        assert!(!data.exists());
-    }
+    p.unpublish_unstage(&mut c).await;
+    // What the pods made is theirs on the server where it keeps owners, private
+    // directories too (git's, PostgreSQL's 0700 one): the driver, squashed, deletes the
+    // volume all the same, on the share it mounts for the call.
+    delete(&mut c, &p.pv, secret).await;
+    assert!(!data.exists());
+    assert!(
+        mounts_below(root).is_empty(),
+        "left mounted: {:?}",
+        mounts_below(root)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -192,7 +204,17 @@ async fn an_azure_files_like_share_serves_the_default_publish() {
         !refused.status.success(),
         "the share keeps no extended attributes"
     );
-    default_publish_on_a_share(root, &f.subdir("staging"), Kept::Nothing, false).await;
+    // Azure Files' own documentation mounts it with mfsymlinks.
+    let class = smb_class(&s.samba, &["mfsymlinks"]);
+    default_publish_on_a_share(
+        root,
+        &class,
+        &smb_secret("pw"),
+        &s.served,
+        Kept::Nothing,
+        false,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -202,8 +224,17 @@ async fn a_share_with_sambas_defaults_serves_the_default_publish() {
     let root = f.dir.path();
     // Samba's defaults: extended attributes (user.* only, through SMB), DOS attributes
     // stored in them; SMB3 has no unix extensions without Samba's POSIX extensions.
-    let _s = SambaShare::start(&f, "");
-    default_publish_on_a_share(root, &f.subdir("staging"), Kept::UserXattrs, false).await;
+    let s = SambaShare::start(&f, "");
+    let class = smb_class(&s.samba, &["mfsymlinks"]);
+    default_publish_on_a_share(
+        root,
+        &class,
+        &smb_secret("pw"),
+        &s.served,
+        Kept::UserXattrs,
+        false,
+    )
+    .await;
 }
 
 /// A driver on the fixture's share, and a volume published with the fsGroup `G` and
@@ -789,7 +820,7 @@ fn pg_sockets(root: &Path) -> std::path::PathBuf {
 /// pod's root is what the server makes of it (squashed: its chown is refused, as on
 /// the raw mount), and the raw mount shows what the pod made as its own, in the
 /// volume's group.
-fn assert_owners_view(root: &Path, target: &Path, kept: Kept) {
+fn assert_owners_view(root: &Path, data: &Path, target: &Path, kept: Kept) {
     let ran = run_as(
         1000,
         1000,
@@ -831,9 +862,8 @@ fn assert_owners_view(root: &Path, target: &Path, kept: Kept) {
         assert_eq!(seen.stdout, "1000\n", "{seen:?}");
         // On the server, as its raw mount shows it: the pod's uid and modes, in the
         // volume's own group (its root's).
-        let data = root.join("share/volumes/vol");
-        let disk_group = owner(&data).1;
-        assert!(disk_group >= 2_000_000_000, "{:?}", owner(&data));
+        let disk_group = owner(data).1;
+        assert!(disk_group >= 2_000_000_000, "{:?}", owner(data));
         assert_eq!(owner(&data.join("f")), (1000, disk_group, 0o600));
         let (uid, gid, perm) = owner(&data.join("d"));
         assert_eq!((uid, gid, perm & 0o777), (1000, disk_group, 0o750));
@@ -1351,10 +1381,19 @@ async fn a_root_squashed_nfs_export_serves_the_default_publish() {
         fs::write(root.join("share/probe"), "").unwrap();
         assert_eq!(owner(&served.join("probe")).0, 65534);
         fs::remove_file(root.join("share/probe")).unwrap();
-        fs::create_dir(root.join("staging")).unwrap();
+        // The driver mounts the export itself, as csi-driver-nfs's class names it.
         // The view killed under a pod's open private files on one version (what the
         // recovery reopens them as does not depend on it).
-        default_publish_on_a_share(&root, &root.join("staging"), Kept::Owners, vers == "4.1").await;
+        let class = nfs_class(&served, vers, &["actimeo=1"]);
+        default_publish_on_a_share(
+            &root.join("named"),
+            &class,
+            &Default::default(),
+            &served,
+            Kept::Owners,
+            vers == "4.1",
+        )
+        .await;
         // A volume as an earlier driver made it on this share: no group of its own. (A
         // driver of its own on a mount of its own: the last one's went with it.)
         let root = f.subdir(&format!("nfs-{vers}-earlier"));
@@ -1395,17 +1434,15 @@ async fn a_root_squashed_nfs_export_serves_the_default_publish() {
         all.display()
     ));
     let root = f.subdir("all-squash");
-    fs::create_dir_all(root.join("share")).unwrap();
-    fs::create_dir(root.join("staging")).unwrap();
-    let _share = mount_nfs(&all, &root.join("share"), "");
-    let (d, mut c, target, _unmount) = default_publish(&root, &root.join("staging"), G).await;
+    let class = nfs_class(&all, "4.2", &["actimeo=1"]);
+    let (d, mut c, _dirs, p, _data) =
+        named_publish(&root, &class, &Default::default(), &all, G).await;
     assert_eq!(
-        mechanism(&d.metrics_addr(), &target),
+        mechanism(&d.metrics_addr(), &p.target),
         ("fuse-user-xattr".into(), "share-keeps-user-records".into())
     );
     assert!(d.log_text().contains("all_squash"), "{}", d.log_text());
-    c.unpublish_unstage("vol", &target, &root.join("staging"))
-        .await;
+    p.unpublish_unstage(&mut c).await;
 }
 
 /// What a view's creates, removals and renames cost the NFS server, counted in the

@@ -739,15 +739,25 @@ impl Node {
 
     /// The view options of a publish: the capability's `mount_flags`, the group of
     /// this request, `ro` for a read-only publish or access mode, and for secret views
-    /// always `ro` and no kernel caching (a rotation shows at once).
-    fn view_options(req: &PublishRequest) -> Result<ViewOptions, VolumeError> {
+    /// always `ro` and no kernel caching (a rotation shows at once). On an SMB share a
+    /// class names, a `gid=` of its mount options is shown whatever the pod's fsGroup,
+    /// as csi-driver-smb mounts it (pkg/smb/nodeserver.go: `volumeMountGroup` only
+    /// where the flags have no `gid=`), so that its classes keep their meaning; the
+    /// share root's volumes refuse the conflict (docs/SEMANTICS.md, *Precedence*).
+    fn view_options(req: &PublishRequest, smb: bool) -> Result<ViewOptions, VolumeError> {
         let mut options = req.capability.options.clone();
-        if let Some(g) = req.capability.mount_group {
-            options = options.with_mount_group(g).map_err(|e| {
-                VolumeError::InvalidArgument(format!(
-                    "volume_capability.mount.volume_mount_group: {e}"
-                ))
-            })?;
+        match (req.capability.mount_group, options.group) {
+            (Some(g), Some(class)) if smb && g != class => {
+                tracing::info!(volume_id = %req.volume_id, class_gid = class.get(), fs_group = g.get(), "the class's gid= is shown, as csi-driver-smb shows it, not the pod's fsGroup");
+            }
+            (Some(g), _) => {
+                options = options.with_mount_group(g).map_err(|e| {
+                    VolumeError::InvalidArgument(format!(
+                        "volume_capability.mount.volume_mount_group: {e}"
+                    ))
+                })?;
+            }
+            (None, _) => {}
         }
         if req.readonly || req.capability.access.read_only() {
             options.readonly = true;
@@ -792,7 +802,11 @@ impl Node {
     pub fn publish(&self, req: &PublishRequest) -> Result<(), VolumeError> {
         let id = &req.volume_id;
         let target = &req.target_path;
-        let options = Self::view_options(req)?;
+        let smb = req.lifecycle == Lifecycle::Persistent
+            && self
+                .staged_share(&req.volume_id)
+                .is_some_and(|(_, share)| share.kind == remote::Kind::Smb);
+        let options = Self::view_options(req, smb)?;
         let canonical = options.to_option_string();
         let (kind, source) = match &req.lifecycle {
             Lifecycle::Persistent => (ViewKind::Persistent, req.staging_path.clone()),
@@ -1163,21 +1177,22 @@ impl Node {
             return None;
         }
         if kind == ViewKind::Persistent
-            && let Some(Staged {
-                staging_path,
-                share: Some(share),
-            }) = self.state().staged.get(id).cloned()
+            && let Some((staging, share)) = self.staged_share(id)
         {
-            return Some(Backing::Named {
-                staging: staging_path,
-                share,
-            });
+            return Some(Backing::Named { staging, share });
         }
         self.share
             .get(&id.root()?)
             .ok()
             .flatten()
             .map(Backing::Root)
+    }
+
+    /// The named share a stage of `id` mounted, and where: from the node's state
+    /// alone, never asking a share (which may not answer).
+    fn staged_share(&self, id: &VolumeHandle) -> Option<(PathBuf, StagedShare)> {
+        let s = self.state().staged.get(id).cloned()?;
+        Some((s.staging_path, s.share?))
     }
 
     /// Gives a native (or acting) volume's root back its owner, group and mode where a
@@ -1336,7 +1351,7 @@ impl Node {
         requested: Option<u64>,
         secret: Option<&str>,
     ) -> Result<u64, VolumeError> {
-        if let Some(Backing::Named { share, .. }) = self.backing_of(ViewKind::Persistent, id) {
+        if let Some((_, share)) = self.staged_share(id) {
             // ControllerExpandVolume did what there was to do (a CephFS quota), and
             // asked nothing of the nodes.
             if !self.is_at(id, path) {
@@ -1410,8 +1425,8 @@ impl Node {
         wait: Duration,
     ) -> Result<VolumeStats, VolumeError> {
         let unanswered = || {
-            let share = match self.backing_of(ViewKind::Persistent, id) {
-                Some(Backing::Named { share, .. }) => share.share,
+            let share = match self.staged_share(id) {
+                Some((_, share)) => share.share,
                 _ => id.root().map_or_else(
                     || "the share".to_string(),
                     |r| self.share.data_path(&r).display().to_string(),
@@ -1459,10 +1474,7 @@ impl Node {
                 path.display()
             )));
         }
-        let named = match self.backing_of(ViewKind::Persistent, id) {
-            Some(Backing::Named { staging, share }) => Some((staging, share)),
-            _ => None,
-        };
+        let named = self.staged_share(id);
         let missing = || VolumeError::NotFound(format!("volume {id} does not exist"));
         if !secret_view && named.is_none() {
             match self.share.get(&id.root().ok_or_else(missing)?) {

@@ -115,6 +115,139 @@ pub struct Pv {
     pub mount_options: Vec<String>,
 }
 
+/// A StorageClass as its users write it: `parameters` and `mountOptions`.
+#[derive(Clone, Debug, Default)]
+pub struct StorageClass {
+    pub parameters: std::collections::BTreeMap<String, String>,
+    pub mount_options: Vec<String>,
+}
+
+impl StorageClass {
+    pub fn new(parameters: &[(&str, &str)], mount_options: &[&str]) -> StorageClass {
+        StorageClass {
+            parameters: parameters
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            mount_options: mount_options.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+/// A PersistentVolumeClaim as the provisioner reads it.
+#[derive(Clone, Debug)]
+pub struct Pvc {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub access_mode: &'static str,
+    pub bytes: i64,
+}
+
+impl Pvc {
+    pub fn new(name: &str) -> Pvc {
+        Pvc {
+            name: name.into(),
+            namespace: "team".into(),
+            uid: format!("4b8c{:0>4}-51f2-4d7e-a1c3-6e2f9d0b7a15", name.len()),
+            access_mode: "ReadWriteMany",
+            bytes: 1 << 30,
+        }
+    }
+
+    /// external-provisioner's `makeVolumeName` with `--volume-name-prefix=pvc` (its
+    /// default): the PV's name, and the CreateVolume name.
+    pub fn pv_name(&self) -> String {
+        format!("pvc-{}", self.uid)
+    }
+}
+
+/// The parameters external-provisioner takes out of a class's before CreateVolume
+/// (v5.3.0 pkg/controller/controller.go `removePrefixedParameters`: the secret
+/// references of each kind, `fstype`), keeping the Secrets they name for the calls.
+const PROVISIONER_KEYS: [&str; 11] = [
+    "csi.storage.k8s.io/fstype",
+    "csi.storage.k8s.io/provisioner-secret-name",
+    "csi.storage.k8s.io/provisioner-secret-namespace",
+    "csi.storage.k8s.io/controller-publish-secret-name",
+    "csi.storage.k8s.io/controller-publish-secret-namespace",
+    "csi.storage.k8s.io/node-stage-secret-name",
+    "csi.storage.k8s.io/node-stage-secret-namespace",
+    "csi.storage.k8s.io/node-publish-secret-name",
+    "csi.storage.k8s.io/node-publish-secret-namespace",
+    "csi.storage.k8s.io/controller-expand-secret-name",
+    "csi.storage.k8s.io/controller-expand-secret-namespace",
+];
+
+/// external-provisioner v5.3.0 `Provision` (`prepareProvision`) of `pvc` from `class`:
+/// the class's parameters without the keys it takes out ([`PROVISIONER_KEYS`];
+/// `csi.storage.k8s.io/node-expand-secret-*` go too), with `--extra-create-metadata`'s
+/// PVC and PV names (deploy/controller.yaml runs it so), the provisioner Secret's data
+/// as `secrets`, the class's `mountOptions` as the capability's `mount_flags`
+/// (`getVolumeCapability`), the PVC's size as `required_bytes`, the PV's name as the
+/// volume's.
+pub fn provision(
+    class: &StorageClass,
+    pvc: &Pvc,
+    secrets: &HashMap<String, String>,
+) -> pb::CreateVolumeRequest {
+    let mut parameters: HashMap<String, String> = class
+        .parameters
+        .iter()
+        .filter(|(k, _)| {
+            !PROVISIONER_KEYS.contains(&k.as_str())
+                && !k.starts_with("csi.storage.k8s.io/node-expand-secret-")
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    parameters.insert("csi.storage.k8s.io/pvc/name".into(), pvc.name.clone());
+    parameters.insert(
+        "csi.storage.k8s.io/pvc/namespace".into(),
+        pvc.namespace.clone(),
+    );
+    parameters.insert("csi.storage.k8s.io/pv/name".into(), pvc.pv_name());
+    pb::CreateVolumeRequest {
+        name: pvc.pv_name(),
+        capacity_range: Some(pb::CapacityRange {
+            required_bytes: pvc.bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![capability(
+            "",
+            &class.mount_options,
+            None,
+            access_mode(pvc.access_mode),
+        )],
+        parameters,
+        secrets: secrets.clone(),
+        ..Default::default()
+    }
+}
+
+/// The PV external-provisioner makes of a CreateVolume answer for `class`: as
+/// [`provisioned_pv`], with the class's `mountOptions` (`Provision`: `MountOptions:
+/// class.MountOptions`).
+pub fn class_pv(volume: &pb::Volume, class: &StorageClass, pvc: &Pvc) -> Pv {
+    let mut pv = provisioned_pv(volume, pvc.access_mode);
+    pv.mount_options = class.mount_options.clone();
+    pv
+}
+
+/// A static PV as its author writes it: `volumeHandle`, `volumeAttributes`,
+/// `mountOptions`.
+pub fn static_pv(handle: &str, attributes: &[(&str, &str)], mount_options: &[String]) -> Pv {
+    Pv {
+        volume_handle: handle.into(),
+        attributes: attributes
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        fs_type: String::new(),
+        access_modes: vec!["ReadWriteMany"],
+        mount_options: mount_options.to_vec(),
+    }
+}
+
 /// external-provisioner v5.3.0 `Provision`: the PV's attributes are
 /// `storage.kubernetes.io/csiProvisionerIdentity` (`provisionerIDKey`, the value
 /// `<ms timestamp>-<rand>-<driver>` from cmd/csi-provisioner) plus the CreateVolume
