@@ -45,6 +45,8 @@ pub struct ServeConfig {
     pub share_timeout: std::time::Duration,
     /// ceph-csi's configuration file, for a `clusterID`'s monitors.
     pub ceph_csi_config: PathBuf,
+    /// The network namespace named shares are mounted in; `None`: the driver's.
+    pub mount_net_ns: Option<PathBuf>,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// The Kubernetes API, asked whether a pod runs in a user namespace.
@@ -58,6 +60,7 @@ impl ServeConfig {
             work_dir: self.runtime_dir.join("shares"),
             ceph_config: self.ceph_csi_config.clone(),
             timeout: self.share_timeout,
+            net_ns: self.mount_net_ns.clone(),
         }
     }
 }

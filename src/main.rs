@@ -91,6 +91,11 @@ struct ServeArgs {
     /// `clusterID` finds its monitors.
     #[arg(long, value_name = "PATH", default_value = mountgroup::share::cephfs::CEPH_CSI_CONFIG)]
     ceph_csi_config: PathBuf,
+    /// The network namespace to mount named shares in, e.g. `/proc/1/ns/net` (the
+    /// host's, with hostPID): a node plugin in a pod of its own mounts there, so that
+    /// a share's connection outlives the pod. Default: the driver's own.
+    #[arg(long, value_name = "PATH")]
+    mount_netns: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 0.0.0.0:9810).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -206,6 +211,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         share_key_file,
         share_timeout: std::time::Duration::from_secs(args.share_timeout.max(1)),
         ceph_csi_config: args.ceph_csi_config,
+        mount_net_ns: args.mount_netns,
         metrics_addr: args.metrics_addr,
         runtime_dir: args.runtime_dir,
         endpoint: args.endpoint,

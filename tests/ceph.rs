@@ -13,6 +13,10 @@ mod ceph;
 mod common;
 #[path = "common/driver.rs"]
 mod driver;
+#[path = "common/kubelet.rs"]
+mod kubelet;
+#[path = "common/named.rs"]
+mod named;
 #[path = "common/nodes.rs"]
 mod nodes;
 #[path = "common/outage.rs"]
@@ -26,6 +30,8 @@ use std::time::Duration;
 use ceph::*;
 use common::*;
 use driver::*;
+use kubelet::{Pod, Pvc, StorageClass};
+use named::*;
 use nodes::*;
 use outage::*;
 
@@ -256,19 +262,57 @@ async fn an_mds_restart_loses_nothing(
     assert!(!abnormal, "{message}");
 }
 
+/// ceph-csi's Secret for the cluster (`adminID`/`adminKey` for the provisioner,
+/// `userID`/`userKey` for nodes: ceph-csi's examples/cephfs/secret.yaml), the admin's
+/// key for both here.
+fn ceph_secret(ceph: &Ceph) -> std::collections::HashMap<String, String> {
+    let key = ceph.admin_key();
+    [
+        ("adminID", "admin"),
+        ("adminKey", key.as_str()),
+        ("userID", "admin"),
+        ("userKey", key.as_str()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
 /// The default publish on a Ceph whose MDS takes a creation's owner from the client
-/// (20.2): the share check's creation through an idmapped mount works, so volumes are
-/// native views, and a pod's creations through one work, with the owner it made them
-/// as. Capacity is the same quota, enforced through the native view.
+/// (20.2), of volumes of a class that names the file system as ceph-csi's do (its
+/// monitors here, for the cluster has no ceph-csi configuration), on the share the
+/// driver mounts itself with ceph-csi's Secret: the creation through an idmapped mount
+/// works, so volumes are native views, and a pod's creations through one work, with
+/// the owner it made them as. Capacity is a CephFS quota the controller sets, enforced
+/// through the native view, and grown by ControllerExpandVolume alone. A static PV of
+/// data already on the file system (ceph-csi's `rootPath`) shows a pod its fsGroup on
+/// all of it and changes nothing there.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the ceph module and Ceph 20: the VM tier runs it (scripts/vm-test 6.12 --systemd ceph --ignored)"]
 async fn a_newer_mds_gets_native_views_whose_creations_work() {
     let f = Fixture::new();
     let root = f.dir.path();
     let ceph = Ceph::start(&root.join("ceph"), Release::newer());
-    let share = f.subdir("share");
-    let _share = ceph.mount(&share);
-    let (d, mut c, target, _unmount) = default_publish(root, &f.subdir("staging"), G).await;
+    // The raw mount of the same file system, as the reference and to lay data down.
+    let raw = f.subdir("raw");
+    let _raw = ceph.mount(&raw);
+    let secret = ceph_secret(&ceph);
+    let monitors = format!("127.0.0.1:{}", ceph.port);
+    let class = StorageClass::new(
+        &[
+            ("monitors", &monitors),
+            ("fsName", "cephfs"),
+            ("subvolumeGroup", "csi"),
+            ("csi.storage.k8s.io/provisioner-secret-name", "csi-cephfs-secret"),
+            ("csi.storage.k8s.io/provisioner-secret-namespace", "default"),
+            ("csi.storage.k8s.io/node-stage-secret-name", "csi-cephfs-secret"),
+            ("csi.storage.k8s.io/node-stage-secret-namespace", "default"),
+        ],
+        &[],
+    );
+    let (d, mut c, dirs, p, data) =
+        named_publish(&f.subdir("node"), &class, &secret, &raw.join("volumes/csi"), G).await;
+    let target = p.target.clone();
     let (made, fallback) = mechanism(&d.metrics_addr(), &target);
     assert_eq!(made, "native", "{fallback}\n{}", d.log_text());
     let ran = run_as(
@@ -288,22 +332,28 @@ async fn a_newer_mds_gets_native_views_whose_creations_work() {
     assert_eq!(owner(&target.join("f")).0, 1000);
     assert_eq!(owner(&target.join("f")).1, G);
     assert_eq!(owner(&target.join("d")).1, G);
-    c.node
-        .node_unpublish_volume(unpublish_req("vol", &target))
-        .await
-        .unwrap();
+    assert_eq!(owner(&data.join("f")).0, 1000, "the pod's on the file system");
+    p.unpublish_unstage(&mut c).await;
+    delete(&mut c, &p.pv, &secret).await;
+    assert!(!data.exists());
 
     // A quota through a native view: the kernel client enforces the volume
-    // directory's, below the view's bind mount.
-    let (small, _small) = publish_small(&mut c, &f).await;
-    assert_eq!(mechanism(&d.metrics_addr(), &small).0, "native");
-    assert_quota_refuses_64_mib(&small);
+    // directory's, below the view's mount.
+    let mut small = Pvc::new("small");
+    small.bytes = (8 * MIB) as i64;
+    let pv = provision(&mut c, &class, &small, &secret).await.unwrap();
+    let pod = Pod::new("app", Some(i64::from(G)));
+    let s = Published::stage_and_publish(&mut c, &dirs, pv.clone(), &pod, &secret)
+        .await
+        .unwrap();
+    assert_eq!(mechanism(&d.metrics_addr(), &s.target).0, "native");
+    assert_quota_refuses_64_mib(&s.target);
     // Stats are the volume's: the native view's own statfs is the share mount's.
     // The MDS propagates a directory's recursive size (`ceph.dir.rbytes`) to it a
     // little after the writes.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let bytes = loop {
-        let bytes = stats_bytes(&mut c, "small", &small).await;
+        let bytes = stats_bytes(&mut c, &pv.volume_handle, &s.target).await;
         if bytes.used as u64 >= 7 * MIB || std::time::Instant::now() > deadline {
             break bytes;
         }
@@ -311,10 +361,59 @@ async fn a_newer_mds_gets_native_views_whose_creations_work() {
     };
     assert_eq!(bytes.total as u64, 8 * MIB, "{bytes:?}");
     assert!(bytes.used as u64 >= 7 * MIB, "{bytes:?}");
-    c.node
-        .node_unpublish_volume(unpublish_req("small", &small))
+    // Grown by the controller alone: the node has nothing to do.
+    let grown = c
+        .controller
+        .controller_expand_volume(mountgroup::csi::pb::ControllerExpandVolumeRequest {
+            volume_id: pv.volume_handle.clone(),
+            capacity_range: Some(mountgroup::csi::pb::CapacityRange {
+                required_bytes: (128 * MIB) as i64,
+                limit_bytes: 0,
+            }),
+            secrets: secret.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!grown.node_expansion_required);
+    eventually(Duration::from_secs(60), "the view's quota grew", || {
+        sh(&format!("getfattr -n ceph.quota.max_bytes --only-values {}", s.staging.display()))
+            == (128 * MIB).to_string()
+    });
+    s.unpublish_unstage(&mut c).await;
+    delete(&mut c, &pv, &secret).await;
+
+    // Static: ceph-csi's static PV of a directory of data already there.
+    existing_data(&raw.join("legacy/data"));
+    let before = tree(&raw.join("legacy/data"));
+    let static_pv = kubelet::static_pv(
+        "legacy-data",
+        &[
+            ("monitors", &monitors),
+            ("fsName", "cephfs"),
+            ("staticVolume", "true"),
+            ("rootPath", "/legacy/data"),
+        ],
+        &[],
+    );
+    let s = Published::stage_and_publish(&mut c, &dirs, static_pv, &pod, &secret)
         .await
         .unwrap();
+    let walk = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!("cd {} && find . -printf '%g %p\\n' && cat private.key private/inner.txt", s.target.display()),
+    );
+    assert!(walk.ok && walk.stdout.contains("secret\ninner\n"), "{walk:?}");
+    for line in walk.stdout.lines().filter(|l| l.contains(" ./") || l.ends_with(" .")) {
+        assert!(line.starts_with(&format!("{G} ")), "{}", walk.stdout);
+    }
+    assert_ne!(mechanism(&d.metrics_addr(), &s.target).0, "native", "existing data is never native");
+    assert_eq!(tree(&raw.join("legacy/data")), before, "the driver changed nothing");
+    s.unpublish_unstage(&mut c).await;
+    assert_eq!(mounts_below(&dirs.root), Vec::<std::path::PathBuf>::new());
 }
 
 /// Two nodes on one CephFS, each with its own kernel client (`noshare`: a client of

@@ -4,6 +4,8 @@
 mod common;
 #[path = "common/driver.rs"]
 mod driver;
+#[path = "common/kubelet.rs"]
+mod kubelet;
 
 use std::fs;
 
@@ -377,4 +379,113 @@ fn a_share_mounted_late_does_not_restart_the_driver() {
             "{file}: the startup probe asks the driver's Probe"
         );
     }
+}
+
+/// The entries of the map under `key:` in a YAML document we write (`name: value`
+/// lines indented below it; a commented-out entry is not one), and the items of the
+/// list under it (`- item` lines).
+fn block(yaml: &str, key: &str) -> (Vec<(String, String)>, Vec<String>) {
+    let mut lines = yaml.lines().skip_while(|l| l.trim() != format!("{key}:"));
+    let Some(head) = lines.next() else {
+        return (Vec::new(), Vec::new());
+    };
+    let indent = head.len() - head.trim_start().len();
+    let (mut map, mut list) = (Vec::new(), Vec::new());
+    for l in lines.take_while(|l| l.len() - l.trim_start().len() > indent || l.trim().is_empty()) {
+        let t = l.trim();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        if let Some(item) = t.strip_prefix("- ") {
+            list.push(item.split(" #").next().unwrap().trim().to_string());
+        } else if let Some((k, v)) = t.split_once(": ") {
+            map.push((k.to_string(), v.split(" #").next().unwrap().trim().to_string()));
+        }
+    }
+    (map, list)
+}
+
+/// The example StorageClasses and static PVs of deploy/examples (csi-driver-smb's,
+/// csi-driver-nfs's and ceph-csi's own, the driver's name changed) are taken by the
+/// driver as external-provisioner and kubelet hand them over: CreateVolume and
+/// NodeStageVolume go to the servers they name (none answers here: UNAVAILABLE, which
+/// the sidecars and kubelet retry, naming it), never refused for a parameter, a
+/// mount option or a volume handle (as each of the four was before the driver mounted
+/// shares: `unknown key "source"`, `unknown key "server"`, `volume_id ... contains
+/// '/'`, `mount_flags: unknown option nfsvers`).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_example_classes_and_pvs_name_shares_the_driver_goes_to() {
+    use kubelet::{KubeletDirs, Pod, Pvc, StorageClass};
+    let f = Fixture::new();
+    let dirs = KubeletDirs {
+        root: f.subdir("kubelet"),
+    };
+    let secrets = std::collections::HashMap::from([
+        ("username".to_string(), "user".to_string()),
+        ("password".to_string(), "pass-3f9a61".to_string()),
+        ("userID".to_string(), "csi".to_string()),
+        ("userKey".to_string(), "a2V5LTdiMWM=".to_string()),
+        ("adminID".to_string(), "admin".to_string()),
+        ("adminKey".to_string(), "a2V5LTdiMWM=".to_string()),
+    ]);
+    // The clusterID's monitors, from ceph-csi's configuration.
+    let ceph_config = f.dir.path().join("ceph-csi-config.json");
+    fs::write(
+        &ceph_config,
+        r#"[{"clusterID": "rook-ceph", "monitors": ["ceph-mon.rook-ceph.svc.cluster.local:6789"]}]"#,
+    )
+    .unwrap();
+    let d = Driver::start_with(
+        f.dir.path(),
+        f.dir.path().join("share"),
+        &[
+            "--share-key-file",
+            "none",
+            "--ceph-csi-config",
+            ceph_config.to_str().unwrap(),
+        ],
+    );
+    let mut c = d.clients().await;
+    for (kind, server) in [
+        ("smb", "smb-server.default.svc.cluster.local"),
+        ("nfs", "nfs-server.default.svc.cluster.local"),
+        ("cephfs", "ceph-mon.rook-ceph.svc.cluster.local"),
+    ] {
+        let yaml = manifest(&format!("deploy/examples/{kind}/storageclass.yaml"));
+        let (parameters, _) = block(&yaml, "parameters");
+        let (_, mount_options) = block(&yaml, "mountOptions");
+        let class = StorageClass {
+            parameters: parameters.into_iter().collect(),
+            mount_options,
+        };
+        let e = c
+            .controller
+            .create_volume(kubelet::provision(&class, &Pvc::new("data"), &secrets))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{kind}: {e:?}");
+        assert!(e.message().contains(server), "{kind}: {e:?}");
+        let yaml = manifest(&format!("deploy/examples/{kind}/pv-static.yaml"));
+        let pv_yaml = yaml.split("\n---\n").next().unwrap();
+        let (attributes, _) = block(pv_yaml, "volumeAttributes");
+        let (_, mount_options) = block(pv_yaml, "mountOptions");
+        let handle = field(pv_yaml, "volumeHandle").unwrap();
+        let pv = kubelet::static_pv(
+            handle,
+            &attributes
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.trim_matches('"')))
+                .collect::<Vec<_>>(),
+            &mount_options,
+        );
+        let e = c
+            .node
+            .node_stage_volume(kubelet::stage(&dirs, &pv, &Pod::new("p", Some(2000)), &secrets))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{kind}: {e:?}");
+        assert!(e.message().contains(server), "{kind}: {e:?}");
+        assert!(!e.message().contains("pass-3f9a61") && !e.message().contains("a2V5LTdiMWM="), "{e:?}");
+    }
+    assert!(d.mounts_below().is_empty(), "{:?}", d.mounts_below());
 }

@@ -22,6 +22,7 @@ mod outage;
 #[path = "common/shares.rs"]
 mod shares;
 
+use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -30,13 +31,72 @@ use std::time::Duration;
 
 use common::*;
 use driver::*;
-use kubelet::StorageClass;
+use kubelet::{KubeletDirs, Pod, Pvc, StorageClass};
 use named::*;
 use nodes::*;
 use outage::*;
 use shares::*;
 
 const G: u32 = 4242;
+
+/// The Secret csi-driver-smb's examples name (`smbcreds`: `username`, `password`),
+/// for the Samba `samba` (the user root), with the `mountOptions` entry that
+/// csi-driver-smb's DeleteVolume mounts the share with (pkg/smb/controllerserver.go
+/// `getMountOptions`): its address and port, which the class's mountOptions give the
+/// other calls ([`smb_class`]).
+pub fn smb_secret(samba: &Samba, password: &str) -> HashMap<String, String> {
+    HashMap::from([
+        ("username".to_string(), "root".to_string()),
+        ("password".to_string(), password.to_string()),
+        (
+            "mountOptions".to_string(),
+            format!("ip=127.0.0.1,port={},vers=3.1.1", samba.port),
+        ),
+    ])
+}
+
+/// csi-driver-smb's deploy/example/storageclass-smb.yaml for the Samba `samba`, with
+/// `mount_options` as its `mountOptions`, and two more of the test's own: the server's
+/// address and port (`ip=`, `port=`: each test's Samba listens on a port of its own,
+/// under a name no resolver knows, as `Samba::host` says).
+pub fn smb_class(samba: &Samba, mount_options: &[&str]) -> StorageClass {
+    let source = format!("//{}/vol", samba.host());
+    let port = format!("port={}", samba.port);
+    let mut options = vec!["ip=127.0.0.1", port.as_str(), "vers=3.1.1"];
+    options.extend(mount_options);
+    StorageClass::new(
+        &[
+            ("source", &source),
+            ("csi.storage.k8s.io/provisioner-secret-name", "smbcreds"),
+            ("csi.storage.k8s.io/provisioner-secret-namespace", "default"),
+            ("csi.storage.k8s.io/node-stage-secret-name", "smbcreds"),
+            ("csi.storage.k8s.io/node-stage-secret-namespace", "default"),
+        ],
+        &options,
+    )
+}
+
+/// csi-driver-smb's example mountOptions (deploy/example/storageclass-smb.yaml).
+pub const SMB_EXAMPLE_OPTIONS: [&str; 8] = [
+    "dir_mode=0777",
+    "file_mode=0777",
+    "uid=1001",
+    "gid=1001",
+    "noperm",
+    "mfsymlinks",
+    "cache=strict",
+    "noserverino",
+];
+
+/// csi-driver-nfs's deploy/example/storageclass-nfs.yaml for this machine's knfsd
+/// exporting `export`, at NFS version `vers`, with `more` mount options.
+pub fn nfs_class(export: &Path, vers: &str, more: &[&str]) -> StorageClass {
+    let export = export.to_string_lossy();
+    let version = format!("nfsvers={vers}");
+    let mut options = vec![version.as_str()];
+    options.extend(more);
+    StorageClass::new(&[("server", "127.0.0.1"), ("share", &export)], &options)
+}
 
 /// What a share keeps of a view's records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,7 +227,7 @@ async fn default_publish_on_a_share(
     // Kernel passthrough on every share (`passthrough=auto`), but on SMB for the
     // files the view creates while their creators hold them (src/transport/mod.rs
     // says why).
-    let fstype = sh(&format!("stat -f -c %T {}", data.display()));
+    let fstype = sh(&format!("stat -f -c %T {}", p.staging.display()));
     let smb = fstype.contains("smb") || fstype.contains("cifs");
     assert!(logs().contains("passthrough=true"), "{}", logs());
     assert_eq!(
@@ -182,11 +242,13 @@ async fn default_publish_on_a_share(
     // volume all the same, on the share it mounts for the call.
     delete(&mut c, &p.pv, secret).await;
     assert!(!data.exists());
-    assert!(
-        mounts_below(root).is_empty(),
-        "left mounted: {:?}",
-        mounts_below(root)
-    );
+    // Nothing of the driver's is left mounted: not the stage, not the view, not the
+    // controller's mount of the share for DeleteVolume.
+    let left: Vec<_> = ["kubelet", "run"]
+        .iter()
+        .flat_map(|d| mounts_below(&root.join(d)))
+        .collect();
+    assert!(left.is_empty(), "left mounted: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -209,7 +271,7 @@ async fn an_azure_files_like_share_serves_the_default_publish() {
     default_publish_on_a_share(
         root,
         &class,
-        &smb_secret("pw"),
+        &smb_secret(&s.samba, "pw"),
         &s.served,
         Kept::Nothing,
         false,
@@ -229,7 +291,7 @@ async fn a_share_with_sambas_defaults_serves_the_default_publish() {
     default_publish_on_a_share(
         root,
         &class,
-        &smb_secret("pw"),
+        &smb_secret(&s.samba, "pw"),
         &s.served,
         Kept::UserXattrs,
         false,
@@ -2022,4 +2084,385 @@ fn an_open_racing_a_removal_on_smb_finds_the_file_or_no_file() {
         "{rounds} rounds: found {found}, absent {absent}"
     );
     drop(m);
+}
+
+/// csi-driver-smb's own StorageClass and static PV, with only the driver's name
+/// changed, on the Azure-like share: the driver mounts the share they name with their
+/// Secret (the class's `source`, `username` and `password`), for CreateVolume and
+/// DeleteVolume in the controller and at NodeStageVolume on the node. The class's CIFS
+/// options keep their csi-driver-smb meaning for csi-driver-smb's own non-root
+/// StatefulSet (gid 1001, 0777, whatever its fsGroup 10001); a static PV of data
+/// already on the share shows a pod its fsGroup on every file of any owner, as
+/// kubelet's recursive chown would, and changes nothing there. The password appears
+/// nowhere on the node; a wrong one fails the stage, naming the share and leaving no
+/// mount; a rotated one is used at the next stage.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+async fn the_peers_smb_class_and_static_pv_work_on_an_azure_files_like_share() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let served = f.subdir("served");
+    let samba = Samba::start(&root.join("samba"), &served);
+    const PASSWORD: &str = "s3cret-7e41c0d2";
+    samba.set_password(PASSWORD);
+    let secret = smb_secret(&samba, PASSWORD);
+    let d = Driver::start_with_metrics_and(&f.subdir("node"), &[]);
+    let mut c = d.clients().await;
+    let dirs = KubeletDirs {
+        root: root.join("node/kubelet"),
+    };
+
+    // Dynamic: the class as csi-driver-smb's example has it.
+    let class = smb_class(&samba, &SMB_EXAMPLE_OPTIONS);
+    let pvc = Pvc::new("data-0");
+    let pv = provision(&mut c, &class, &pvc, &secret).await.unwrap();
+    assert_eq!(pv.attributes["subDir"], pvc.pv_name());
+    assert!(served.join(pvc.pv_name()).is_dir(), "made on the share");
+    let nonroot = Pod::new("statefulset-smb-0", Some(10001));
+    let p = Published::stage_and_publish(&mut c, &dirs, pv.clone(), &nonroot, &secret)
+        .await
+        .unwrap();
+    let ran = run_as(
+        10001,
+        10001,
+        &[10001],
+        &format!("cd {} && echo hello > outfile && cat outfile", p.target.display()),
+    );
+    assert!(ran.ok && ran.stdout == "hello\n", "{ran:?}");
+    // As csi-driver-smb shows it: the class's uid, gid and modes.
+    assert_eq!(owner(&p.target.join("outfile")), (1001, 1001, 0o777));
+    assert_eq!(
+        fs::read_to_string(served.join(pvc.pv_name()).join("outfile")).unwrap(),
+        "hello\n"
+    );
+
+    // Static: a PV of data already on the share, as pv-smb.yaml names it, for a pod
+    // with an fsGroup of its own.
+    existing_data(&served.join("data"));
+    let before = tree(&served.join("data"));
+    let source = format!("//{}/vol/data", samba.host());
+    let options: Vec<String> = class.mount_options[..3]
+        .iter()
+        .cloned()
+        .chain(["mfsymlinks".into(), "cache=strict".into(), "noserverino".into()])
+        .collect();
+    let handle = format!("{}/vol/data##", samba.host());
+    let static_pv = kubelet::static_pv(&handle, &[("source", &source)], &options);
+    let pod = Pod::new("reader", Some(i64::from(G)));
+    // A wrong password: refused, naming the share, and nothing is mounted.
+    let e = c
+        .node
+        .node_stage_volume(kubelet::stage(&dirs, &static_pv, &pod, &smb_secret(&samba, "wrong-pass-0b1d")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains(&source), "{e:?}");
+    assert!(!e.message().contains("wrong-pass-0b1d"), "{e:?}");
+    assert!(!kubelet::mount_failure_is_final(tonic::Code::Unavailable));
+    assert_eq!(mounts_below(&dirs.root).len(), 2, "only the dynamic volume's stage and view");
+    let s = Published::stage_and_publish(&mut c, &dirs, static_pv.clone(), &pod, &secret)
+        .await
+        .unwrap();
+    let walk = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!("cd {} && find . -printf '%g %p\\n' | sort", s.target.display()),
+    );
+    assert!(walk.ok, "{walk:?}");
+    for line in walk.stdout.lines() {
+        assert!(line.starts_with(&format!("{G} ")), "{}", walk.stdout);
+    }
+    assert_eq!(tree(&served.join("data")), before, "the driver changed nothing");
+    // The pod, of none of the files' owners, reads and writes them as its group.
+    let ran = run_as(
+        1000,
+        1000,
+        &[G],
+        &format!(
+            "cd {} && cat private.key private/inner.txt && echo more >> notes.txt && echo new > private/new",
+            s.target.display()
+        ),
+    );
+    assert!(ran.ok && ran.stdout == "secret\ninner\n", "{ran:?}");
+    assert_eq!(
+        fs::read_to_string(served.join("data/notes.txt")).unwrap(),
+        "notes\nmore\n"
+    );
+    // The password is nowhere on the node: not on a command line, not in the mount
+    // table, not in a log or state file of the driver.
+    assert_eq!(leaked(root, PASSWORD), Vec::<String>::new());
+    s.unpublish_unstage(&mut c).await;
+    // A rotated Secret: the old password fails the next stage, the new one serves.
+    samba.set_password("rotated-5c9a77");
+    let e = Published::stage_and_publish(&mut c, &dirs, static_pv.clone(), &pod, &secret)
+        .await
+        .err()
+        .expect("the old password is refused");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    let s = Published::stage_and_publish(&mut c, &dirs, static_pv.clone(), &pod, &smb_secret(&samba, "rotated-5c9a77"))
+        .await
+        .unwrap();
+    s.unpublish_unstage(&mut c).await;
+    p.unpublish_unstage(&mut c).await;
+    assert_eq!(mounts_below(&dirs.root), Vec::<std::path::PathBuf>::new());
+    // DeleteVolume removes the dynamic volume's directory; a static PV's handle names
+    // nothing the driver made, and nothing is deleted.
+    delete(&mut c, &pv, &smb_secret(&samba, "rotated-5c9a77")).await;
+    assert!(!served.join(pvc.pv_name()).exists());
+    delete(&mut c, &static_pv, &smb_secret(&samba, "rotated-5c9a77")).await;
+    assert!(served.join("data/notes.txt").exists());
+    assert_eq!(mounts_below(root), Vec::<std::path::PathBuf>::new());
+}
+
+/// A share whose server refuses the connection, and one whose server takes it and
+/// never answers: NodeStageVolume answers UNAVAILABLE for the first, and for the
+/// second DEADLINE_EXCEEDED within the call's deadline (kubelet's call has one),
+/// naming the share, with nothing mounted at the staging path, and a repeat is
+/// ABORTED while the kernel still waits on that server. Meanwhile another volume's
+/// stage, on a server that answers, is served: the waiting one holds no other call.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+async fn a_stage_on_a_server_that_does_not_answer_answers_in_time_and_holds_no_other() {
+    let f = Fixture::new();
+    let root = f.dir.path();
+    let served = f.subdir("served");
+    let samba = Samba::start(&root.join("samba"), &served);
+    let d = Driver::start_with_metrics_and(&f.subdir("node"), &[]);
+    let mut c = d.clients().await;
+    let dirs = KubeletDirs {
+        root: root.join("node/kubelet"),
+    };
+    let pod = Pod::new("app", Some(i64::from(G)));
+    let secret = smb_secret(&samba, "pw");
+    let pv_at = |port: u16, name: &str| {
+        let source = format!("//samba-{port}/vol");
+        let options = vec!["ip=127.0.0.1".to_string(), format!("port={port}")];
+        kubelet::static_pv(name, &[("source", &source)], &options)
+    };
+    // Nothing listens: refused at once.
+    let closed = free_port();
+    let e = c
+        .node
+        .node_stage_volume(kubelet::stage(&dirs, &pv_at(closed, "closed##"), &pod, &secret))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(e.message().contains(&format!("//samba-{closed}/vol")), "{e:?}");
+    // A server that takes connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let hung = pv_at(port, "silent##");
+    let staging = dirs.staging(&hung.volume_handle);
+    let mut waiting = c.node.clone();
+    let request = kubelet::stage(&dirs, &hung, &pod, &secret);
+    let first = tokio::spawn(async move {
+        let mut r = tonic::Request::new(request);
+        r.set_timeout(Duration::from_secs(20));
+        waiting.node_stage_volume(r).await
+    });
+    // Another volume on a server that answers is staged and published meanwhile.
+    let good = kubelet::static_pv(
+        "good##",
+        &[("source", &format!("//{}/vol", samba.host()))],
+        &["ip=127.0.0.1".to_string(), format!("port={}", samba.port)],
+    );
+    let p = Published::stage_and_publish(&mut c, &dirs, good, &pod, &secret)
+        .await
+        .unwrap();
+    assert!(!first.is_finished(), "the silent server's stage waited for the other");
+    let e = first.await.unwrap().unwrap_err();
+    assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{e:?}");
+    assert!(e.message().contains(&format!("//samba-{port}/vol")), "{e:?}");
+    assert!(!mountgroup::sys::mount::is_mount_point(&staging).unwrap_or(false));
+    // Retried while the kernel still waits on it: ABORTED, which kubelet retries.
+    let e = c
+        .node
+        .node_stage_volume(kubelet::stage(&dirs, &hung, &pod, &secret))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Aborted, "{e:?}");
+    assert!(!kubelet::mount_failure_is_final(e.code()));
+    // The server goes: the kernel gives up, and the next stage is answered.
+    drop(silent);
+    let mut answered = None;
+    for _ in 0..600 {
+        match c
+            .node
+            .node_stage_volume(kubelet::stage(&dirs, &hung, &pod, &secret))
+            .await
+        {
+            Err(e) if e.code() == tonic::Code::Aborted => {
+                tokio::time::sleep(Duration::from_millis(500)).await
+            }
+            other => {
+                answered = Some(other);
+                break;
+            }
+        }
+    }
+    let e = answered.expect("answered").unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(!mountgroup::sys::mount::is_mount_point(&staging).unwrap_or(false));
+    p.unpublish_unstage(&mut c).await;
+    assert_eq!(mounts_below(&dirs.root), Vec::<std::path::PathBuf>::new());
+}
+
+/// csi-driver-nfs's own StorageClass (with its `subDir` template and `onDelete`) and
+/// static PV, with only the driver's name changed, on exports with `root_squash` and
+/// with `no_root_squash`, at NFS 4.1 and 3: the driver mounts the export the class or
+/// PV names itself (its version from `nfsvers=`). A new volume's views act as their
+/// callers (a pod owns what it makes, on the server too). A static PV of data of
+/// several owners shows a pod its fsGroup on all of it and changes nothing there; on
+/// `no_root_squash` the pod reads and writes files of any owner as kubelet's chown
+/// would have let its group, and under `root_squash` what the squashed driver cannot
+/// reach answers the server's `EACCES`, and the log says why.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+async fn the_peers_nfs_class_and_static_pv_work_on_squashed_and_unsquashed_exports() {
+    let f = Fixture::new();
+    let (squashed, knfsd) = squashed_export(&f, 4251);
+    let open = f.subdir("open-export");
+    let _open = knfsd.export(&open, "rw,no_root_squash,no_subtree_check,fsid=4252");
+    let root = f.subdir("node");
+    let d = Driver::start_with_metrics_and(&root, &[]);
+    let mut c = d.clients().await;
+    let dirs = KubeletDirs {
+        root: root.join("kubelet"),
+    };
+    let none = std::collections::HashMap::new();
+    for vers in ["4.1", "3"] {
+        for (export, squash) in [(&squashed, true), (&open, false)] {
+            progress(&format!("NFS {vers}, root_squash {squash}"));
+            // Dynamic, as storageclass-nfs.yaml with its subDir example.
+            let mut class = nfs_class(export, vers, &[]);
+            class.parameters.insert(
+                "subDir".into(),
+                "${pvc.metadata.namespace}/${pvc.metadata.name}".into(),
+            );
+            class.parameters.insert("onDelete".into(), "archive".into());
+            let pvc = Pvc::new(&format!("data-{}-{squash}", vers.replace('.', "")));
+            let pv = provision(&mut c, &class, &pvc, &none).await.unwrap();
+            let made = export.join("team").join(&pvc.name);
+            assert!(made.is_dir(), "{pv:?}");
+            let pod = Pod::new("app", Some(i64::from(G)));
+            let p = Published::stage_and_publish(&mut c, &dirs, pv.clone(), &pod, &none)
+                .await
+                .unwrap();
+            assert_eq!(
+                mechanism(&d.metrics_addr(), &p.target),
+                ("fuse-as-callers".into(), String::new())
+            );
+            let ran = run_as(1000, 1000, &[G], &format!("echo x > {}/mine", p.target.display()));
+            assert!(ran.ok, "{ran:?}");
+            assert_eq!(owner(&made.join("mine")).0, 1000, "the pod's, on the server");
+            p.unpublish_unstage(&mut c).await;
+            delete(&mut c, &pv, &none).await;
+            assert!(!made.exists() && export.join("team").join(format!("archived-{}", pvc.name)).is_dir());
+
+            // Static, as pv-nfs-csi.yaml, on data already there.
+            let data = export.join(format!("data-{}", vers.replace('.', "")));
+            existing_data(&data);
+            let before = tree(&data);
+            let export_path = export.to_string_lossy().to_string();
+            let subdir = data.file_name().unwrap().to_string_lossy().to_string();
+            let static_pv = kubelet::static_pv(
+                &format!("127.0.0.1{export_path}##{subdir}"),
+                &[("server", "127.0.0.1"), ("share", &export_path), ("subDir", &subdir)],
+                &[format!("nfsvers={vers}")],
+            );
+            let s = Published::stage_and_publish(&mut c, &dirs, static_pv, &pod, &none)
+                .await
+                .unwrap();
+            let walk = run_as(
+                1000,
+                1000,
+                &[G],
+                &format!("cd {} && stat -c '%g %n' notes.txt private.key private shared", s.target.display()),
+            );
+            assert!(walk.ok && walk.stdout.lines().all(|l| l.starts_with(&format!("{G} "))), "{walk:?}");
+            assert_eq!(tree(&data), before, "the driver changed nothing");
+            let read = |name: &str| run_as(1000, 1000, &[G], &format!("cat {}/{name}", s.target.display()));
+            assert!(read("notes.txt").ok, "a file others may read");
+            if squash {
+                let ran = read("private.key");
+                assert!(!ran.ok && ran.stderr.contains("Permission denied"), "{ran:?}");
+                assert!(d.log_text().contains("root_squash"), "{}", d.log_text());
+            } else {
+                let ran = run_as(
+                    1000,
+                    1000,
+                    &[G],
+                    &format!(
+                        "cd {} && cat private.key private/inner.txt && echo more >> notes.txt",
+                        s.target.display()
+                    ),
+                );
+                assert!(ran.ok && ran.stdout == "secret\ninner\n", "{ran:?}");
+            }
+            s.unpublish_unstage(&mut c).await;
+        }
+    }
+    assert_eq!(mounts_below(&dirs.root), Vec::<std::path::PathBuf>::new());
+}
+
+/// An SMB class and an NFS class, each with its own server and credentials, used by
+/// pods on one node at once; two volumes of the one SMB server share the kernel
+/// client's connection to it; and the driver killed and started again keeps both
+/// shares staged and their views serving, a repeated stage and publish is OK, and
+/// unpublish and unstage leave nothing mounted.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the cifs and nfs modules, Samba and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
+async fn two_shares_of_two_kinds_serve_one_node_through_a_driver_restart() {
+    let f = Fixture::new();
+    let (export, _knfsd) = squashed_export(&f, 4253);
+    let served = f.subdir("served");
+    let samba = Samba::start(&f.dir.path().join("samba"), &served);
+    let root = f.subdir("node");
+    // As deploy/node.yaml runs it: its shares' sockets in the host's network namespace.
+    let mut d = Driver::start_with_metrics_and(&root, &["--mount-netns", "/proc/1/ns/net"]);
+    let mut c = d.clients().await;
+    let dirs = KubeletDirs {
+        root: root.join("kubelet"),
+    };
+    let none = std::collections::HashMap::new();
+    let secret = smb_secret(&samba, "pw");
+    let smb = smb_class(&samba, &["mfsymlinks"]);
+    let nfs = nfs_class(&export, "4.1", &["actimeo=1"]);
+    let pod = Pod::new("app", Some(i64::from(G)));
+    let mut published = Vec::new();
+    for (class, secret, name) in [
+        (&smb, &secret, "smb-a"),
+        (&smb, &secret, "smb-b"),
+        (&nfs, &none, "nfs-a"),
+    ] {
+        let pv = provision(&mut c, class, &Pvc::new(name), secret).await.unwrap();
+        let p = Published::stage_and_publish(&mut c, &dirs, pv, &pod, secret)
+            .await
+            .unwrap();
+        let ran = run_as(1000, 1000, &[G], &format!("echo {name} > {}/f", p.target.display()));
+        assert!(ran.ok, "{ran:?}");
+        published.push((p, secret.clone()));
+    }
+    assert_eq!(connections_to(samba.port), 1, "one connection to the SMB server for both volumes");
+    d.kill9();
+    d.restart();
+    let mut c = d.clients().await;
+    for (p, secret) in &published {
+        let ran = run_as(1000, 1000, &[G], &format!("cat {}/f", p.target.display()));
+        assert!(ran.ok, "{ran:?}");
+        // kubelet's reconciler, after a restart: both OK, nothing remounted.
+        c.node
+            .node_stage_volume(kubelet::stage(&dirs, &p.pv, &pod, secret))
+            .await
+            .unwrap();
+        c.node
+            .node_publish_volume(kubelet::publish_pvc(&dirs, &p.pv, &pod, "data", &Default::default()))
+            .await
+            .unwrap();
+    }
+    for (p, _) in &published {
+        p.unpublish_unstage(&mut c).await;
+    }
+    assert_eq!(mounts_below(&dirs.root), Vec::<std::path::PathBuf>::new());
 }

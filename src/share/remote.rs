@@ -903,6 +903,10 @@ pub struct Settings {
     pub ceph_config: PathBuf,
     /// The longest a mount may take when the request carries no deadline of its own.
     pub timeout: Duration,
+    /// The network namespace a mount's sockets are made in (the host's, for a node
+    /// plugin in a pod of its own, whose namespace goes with the pod); `None`: the
+    /// driver's own.
+    pub net_ns: Option<PathBuf>,
 }
 
 /// A mount to make: its type, its source, its parameters in order, and the values
@@ -1128,6 +1132,14 @@ pub fn mount(
         .name("share-mount".into())
         .spawn(move || {
             let made = (|| {
+                if let Some(ns) = &settings.net_ns {
+                    crate::sys::process::enter_net_namespace(ns).map_err(|errno| {
+                        ShareError::Io {
+                            what: format!("the network namespace {} for the mount", ns.display()),
+                            errno,
+                        }
+                    })?;
+                }
                 let (plans, server) = plans(&loc2, &client, &creds, &settings)?;
                 let mut first = None;
                 for plan in &plans {

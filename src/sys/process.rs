@@ -495,9 +495,44 @@ pub fn redirect_stderr(file: &impl std::os::fd::AsFd) -> std::io::Result<()> {
     Ok(rustix::stdio::dup2_stderr(file)?)
 }
 
+/// Moves the calling thread (only it: a network namespace is a thread's) into the
+/// network namespace at `path` (`/proc/1/ns/net`, the host's, seen with `hostPID`),
+/// so that the sockets a kernel client opens for a mount the thread makes are the
+/// host's, not a container's that goes with it.
+///
+/// # Errors
+/// The error of opening `path` or of `setns(2)`.
+pub fn enter_net_namespace(path: &std::path::Path) -> super::SysResult<()> {
+    let ns = rustix::fs::open(
+        path,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(super::failed("open"))?;
+    rustix::thread::move_into_link_name_space(
+        std::os::fd::AsFd::as_fd(&ns),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )
+    .map_err(super::failed("setns"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A thread enters a network namespace (here the one it is in already, as a node
+    /// plugin with hostPID enters the host's) and says which path it could not open.
+    #[test]
+    fn a_thread_enters_a_network_namespace_by_its_path() {
+        std::thread::spawn(|| enter_net_namespace(std::path::Path::new("/proc/self/ns/net")))
+            .join()
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            enter_net_namespace(std::path::Path::new("/nonexistent/ns")),
+            Err(super::super::Errno::ENOENT)
+        );
+    }
 
     #[test]
     fn a_thread_waits_where_its_state_and_wchan_say() {

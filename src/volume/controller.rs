@@ -292,13 +292,14 @@ impl Controller {
             return Ok(());
         }
         let kind = made.remote.kind();
-        let creds = Credentials::of(kind, &secrets.0, &Vec::new(), Role::Provisioner)
+        let client = secret_mount_options(kind, secrets)?;
+        let creds = Credentials::of(kind, &secrets.0, &client, Role::Provisioner)
             .map_err(VolumeError::InvalidArgument)?;
         let base = Location {
             remote: made.remote.clone(),
             dir: made.base.clone(),
         };
-        let attached = self.mount(&base, &Vec::new(), &creds, deadline)?;
+        let attached = self.mount(&base, &client, &creds, deadline)?;
         made::remove(
             &attached.path,
             &made.base,
@@ -433,14 +434,15 @@ impl Controller {
             tracing::info!(volume_id = %id, capacity_bytes = bytes, "capacity is advisory on a {} share: the new size is the PV's", kind.name());
             return Ok(done);
         }
-        let creds = Credentials::of(kind, &secrets.0, &Vec::new(), Role::ControllerExpand)
+        let client = secret_mount_options(kind, secrets)?;
+        let creds = Credentials::of(kind, &secrets.0, &client, Role::ControllerExpand)
             .map_err(VolumeError::InvalidArgument)?;
         let _guard = self.guards.acquire(id, "ControllerExpandVolume")?;
         let base = Location {
             remote: made.remote.clone(),
             dir: made.base.clone(),
         };
-        let attached = self.mount(&base, &Vec::new(), &creds, deadline)?;
+        let attached = self.mount(&base, &client, &creds, deadline)?;
         made::limit(&attached.path, &made.base, &made.dir, bytes)?;
         tracing::info!(volume_id = %id, capacity_bytes = bytes, "CephFS quota set");
         Ok(done)
@@ -461,6 +463,27 @@ impl Controller {
 pub struct Expanded {
     pub bytes: u64,
     pub node_expansion_required: bool,
+}
+
+/// The kernel client's options of a Secret's `mountOptions` entry (comma-separated),
+/// which DeleteVolume and ControllerExpandVolume mount a share with: they carry no
+/// capability, so csi-driver-smb and csi-driver-nfs take the options their share
+/// needs from there (pkg/smb/controllerserver.go `getMountOptions`, pkg/nfs
+/// `getVolumeCapabilityFromSecret`). A view's options in it mean nothing here.
+///
+/// # Errors
+/// `InvalidArgument` for an option that is neither a view's nor the client's.
+fn secret_mount_options(kind: remote::Kind, secrets: &Secrets) -> Result<ClientOptions, VolumeError> {
+    let Some((_, options)) = secrets
+        .0
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("mountOptions"))
+    else {
+        return Ok(Vec::new());
+    };
+    remote::split_flags(kind, std::slice::from_ref(options))
+        .map(|(client, _view)| client)
+        .map_err(|why| VolumeError::InvalidArgument(format!("secrets: mountOptions: {why}")))
 }
 
 /// Checks the `view` parameter.

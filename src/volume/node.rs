@@ -708,6 +708,9 @@ impl Node {
             share: staged.clone(),
         };
         self.keep_native_root(Some(&backing));
+        if kind == remote::Kind::Nfs && attrs.traits == Traits::Plain {
+            say_if_squashed(staging, &at);
+        }
         self.record_stage(id, staging, Some(staged))?;
         tracing::info!(volume_id = %id, staging = %staging.display(), share = %at, "volume staged: the share is mounted");
         Ok(())
@@ -1594,6 +1597,21 @@ fn inline_id(id: &VolumeHandle) -> Result<VolumeId, VolumeError> {
 /// Whether the named share `share` is what is mounted at `staging`.
 fn share_mounted(share: &StagedShare, staging: &Path) -> bool {
     matches!(mount::mount_type(staging), Ok(Some(t)) if share.kind.mount_types().contains(&t.as_str()))
+}
+
+/// Says, where the NFS server answers the driver's root as another user
+/// (`root_squash`), what that means for the group views of a volume of data already
+/// on the export (a static PV's): their daemon reaches only what that user may, so a
+/// pod's call on what it may not answers the server's `EACCES`, where kubelet's chown
+/// would have let the pod's group reach it. Asked of the share's root with
+/// `access(2)`, which the NFS client asks the server: nothing is made or changed.
+fn say_if_squashed(staging: &Path, share: &str) {
+    let squashed = crate::sys::file::open_root(staging).is_ok_and(|fd| {
+        crate::sys::file::may(std::os::fd::AsFd::as_fd(&fd), libc::W_OK) == Err(crate::sys::Errno::EACCES)
+    });
+    if squashed {
+        tracing::warn!(%share, "the NFS server answers this node's root as another user (root_squash, or a read-only export): the views of this volume reach only what that user may, and a pod's call on a file or directory it may not answers EACCES, where kubelet's chown would have let the pod's group reach it; export it no_root_squash to this node for that, or give the data's files to a group that user is in");
+    }
 }
 
 /// Gives the root of the share mounted at `staging` the mode `mode` a PV's

@@ -1,7 +1,7 @@
 //! Volumes on the shares a StorageClass or a PV names, which the driver mounts itself,
 //! as users of csi-driver-smb and csi-driver-nfs write their classes and PVs, and as
 //! external-provisioner and kubelet call the driver for them (kubelet.rs). Included
-//! with `#[path]` beside `common`, `driver`, `kubelet` and `shares`.
+//! with `#[path]` beside `common`, `driver` and `kubelet`.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -12,59 +12,6 @@ use mountgroup::csi::pb;
 use super::common::Unmount;
 use super::driver::{Clients, unpublish_req, unstage_req};
 use super::kubelet::{self, KubeletDirs, Pod, Pv, Pvc, StorageClass};
-use super::shares::Samba;
-
-/// The Secret csi-driver-smb's examples name (`smbcreds`: `username`, `password`),
-/// for the tests' Samba (the user root).
-pub fn smb_secret(password: &str) -> HashMap<String, String> {
-    HashMap::from([
-        ("username".to_string(), "root".to_string()),
-        ("password".to_string(), password.to_string()),
-    ])
-}
-
-/// csi-driver-smb's deploy/example/storageclass-smb.yaml for the Samba `samba`, with
-/// `mount_options` as its `mountOptions`, and two more of the test's own: the server's
-/// address and port (`ip=`, `port=`: each test's Samba listens on a port of its own,
-/// under a name no resolver knows, as `Samba::host` says).
-pub fn smb_class(samba: &Samba, mount_options: &[&str]) -> StorageClass {
-    let source = format!("//{}/vol", samba.host());
-    let port = format!("port={}", samba.port);
-    let mut options = vec!["ip=127.0.0.1", port.as_str(), "vers=3.1.1"];
-    options.extend(mount_options);
-    StorageClass::new(
-        &[
-            ("source", &source),
-            ("csi.storage.k8s.io/provisioner-secret-name", "smbcreds"),
-            ("csi.storage.k8s.io/provisioner-secret-namespace", "default"),
-            ("csi.storage.k8s.io/node-stage-secret-name", "smbcreds"),
-            ("csi.storage.k8s.io/node-stage-secret-namespace", "default"),
-        ],
-        &options,
-    )
-}
-
-/// csi-driver-smb's example mountOptions (deploy/example/storageclass-smb.yaml).
-pub const SMB_EXAMPLE_OPTIONS: [&str; 8] = [
-    "dir_mode=0777",
-    "file_mode=0777",
-    "uid=1001",
-    "gid=1001",
-    "noperm",
-    "mfsymlinks",
-    "cache=strict",
-    "noserverino",
-];
-
-/// csi-driver-nfs's deploy/example/storageclass-nfs.yaml for this machine's knfsd
-/// exporting `export`, at NFS version `vers`, with `more` mount options.
-pub fn nfs_class(export: &Path, vers: &str, more: &[&str]) -> StorageClass {
-    let export = export.to_string_lossy();
-    let version = format!("nfsvers={vers}");
-    let mut options = vec![version.as_str()];
-    options.extend(more);
-    StorageClass::new(&[("server", "127.0.0.1"), ("share", &export)], &options)
-}
 
 /// A volume of a named share as a pod has it: its PV, where kubelet staged and
 /// published it, and an unmount of the target on drop (a failed test's).
@@ -262,6 +209,7 @@ pub async fn named_publish(
     Published,
     PathBuf,
 ) {
+    std::fs::create_dir_all(root).unwrap();
     let d = super::driver::Driver::start_with_metrics_and(root, &[]);
     let mut c = d.clients().await;
     let dirs = KubeletDirs {

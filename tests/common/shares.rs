@@ -111,6 +111,26 @@ impl Samba {
         Samba { child, port, conf }
     }
 
+    /// Gives the user root the password `password` (a rotated Secret's).
+    pub fn set_password(&self, password: &str) {
+        let mut passwd = Command::new("smbpasswd")
+            .arg("-c")
+            .arg(&self.conf)
+            .args(["-s", "root"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        passwd
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("{password}\n{password}\n").as_bytes())
+            .unwrap();
+        assert!(passwd.wait().unwrap().success(), "smbpasswd");
+    }
+
     fn smbd(conf: &Path) -> Child {
         Command::new("smbd")
             .args(["--foreground", "--no-process-group"])
@@ -304,6 +324,44 @@ impl Knfsd {
             _one: one,
         }
     }
+}
+
+impl Knfsd {
+    /// Exports `dir` too, to 127.0.0.1, with `options`; unexported on drop.
+    pub fn export(&self, dir: &Path, options: &str) -> Unexport {
+        sh(&format!(
+            "exportfs -i -o {options} 127.0.0.1:{} && exportfs -f",
+            dir.display()
+        ));
+        Unexport(dir.to_path_buf())
+    }
+}
+
+/// A second export of a [`Knfsd`], taken back on drop.
+pub struct Unexport(PathBuf);
+
+impl Drop for Unexport {
+    fn drop(&mut self) {
+        let _ = Command::new("exportfs")
+            .arg("-u")
+            .arg(format!("127.0.0.1:{}", self.0.display()))
+            .status();
+    }
+}
+
+/// The TCP connections established from this machine to 127.0.0.1:`port`
+/// (`/proc/net/tcp`, state 01): how many the kernel's clients hold to a server.
+pub fn connections_to(port: u16) -> usize {
+    let want = format!("0100007F:{port:04X}");
+    fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[2] == want && f[3] == "01"
+        })
+        .count()
 }
 
 /// How the tests start knfsd's threads: NFS 3 and 4 over TCP.
