@@ -303,15 +303,27 @@ async fn a_newer_mds_gets_native_views_whose_creations_work() {
             ("monitors", &monitors),
             ("fsName", "cephfs"),
             ("subvolumeGroup", "csi"),
-            ("csi.storage.k8s.io/provisioner-secret-name", "csi-cephfs-secret"),
+            (
+                "csi.storage.k8s.io/provisioner-secret-name",
+                "csi-cephfs-secret",
+            ),
             ("csi.storage.k8s.io/provisioner-secret-namespace", "default"),
-            ("csi.storage.k8s.io/node-stage-secret-name", "csi-cephfs-secret"),
+            (
+                "csi.storage.k8s.io/node-stage-secret-name",
+                "csi-cephfs-secret",
+            ),
             ("csi.storage.k8s.io/node-stage-secret-namespace", "default"),
         ],
         &[],
     );
-    let (d, mut c, dirs, p, data) =
-        named_publish(&f.subdir("node"), &class, &secret, &raw.join("volumes/csi"), G).await;
+    let (d, mut c, dirs, p, data) = named_publish(
+        &f.subdir("node"),
+        &class,
+        &secret,
+        &raw.join("volumes/csi"),
+        G,
+    )
+    .await;
     let target = p.target.clone();
     let (made, fallback) = mechanism(&d.metrics_addr(), &target);
     assert_eq!(made, "native", "{fallback}\n{}", d.log_text());
@@ -332,7 +344,11 @@ async fn a_newer_mds_gets_native_views_whose_creations_work() {
     assert_eq!(owner(&target.join("f")).0, 1000);
     assert_eq!(owner(&target.join("f")).1, G);
     assert_eq!(owner(&target.join("d")).1, G);
-    assert_eq!(owner(&data.join("f")).0, 1000, "the pod's on the file system");
+    assert_eq!(
+        owner(&data.join("f")).0,
+        1000,
+        "the pod's on the file system"
+    );
     p.unpublish_unstage(&mut c).await;
     delete(&mut c, &p.pv, &secret).await;
     assert!(!data.exists());
@@ -378,8 +394,10 @@ async fn a_newer_mds_gets_native_views_whose_creations_work() {
         .into_inner();
     assert!(!grown.node_expansion_required);
     eventually(Duration::from_secs(60), "the view's quota grew", || {
-        sh(&format!("getfattr -n ceph.quota.max_bytes --only-values {}", s.staging.display()))
-            == (128 * MIB).to_string()
+        sh(&format!(
+            "getfattr -n ceph.quota.max_bytes --only-values {}",
+            s.staging.display()
+        )) == (128 * MIB).to_string()
     });
     s.unpublish_unstage(&mut c).await;
     delete(&mut c, &pv, &secret).await;
@@ -404,14 +422,32 @@ async fn a_newer_mds_gets_native_views_whose_creations_work() {
         1000,
         1000,
         &[G],
-        &format!("cd {} && find . -printf '%g %p\\n' && cat private.key private/inner.txt", s.target.display()),
+        &format!(
+            "cd {} && find . -printf '%g %p\\n' && cat private.key private/inner.txt",
+            s.target.display()
+        ),
     );
-    assert!(walk.ok && walk.stdout.contains("secret\ninner\n"), "{walk:?}");
-    for line in walk.stdout.lines().filter(|l| l.contains(" ./") || l.ends_with(" .")) {
+    assert!(
+        walk.ok && walk.stdout.contains("secret\ninner\n"),
+        "{walk:?}"
+    );
+    for line in walk
+        .stdout
+        .lines()
+        .filter(|l| l.contains(" ./") || l.ends_with(" ."))
+    {
         assert!(line.starts_with(&format!("{G} ")), "{}", walk.stdout);
     }
-    assert_ne!(mechanism(&d.metrics_addr(), &s.target).0, "native", "existing data is never native");
-    assert_eq!(tree(&raw.join("legacy/data")), before, "the driver changed nothing");
+    assert_ne!(
+        mechanism(&d.metrics_addr(), &s.target).0,
+        "native",
+        "existing data is never native"
+    );
+    assert_eq!(
+        tree(&raw.join("legacy/data")),
+        before,
+        "the driver changed nothing"
+    );
     s.unpublish_unstage(&mut c).await;
     assert_eq!(mounts_below(&dirs.root), Vec::<std::path::PathBuf>::new());
 }

@@ -399,7 +399,10 @@ fn block(yaml: &str, key: &str) -> (Vec<(String, String)>, Vec<String>) {
         if let Some(item) = t.strip_prefix("- ") {
             list.push(item.split(" #").next().unwrap().trim().to_string());
         } else if let Some((k, v)) = t.split_once(": ") {
-            map.push((k.to_string(), v.split(" #").next().unwrap().trim().to_string()));
+            map.push((
+                k.to_string(),
+                v.split(" #").next().unwrap().trim().to_string(),
+            ));
         }
     }
     (map, list)
@@ -480,12 +483,20 @@ async fn the_example_classes_and_pvs_name_shares_the_driver_goes_to() {
         );
         let e = c
             .node
-            .node_stage_volume(kubelet::stage(&dirs, &pv, &Pod::new("p", Some(2000)), &secrets))
+            .node_stage_volume(kubelet::stage(
+                &dirs,
+                &pv,
+                &Pod::new("p", Some(2000)),
+                &secrets,
+            ))
             .await
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unavailable, "{kind}: {e:?}");
         assert!(e.message().contains(server), "{kind}: {e:?}");
-        assert!(!e.message().contains("pass-3f9a61") && !e.message().contains("a2V5LTdiMWM="), "{e:?}");
+        assert!(
+            !e.message().contains("pass-3f9a61") && !e.message().contains("a2V5LTdiMWM="),
+            "{e:?}"
+        );
     }
     assert!(d.mounts_below().is_empty(), "{:?}", d.mounts_below());
 }

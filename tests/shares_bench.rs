@@ -25,10 +25,17 @@
 #[path = "common/bench.rs"]
 mod bench;
 mod common;
+#[path = "common/driver.rs"]
+mod driver;
+#[path = "common/kubelet.rs"]
+mod kubelet;
+#[path = "common/named.rs"]
+mod named;
 #[path = "common/shares.rs"]
 mod shares;
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use bench::*;
 use common::*;
@@ -476,4 +483,106 @@ fn callers_round(work: &Path, view: Option<&ViewProcess>) -> [Phase; 3] {
         std::fs::read(p).unwrap();
     });
     [creates, stats, reads]
+}
+
+/// What a volume on a share the driver mounts costs a pod's start, against the raw
+/// mount of the same share: CreateVolume (the controller mounts the share, makes the
+/// directory, unmounts it), NodeStageVolume (the share's mount), NodePublishVolume
+/// (the view), each timed over `ROUNDS` volumes, beside a `mount` and `umount` of the
+/// same share by hand. On Samba as Azure Files and on a root-squashed NFS 4.1 export;
+/// the medians go to the log directory's `stage-publish.md`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark job for the VM tier (see the top of this file)"]
+async fn bench_stage_and_publish_on_the_shares() {
+    use kubelet::{KubeletDirs, Pod, Pvc, StorageClass};
+    use named::*;
+    const ROUNDS: usize = 9;
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2].as_secs_f64() * 1000.0
+    };
+    let f = Fixture::new();
+    let served = f.subdir("served");
+    let samba = Samba::start(&f.dir.path().join("samba"), &served);
+    let export = f.subdir("export");
+    chown(&export, 65534, 65534);
+    let _knfsd = Knfsd::start(&export, "rw,root_squash,no_subtree_check,fsid=4254");
+    let port = format!("port={}", samba.port);
+    let smb_source = format!("//{}/vol", samba.host());
+    let smb = StorageClass::new(
+        &[("source", &smb_source)],
+        &["ip=127.0.0.1", &port, "vers=3.1.1", "mfsymlinks"],
+    );
+    let export_path = export.to_string_lossy().to_string();
+    let nfs = StorageClass::new(
+        &[("server", "127.0.0.1"), ("share", &export_path)],
+        &["nfsvers=4.1"],
+    );
+    let smb_secret: std::collections::HashMap<String, String> =
+        [("username", "root"), ("password", "pw")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    let raw = f.subdir("raw");
+    let mut table = String::from(
+        "| share | CreateVolume | NodeStageVolume | NodePublishVolume | raw mount | raw umount |\n|---|---|---|---|---|---|\n",
+    );
+    for (name, class, secret) in [
+        ("SMB (Samba as Azure Files)", &smb, &smb_secret),
+        ("NFS 4.1 (knfsd, root_squash)", &nfs, &Default::default()),
+    ] {
+        let root = f.subdir(&format!("node-{}", &name[..3]));
+        let d = driver::Driver::start_with_metrics_and(&root, &[]);
+        let mut c = d.clients().await;
+        let dirs = KubeletDirs {
+            root: root.join("kubelet"),
+        };
+        let pod = Pod::new("app", Some(4242));
+        let (mut create, mut stage, mut publish, mut mount, mut umount) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for i in 0..ROUNDS {
+            let t = Instant::now();
+            let pv = provision(&mut c, class, &Pvc::new(&format!("v{i}")), secret)
+                .await
+                .unwrap();
+            create.push(t.elapsed());
+            let t = Instant::now();
+            c.node
+                .node_stage_volume(kubelet::stage(&dirs, &pv, &pod, secret))
+                .await
+                .unwrap();
+            stage.push(t.elapsed());
+            let t = Instant::now();
+            let p = Published::publish(&mut c, &dirs, pv, &pod).await.unwrap();
+            publish.push(t.elapsed());
+            p.unpublish_unstage(&mut c).await;
+            let t = Instant::now();
+            let m = if class.parameters.contains_key("source") {
+                mount_cifs(
+                    &samba,
+                    &raw,
+                    "uid=0,gid=0,file_mode=0700,dir_mode=0700,mfsymlinks",
+                )
+            } else {
+                mount_nfs_vers(&export, &raw, "4.1", "")
+            };
+            mount.push(t.elapsed());
+            let t = Instant::now();
+            drop(m);
+            umount.push(t.elapsed());
+        }
+        table.push_str(&format!(
+            "| {name} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms |\n",
+            median(create),
+            median(stage),
+            median(publish),
+            median(mount),
+            median(umount)
+        ));
+    }
+    eprintln!("{table}");
+    let out = std::path::PathBuf::from(
+        std::env::var_os("MOUNTGROUP_VM_OUT").expect("run in the VM tier"),
+    );
+    std::fs::write(out.join("stage-publish.md"), table).unwrap();
 }

@@ -183,6 +183,21 @@ pub fn make(
     })
 }
 
+/// Renames `name` to `to` in `dir`, never onto an entry there: `RENAME_NOREPLACE`,
+/// or, on a file system without it (NFS, SMB: `EINVAL`), a rename after finding `to`
+/// absent (`EEXIST` where it is there).
+fn archive_as(dir: BorrowedFd<'_>, name: &OsStr, to: &str) -> Result<(), Errno> {
+    let to = OsStr::new(to);
+    match file::rename(dir, name, dir, to, libc::RENAME_NOREPLACE) {
+        Err(Errno::EINVAL) => match file::open_child(dir, to, None) {
+            Ok(_) => Err(Errno::EEXIST),
+            Err(Errno::ENOENT) => file::rename(dir, name, dir, to, 0),
+            Err(e) => Err(e),
+        },
+        other => other,
+    }
+}
+
 /// Sets ceph-csi's `pool` as the data pool of a new directory (`ceph.dir.layout.pool`).
 fn set_pool(path: &Path, pool: &str) -> Result<(), ShareError> {
     let fd = file::open_root(path).map_err(|errno| ShareError::Io {
@@ -269,24 +284,12 @@ pub fn remove(
     let full = base.join(dir);
     if on_delete == OnDelete::Archive {
         let archived = format!("archived-{last}");
-        let renamed = match file::rename(
-            parent_fd.as_fd(),
-            name,
-            parent_fd.as_fd(),
-            OsStr::new(&archived),
-            libc::RENAME_NOREPLACE,
-        ) {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let renamed = match archive_as(parent_fd.as_fd(), name, &archived) {
             Err(Errno::EEXIST) => {
-                let stamp = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                file::rename(
-                    parent_fd.as_fd(),
-                    name,
-                    parent_fd.as_fd(),
-                    OsStr::new(&format!("{archived}-{stamp}")),
-                    libc::RENAME_NOREPLACE,
-                )
+                archive_as(parent_fd.as_fd(), name, &format!("{archived}-{stamp}"))
             }
             other => other,
         };

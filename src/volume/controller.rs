@@ -473,7 +473,10 @@ pub struct Expanded {
 ///
 /// # Errors
 /// `InvalidArgument` for an option that is neither a view's nor the client's.
-fn secret_mount_options(kind: remote::Kind, secrets: &Secrets) -> Result<ClientOptions, VolumeError> {
+fn secret_mount_options(
+    kind: remote::Kind,
+    secrets: &Secrets,
+) -> Result<ClientOptions, VolumeError> {
     let Some((_, options)) = secrets
         .0
         .iter()

@@ -1607,7 +1607,8 @@ fn share_mounted(share: &StagedShare, staging: &Path) -> bool {
 /// `access(2)`, which the NFS client asks the server: nothing is made or changed.
 fn say_if_squashed(staging: &Path, share: &str) {
     let squashed = crate::sys::file::open_root(staging).is_ok_and(|fd| {
-        crate::sys::file::may(std::os::fd::AsFd::as_fd(&fd), libc::W_OK) == Err(crate::sys::Errno::EACCES)
+        crate::sys::file::may(std::os::fd::AsFd::as_fd(&fd), libc::W_OK)
+            == Err(crate::sys::Errno::EACCES)
     });
     if squashed {
         tracing::warn!(%share, "the NFS server answers this node's root as another user (root_squash, or a read-only export): the views of this volume reach only what that user may, and a pod's call on a file or directory it may not answers EACCES, where kubelet's chown would have let the pod's group reach it; export it no_root_squash to this node for that, or give the data's files to a group that user is in");
