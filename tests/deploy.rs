@@ -500,3 +500,38 @@ async fn the_example_classes_and_pvs_name_shares_the_driver_goes_to() {
     }
     assert!(d.mounts_below().is_empty(), "{:?}", d.mounts_below());
 }
+
+/// Every metric the chart's alert rules and its Grafana dashboard name is one the
+/// driver serves (src/csi/metrics.rs names each), as Prometheus shows it (a
+/// histogram's `_bucket`, `_count`, `_sum`, a counter's `_total`); and the dashboard in
+/// docs/ is the chart's.
+#[test]
+fn the_charts_rules_and_dashboard_name_metrics_the_driver_serves() {
+    let names = |text: &str| -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        for (i, _) in text.match_indices("mountgroup_") {
+            let name: String = text[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            out.insert(name);
+        }
+        out
+    };
+    let served = names(&manifest("src/csi/metrics.rs"));
+    let dashboard = manifest("charts/mountgroup/dashboards/mountgroup.json");
+    assert_eq!(dashboard, manifest("docs/grafana-dashboard.json"));
+    let rules = manifest("charts/mountgroup/templates/prometheusrule.yaml");
+    let named: Vec<String> = names(&rules).into_iter().chain(names(&dashboard)).collect();
+    assert!(named.len() >= 6, "{named:?}");
+    for n in named {
+        let base = ["_bucket", "_count", "_sum", "_total"]
+            .iter()
+            .find_map(|s| n.strip_suffix(s).filter(|b| served.contains(*b)))
+            .unwrap_or(&n);
+        assert!(
+            served.contains(base),
+            "{n} is not a metric the driver serves"
+        );
+    }
+}
