@@ -1025,9 +1025,19 @@ print(os.read(fd, 10).decode(), ','.join(os.listdir(d)), flush=True)",
 #[ignore = "needs the cifs module and Samba: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 async fn a_view_waits_out_its_smb_servers_crash_as_the_share_does() {
     let f = Fixture::new();
-    let root = f.dir.path();
     let mut s = SambaShare::start(&f, AZURE_FILES);
-    let (d, mut c, target, _unmount) = default_publish(root, &f.subdir("staging"), G).await;
+    // A volume of csi-driver-smb's class, on the share the driver mounts at the stage:
+    // the stage's mount is the raw mount of the same share the view serves.
+    let class = smb_class(&s.samba, &["mfsymlinks"]);
+    let (d, mut c, _dirs, p, data) = named_publish(
+        &f.subdir("node"),
+        &class,
+        &smb_secret(&s.samba, "pw"),
+        &s.served,
+        G,
+    )
+    .await;
+    let target = p.target.clone();
     let member = |script: &str| {
         run_as(
             1000,
@@ -1051,7 +1061,7 @@ async fn a_view_waits_out_its_smb_servers_crash_as_the_share_does() {
     // More callers than the few workers a view once had (its CPU count, up to 8).
     const CALLERS: usize = 12;
     let view_callers = Lookups::start(&target, CALLERS);
-    let raw_callers = Lookups::start(&s.share.join("volumes/vol"), CALLERS);
+    let raw_callers = Lookups::start(&p.staging, CALLERS);
     let addr = d.metrics_addr();
     let in_progress =
         || sample(&scrape(&addr), "mountgroup_view_requests_in_progress{").unwrap_or(0.0) as usize;
@@ -1060,7 +1070,7 @@ async fn a_view_waits_out_its_smb_servers_crash_as_the_share_does() {
         "every caller's call in progress in the view at once",
         || in_progress() >= CALLERS,
     );
-    let (abnormal, message) = volume_condition(&mut c, "vol", &target).await;
+    let (abnormal, message) = volume_condition(&mut c, &p.pv.volume_handle, &target).await;
     assert!(abnormal, "{message}");
     // Every caller on each side has had its answer while the server was away.
     eventually(
@@ -1092,24 +1102,15 @@ async fn a_view_waits_out_its_smb_servers_crash_as_the_share_does() {
     });
     assert_eq!(mount_id(), before);
     assert_eq!(
-        fs::read_to_string(s.served.join("volumes/vol/f"))
-            .unwrap()
-            .lines()
-            .next(),
+        fs::read_to_string(data.join("f")).unwrap().lines().next(),
         Some("before")
     );
-    let normal = volume_condition(&mut c, "vol", &target).await;
+    let normal = volume_condition(&mut c, &p.pv.volume_handle, &target).await;
     assert!(!normal.0, "the volume is normal again: {}", normal.1);
     let appended = appender.stop();
-    appended_lines_kept(
-        &s.served.join("volumes/vol/appended"),
-        appended.acknowledged,
-    );
+    appended_lines_kept(&data.join("appended"), appended.acknowledged);
     assert!(!d.log_text().contains("killing it"), "{}", d.log_text());
-    c.node
-        .node_unpublish_volume(unpublish_req("vol", &target))
-        .await
-        .unwrap();
+    p.unpublish_unstage(&mut c).await;
 }
 
 /// The id of the mount at `target` in this process's mount table: a view killed and
@@ -1135,15 +1136,6 @@ fn squashed_export(f: &Fixture, fsid: u32) -> (std::path::PathBuf, Knfsd) {
     (export, knfsd)
 }
 
-/// A [`squashed_export`] mounted as the driver's share at `f`'s `share`: the export
-/// is nobody's, so that the driver (root, squashed) can lay the share out in it. The
-/// export's directory, the server and the mount.
-fn squashed_nfs_share(f: &Fixture, fsid: u32) -> (std::path::PathBuf, Knfsd, Unmount) {
-    let (export, knfsd) = squashed_export(f, fsid);
-    let share = mount_nfs(&export, &f.subdir("share"), "");
-    (export, knfsd, share)
-}
-
 /// The NFS server goes away for longer than the keeper's hang timeout (30 s) from a
 /// hard mount, whose calls wait for it: the keeper sees the view waiting on its share
 /// and leaves it serving (it used to kill it, to no end), kubelet is told the volume
@@ -1156,16 +1148,22 @@ fn squashed_nfs_share(f: &Fixture, fsid: u32) -> (std::path::PathBuf, Knfsd, Unm
 #[ignore = "needs the nfs and nfsd modules and knfsd: the VM tier runs it (scripts/vm-test 6.12 --systemd shares --ignored)"]
 async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
     let f = Fixture::new();
-    let root = f.dir.path();
-    let (export, knfsd, _share) = squashed_nfs_share(&f, 4247);
-    let (d, mut c, target, _unmount) = default_publish(root, &f.subdir("staging"), G).await;
+    let (export, knfsd) = squashed_export(&f, 4247);
+    // A volume of csi-driver-nfs's class on the export, which the driver mounts at the
+    // stage (a hard mount, the NFS client's default); the stage's mount is the raw
+    // mount of the same share the view serves.
+    let class = nfs_class(&export, "4.2", &["actimeo=1"]);
+    let (d, mut c, _dirs, p, data) =
+        named_publish(&f.subdir("node"), &class, &Default::default(), &export, G).await;
+    let target = p.target.clone();
+    let raw = p.staging.clone();
     let mount_id = || view_mount_id(&target);
     let before = mount_id();
     assert!(before.is_some());
     let appender = Appender::start(target.join("appended"));
-    let raw_appender = Appender::start(root.join("share/raw-appended"));
+    let raw_appender = Appender::start(raw.join("raw-appended"));
     eventually(Duration::from_secs(60), "appends before the outage", || {
-        lines_in(&target.join("appended")) >= 3 && lines_in(&root.join("share/raw-appended")) >= 3
+        lines_in(&target.join("appended")) >= 3 && lines_in(&raw.join("raw-appended")) >= 3
     });
 
     let outage = knfsd.outage();
@@ -1177,7 +1175,7 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
                 .contains("waits on its share: leaving it serving")
         },
     );
-    let (abnormal, message) = volume_condition(&mut c, "vol", &target).await;
+    let (abnormal, message) = volume_condition(&mut c, &p.pv.volume_handle, &target).await;
     assert!(
         abnormal && message.contains("the share does not answer"),
         "{message}"
@@ -1193,7 +1191,7 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
     });
     let mut normal = false;
     for _ in 0..60 {
-        let (abnormal, _) = volume_condition(&mut c, "vol", &target).await;
+        let (abnormal, _) = volume_condition(&mut c, &p.pv.volume_handle, &target).await;
         if !abnormal {
             normal = true;
             break;
@@ -1205,7 +1203,7 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
     // A quick restart (stopped and started at once): both go on appending.
     let (view_before, raw_before) = (
         lines_in(&target.join("appended")),
-        lines_in(&root.join("share/raw-appended")),
+        lines_in(&raw.join("raw-appended")),
     );
     drop(knfsd.outage());
     eventually(
@@ -1213,30 +1211,27 @@ async fn a_view_waits_out_its_nfs_servers_outage_and_kubelet_is_told() {
         "appends after the restart",
         || {
             lines_in(&target.join("appended")) >= view_before + 3
-                && lines_in(&root.join("share/raw-appended")) >= raw_before + 3
+                && lines_in(&raw.join("raw-appended")) >= raw_before + 3
         },
     );
     let appended = appender.stop();
-    let raw = raw_appender.stop();
+    let raw_appended = raw_appender.stop();
     eprintln!(
         "NFS outage and restart: the view's longest append {:?}, the raw mount's {:?}",
-        appended.longest, raw.longest
+        appended.longest, raw_appended.longest
     );
     // A hard mount waits: nothing fails, nothing acknowledged is lost.
-    assert!(raw.errors.is_empty(), "{:?}", raw.errors);
+    assert!(raw_appended.errors.is_empty(), "{:?}", raw_appended.errors);
     assert!(appended.errors.is_empty(), "{:?}", appended.errors);
-    appended_lines_kept(&export.join("raw-appended"), raw.acknowledged);
-    let on_server = fs::read_to_string(export.join("volumes/vol/appended")).unwrap();
+    appended_lines_kept(&data.join("raw-appended"), raw_appended.acknowledged);
+    let on_server = fs::read_to_string(data.join("appended")).unwrap();
     let expected: Vec<String> = (0..appended.acknowledged)
         .map(|i| format!("line {i}"))
         .collect();
     assert_eq!(on_server.lines().collect::<Vec<_>>(), expected);
     assert_eq!(mount_id(), before);
     assert!(!d.log_text().contains("killing it"), "{}", d.log_text());
-    c.node
-        .node_unpublish_volume(unpublish_req("vol", &target))
-        .await
-        .unwrap();
+    p.unpublish_unstage(&mut c).await;
 }
 
 /// A view that acts as its callers (`ownership=share`) on a root-squashed export, by

@@ -149,7 +149,18 @@ impl Pvc {
         Pvc {
             name: name.into(),
             namespace: "team".into(),
-            uid: format!("4b8c{:0>4}-51f2-4d7e-a1c3-6e2f9d0b7a15", name.len()),
+            // A uid of its own for each name, as the API server gives each PVC one.
+            uid: {
+                let h = hex_sha256(name);
+                format!(
+                    "{}-{}-{}-{}-{}",
+                    &h[..8],
+                    &h[8..12],
+                    &h[12..16],
+                    &h[16..20],
+                    &h[20..32]
+                )
+            },
             access_mode: "ReadWriteMany",
             bytes: 1 << 30,
         }
