@@ -2133,6 +2133,31 @@ async fn the_peers_smb_class_and_static_pv_work_on_an_azure_files_like_share() {
         fs::read_to_string(served.join(pvc.pv_name()).join("outfile")).unwrap(),
         "hello\n"
     );
+    // A class whose source names a directory of the share (`//server/share/team`):
+    // volumes are made in it, and removed from it.
+    let team = served.join("team");
+    fs::create_dir(&team).unwrap();
+    fs::set_permissions(&team, fs::Permissions::from_mode(0o777)).unwrap();
+    let mut in_team = class.clone();
+    in_team
+        .parameters
+        .insert("source".into(), format!("//{}/vol/team", samba.host()));
+    let team_pvc = Pvc::new("team-0");
+    let team_pv = provision(&mut c, &in_team, &team_pvc, &secret)
+        .await
+        .unwrap();
+    assert!(
+        team.join(team_pvc.pv_name()).is_dir(),
+        "{:?}",
+        tree(&served)
+    );
+    assert!(!team.join("team").exists(), "{:?}", tree(&served));
+    delete(&mut c, &team_pv, &secret).await;
+    assert!(
+        !team.join(team_pvc.pv_name()).exists(),
+        "{:?}",
+        tree(&served)
+    );
 
     // Static: a PV of data already on the share, as pv-smb.yaml names it, for a pod
     // with an fsGroup of its own.

@@ -89,7 +89,10 @@ fn split(path: &SubPath) -> (SubPath, &str) {
     }
 }
 
-/// Makes the volume directory `dir` below `base` of the share mounted at `root`, or
+/// Makes the volume directory `dir` below `base` of the share mounted at `root` (`base`
+/// is the path from `root` to the class's directory: empty where `root` is a mount of
+/// that directory itself, as the controller mounts it), making `base` where it is
+/// missing; or
 /// takes the one a repeated CreateVolume made: the directory is new, or empty, or
 /// already in the volume's group with its mode; a directory that holds data already
 /// is served as it is (a FUSE volume showing its files as kubelet's chown would), and

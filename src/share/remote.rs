@@ -386,6 +386,9 @@ pub struct Class {
     pub base: SubPath,
     /// `subDir` as the class gives it (templates unfilled); `None`: the volume's name.
     pub sub_dir: Option<String>,
+    /// `base` is the driver's to make where it is missing (a CephFS `subvolumeGroup`,
+    /// which ceph-csi makes on its first volume); the other kinds' is the share's own.
+    pub makes_base: bool,
     pub on_delete: OnDelete,
     /// csi-driver-nfs's `mountPermissions`: the mode a new directory of a volume that
     /// is not native gets.
@@ -481,18 +484,18 @@ pub fn class(params: &BTreeMap<String, String>, extra: &[&str]) -> Result<Option
         ));
     }
     let bad = |key: &str, why: String| format!("parameters: {key}: {why}");
-    let (remote, base) = match kind {
+    let (remote, base, makes_base) = match kind {
         Kind::Smb => {
             let source = keys.get("source").unwrap_or_default();
             let (smb, dir) = Smb::parse_source(source).map_err(|w| bad("source", w))?;
-            (Remote::Smb(smb), dir)
+            (Remote::Smb(smb), dir, false)
         }
         Kind::Nfs => {
             let (Some(server), Some(share)) = (keys.get("server"), keys.get("share")) else {
                 return Err("parameters: an NFS share needs both server and share".into());
             };
             let nfs = Nfs::parse(server, share).map_err(|w| bad("server/share", w))?;
-            (Remote::Nfs(nfs), SubPath::default())
+            (Remote::Nfs(nfs), SubPath::default(), false)
         }
         Kind::Cephfs => {
             if let Some(m) = keys
@@ -514,15 +517,19 @@ pub fn class(params: &BTreeMap<String, String>, extra: &[&str]) -> Result<Option
                 keys.get("fsname"),
             )
             .map_err(|w| format!("parameters: {w}"))?;
-            let base = match (keys.get("rootpath"), keys.get("subvolumegroup")) {
-                (Some(root), _) => {
-                    SubPath::parse(root.trim_start_matches('/')).map_err(|w| bad("rootPath", w))?
-                }
-                (None, Some(group)) => SubPath::parse(&format!("volumes/{group}"))
-                    .map_err(|w| bad("subvolumeGroup", w))?,
-                (None, None) => SubPath::default(),
+            let (base, makes_base) = match (keys.get("rootpath"), keys.get("subvolumegroup")) {
+                (Some(root), _) => (
+                    SubPath::parse(root.trim_start_matches('/')).map_err(|w| bad("rootPath", w))?,
+                    false,
+                ),
+                (None, Some(group)) => (
+                    SubPath::parse(&format!("volumes/{group}"))
+                        .map_err(|w| bad("subvolumeGroup", w))?,
+                    true,
+                ),
+                (None, None) => (SubPath::default(), false),
             };
-            (Remote::Cephfs(ceph), base)
+            (Remote::Cephfs(ceph), base, makes_base)
         }
     };
     let client = match keys.get("kernelmountoptions") {
@@ -561,6 +568,7 @@ pub fn class(params: &BTreeMap<String, String>, extra: &[&str]) -> Result<Option
         remote,
         base,
         sub_dir,
+        makes_base,
         on_delete: OnDelete::parse(keys.get("ondelete").unwrap_or_default())
             .map_err(|w| format!("parameters: {w}"))?,
         mount_permissions,

@@ -9,7 +9,7 @@ use crate::share::key::ShareKey;
 use crate::share::made::{self, Want};
 use crate::share::remote::{
     self, Attached, Class, ClientOptions, Credentials, Location, MadeVolume, OnDelete, Role,
-    Settings,
+    Settings, SubPath,
 };
 use crate::share::{Created, Share, VolumeId, VolumeRecord, VolumeSpec};
 
@@ -179,12 +179,27 @@ impl Controller {
             remote: class.remote.clone(),
             dir: class.base.clone(),
         };
-        let attached = self.mount(&base, &client, &creds, req.deadline)?;
+        // The class's directory is mounted, and the volume made in it. A CephFS
+        // subvolume group is the driver's to make, as ceph-csi makes it on its first
+        // volume: where it is not there yet, the file system's root is mounted and the
+        // group made below it.
+        let (attached, below) = match self.mount(&base, &client, &creds, req.deadline) {
+            Err(VolumeError::NotFound(why)) if class.makes_base => {
+                let root = Location {
+                    remote: class.remote.clone(),
+                    dir: SubPath::default(),
+                };
+                tracing::info!(share = %base.describe(), %why, "the class's subvolume group is not there: made, as ceph-csi makes it");
+                let attached = self.mount(&root, &client, &creds, req.deadline)?;
+                (attached, class.base.clone())
+            }
+            other => (other?, SubPath::default()),
+        };
         let native = req.parameters.get(VIEW_PARAMETER).map(String::as_str) != Some("fuse");
         let made = made::make(
             &attached.path,
             kind,
-            &class.base,
+            &below,
             &dir,
             &Want {
                 native,
@@ -302,7 +317,7 @@ impl Controller {
         let attached = self.mount(&base, &client, &creds, deadline)?;
         made::remove(
             &attached.path,
-            &made.base,
+            &SubPath::default(),
             &made.dir,
             made.on_delete,
             made.traits,
@@ -443,7 +458,7 @@ impl Controller {
             dir: made.base.clone(),
         };
         let attached = self.mount(&base, &client, &creds, deadline)?;
-        made::limit(&attached.path, &made.base, &made.dir, bytes)?;
+        made::limit(&attached.path, &SubPath::default(), &made.dir, bytes)?;
         tracing::info!(volume_id = %id, capacity_bytes = bytes, "CephFS quota set");
         Ok(done)
     }
