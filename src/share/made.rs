@@ -236,18 +236,18 @@ fn is_empty(fd: BorrowedFd<'_>) -> Result<bool, Errno> {
         .all(|e| e.name.as_slice() == b"." || e.name.as_slice() == b".."))
 }
 
-/// Sets the CephFS quota of the volume directory `dir` below `base` of the share at
-/// `root` (ControllerExpandVolume).
+/// Sets the CephFS quota of the volume directory `dir` of the class's directory
+/// mounted at `root` (ControllerExpandVolume).
 ///
 /// # Errors
 /// Why it cannot be set.
-pub fn limit(root: &Path, base: &SubPath, dir: &SubPath, bytes: u64) -> Result<(), ShareError> {
+pub fn limit(root: &Path, dir: &SubPath, bytes: u64) -> Result<(), ShareError> {
     let top = file::open_root(root).map_err(failed("the share's root", ""))?;
-    let fd = walk(top.as_fd(), &base.join(dir), false)?;
+    let fd = walk(top.as_fd(), dir, false)?;
     cephfs::limit(&file::fd_path(fd.as_fd()), bytes)
 }
 
-/// What DeleteVolume does to the volume directory `dir` below `base` of the share
+/// What DeleteVolume does to the volume directory `dir` of the class's directory
 /// mounted at `root`, as `on_delete` says: removes it and everything in it (as its
 /// owners, for a volume whose views act as their callers), then the directories of
 /// `dir` it leaves empty; or renames it `archived-<name>` beside it. A directory that
@@ -257,7 +257,6 @@ pub fn limit(root: &Path, base: &SubPath, dir: &SubPath, bytes: u64) -> Result<(
 /// Why it cannot be removed.
 pub fn remove(
     root: &Path,
-    base: &SubPath,
     dir: &SubPath,
     on_delete: OnDelete,
     traits: Traits,
@@ -265,15 +264,7 @@ pub fn remove(
     if on_delete == OnDelete::Retain {
         return Ok(());
     }
-    let top = file::open_root(root).map_err(failed("the share's root", ""))?;
-    let base_fd = match walk(top.as_fd(), base, false) {
-        Ok(fd) => fd,
-        Err(ShareError::Io {
-            errno: Errno::ENOENT,
-            ..
-        }) => return Ok(()),
-        Err(e) => return Err(e),
-    };
+    let base_fd = file::open_root(root).map_err(failed("the share's root", ""))?;
     let (parent, last) = split(dir);
     let parent_fd = match walk(base_fd.as_fd(), &parent, false) {
         Ok(fd) => fd,
@@ -284,7 +275,7 @@ pub fn remove(
         Err(e) => return Err(e),
     };
     let name = OsStr::new(last);
-    let full = base.join(dir);
+    let full = dir;
     if on_delete == OnDelete::Archive {
         let archived = format!("archived-{last}");
         let stamp = std::time::SystemTime::now()
@@ -417,40 +408,16 @@ mod tests {
         assert!(!outside.path().join("x").exists());
         fs::write(outside.path().join("keep"), "k").unwrap();
         std::os::unix::fs::symlink(outside.path(), root.join("team/data/link")).unwrap();
-        remove(
-            root,
-            &SubPath::default(),
-            &sub("team/data"),
-            OnDelete::Delete,
-            Traits::Plain,
-        )
-        .unwrap();
+        remove(root, &sub("team/data"), OnDelete::Delete, Traits::Plain).unwrap();
         assert!(!root.join("team").exists(), "the emptied parent goes too");
         assert!(outside.path().join("keep").exists());
-        remove(
-            root,
-            &SubPath::default(),
-            &sub("team/data"),
-            OnDelete::Delete,
-            Traits::Plain,
-        )
-        .unwrap();
-        assert!(
-            remove(
-                root,
-                &SubPath::default(),
-                &sub("evil/x"),
-                OnDelete::Delete,
-                Traits::Plain
-            )
-            .is_err()
-        );
+        remove(root, &sub("team/data"), OnDelete::Delete, Traits::Plain).unwrap();
+        assert!(remove(root, &sub("evil/x"), OnDelete::Delete, Traits::Plain).is_err());
         // Archive, twice, and retain.
         for _ in 0..2 {
             make(root, Kind::Smb, &sub("base"), &sub("v"), &want(false)).unwrap();
             remove(
-                root,
-                &sub("base"),
+                &root.join("base"),
                 &sub("v"),
                 OnDelete::Archive,
                 Traits::Plain,
@@ -464,8 +431,7 @@ mod tests {
         assert_eq!(archived.len(), 2, "{archived:?}");
         make(root, Kind::Smb, &sub("base"), &sub("v"), &want(false)).unwrap();
         remove(
-            root,
-            &sub("base"),
+            &root.join("base"),
             &sub("v"),
             OnDelete::Retain,
             Traits::Plain,

@@ -180,9 +180,11 @@ impl Controller {
             dir: class.base.clone(),
         };
         // The class's directory is mounted, and the volume made in it. A CephFS
-        // subvolume group is the driver's to make, as ceph-csi makes it on its first
-        // volume: where it is not there yet, the file system's root is mounted and the
-        // group made below it.
+        // subvolume group is the driver's to make, as ceph-csi makes it before a
+        // class's first volume (internal/cephfs/core/volume.go, subVolumeClient's
+        // `CreateVolume`): where it is not there yet, the file system's root is
+        // mounted and the group made below it.
+        let started = std::time::Instant::now();
         let (attached, below) = match self.mount(&base, &client, &creds, req.deadline) {
             Err(VolumeError::NotFound(why)) if class.makes_base => {
                 let root = Location {
@@ -190,7 +192,9 @@ impl Controller {
                     dir: SubPath::default(),
                 };
                 tracing::info!(share = %base.describe(), %why, "the class's subvolume group is not there: made, as ceph-csi makes it");
-                let attached = self.mount(&root, &client, &creds, req.deadline)?;
+                // Within what is left of the call's deadline, not a second one.
+                let left = req.deadline.map(|d| d.saturating_sub(started.elapsed()));
+                let attached = self.mount(&root, &client, &creds, left)?;
                 (attached, class.base.clone())
             }
             other => (other?, SubPath::default()),
@@ -315,13 +319,7 @@ impl Controller {
             dir: made.base.clone(),
         };
         let attached = self.mount(&base, &client, &creds, deadline)?;
-        made::remove(
-            &attached.path,
-            &SubPath::default(),
-            &made.dir,
-            made.on_delete,
-            made.traits,
-        )?;
+        made::remove(&attached.path, &made.dir, made.on_delete, made.traits)?;
         tracing::info!(volume_id = %id, share = %at, on_delete = made.on_delete.name(), "volume deleted");
         Ok(())
     }
@@ -458,7 +456,7 @@ impl Controller {
             dir: made.base.clone(),
         };
         let attached = self.mount(&base, &client, &creds, deadline)?;
-        made::limit(&attached.path, &SubPath::default(), &made.dir, bytes)?;
+        made::limit(&attached.path, &made.dir, bytes)?;
         tracing::info!(volume_id = %id, capacity_bytes = bytes, "CephFS quota set");
         Ok(done)
     }
