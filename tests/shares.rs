@@ -2580,8 +2580,7 @@ async fn two_shares_of_two_kinds_serve_one_node_through_a_driver_restart() {
         let pv = provision(&mut c, class, &Pvc::new(name), secret)
             .await
             .unwrap();
-        let mut pod = Pod::new(&format!("app-{name}"), Some(i64::from(G)));
-        pod.uid = format!("{}-{name}", pod.uid);
+        let pod = Pod::new(&format!("app-{name}"), Some(i64::from(G)));
         let p = Published::stage_and_publish(&mut c, &dirs, pv, &pod, secret)
             .await
             .unwrap();

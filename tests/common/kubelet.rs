@@ -43,6 +43,21 @@ fn hex_sha256(s: &str) -> String {
         .collect()
 }
 
+/// A uid of its own for each object of `kind` named `name`, shaped as the API server's
+/// (a UUID), as it gives every object one: two objects never share a pod directory or
+/// a volume name.
+fn object_uid(kind: &str, name: &str) -> String {
+    let h = hex_sha256(&format!("{kind}/{name}"));
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
 /// A node's kubelet root directory (`--root-dir`, /var/lib/kubelet on a real node).
 pub struct KubeletDirs {
     pub root: PathBuf,
@@ -93,7 +108,7 @@ impl Pod {
         Pod {
             name: name.into(),
             namespace: "team".into(),
-            uid: format!("0f4e{:0>4}-7b1c-4d2a-9e55-3c1d2b8a6f10", name.len()),
+            uid: object_uid("pod", name),
             service_account: "default".into(),
             fs_group,
         }
@@ -149,18 +164,7 @@ impl Pvc {
         Pvc {
             name: name.into(),
             namespace: "team".into(),
-            // A uid of its own for each name, as the API server gives each PVC one.
-            uid: {
-                let h = hex_sha256(name);
-                format!(
-                    "{}-{}-{}-{}-{}",
-                    &h[..8],
-                    &h[8..12],
-                    &h[12..16],
-                    &h[16..20],
-                    &h[20..32]
-                )
-            },
+            uid: object_uid("pvc", name),
             access_mode: "ReadWriteMany",
             bytes: 1 << 30,
         }
