@@ -417,51 +417,15 @@ fn native_mount(
     mountpoint: &std::path::Path,
     options: &ViewOptions,
 ) -> ExitCode {
-    use std::os::unix::fs::MetadataExt;
-    let disk_group = match std::fs::metadata(source) {
-        Ok(m) if m.is_dir() => m.gid(),
-        Ok(_) => {
-            eprintln!("mountgroup: source {} is not a directory", source.display());
-            return ExitCode::from(2);
-        }
-        Err(e) => {
-            eprintln!("mountgroup: source {}: {e}", source.display());
-            return ExitCode::from(2);
-        }
-    };
-    if let Some(why) = mountgroup::volume::native::refusal(options) {
-        eprintln!(
-            "mountgroup: --native cannot serve {why}: drop it, or mount a FUSE view (without --native)"
-        );
-        return ExitCode::from(2);
-    }
-    if disk_group == 0 {
-        eprintln!(
-            "mountgroup: source {}'s group is root's (0): a native view would give the gid= group what group 0 may do; give it a group of its own (chgrp GROUP, chmod g+s)",
-            source.display()
-        );
-        return ExitCode::from(2);
-    }
-    // What the driver asks of a share before it makes native volumes on it.
-    for check in [
-        mountgroup::share::idmappable,
-        mountgroup::share::native_inert,
-    ] {
-        if let Err(why) = check(source) {
-            eprintln!("mountgroup: --native: {why}");
-            return ExitCode::from(2);
-        }
-    }
-    if let Err(e) = mountgroup::transport::check_mountpoint(mountpoint) {
-        eprintln!("mountgroup: {e}");
-        return ExitCode::from(2);
-    }
-    let shown = options.group.map_or(disk_group, |g| g.get());
-    match mountgroup::volume::native::mount(source, mountpoint, disk_group, shown, options) {
+    use mountgroup::volume::serve::{ByHand, mount_native_by_hand};
+    match mount_native_by_hand(source, mountpoint, options) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("mountgroup: {e}");
-            ExitCode::FAILURE
+            match e {
+                ByHand::Refused(_) => ExitCode::from(2),
+                ByHand::Failed(_) => ExitCode::FAILURE,
+            }
         }
     }
 }

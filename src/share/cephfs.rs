@@ -19,10 +19,10 @@ use std::os::fd::AsFd;
 use std::path::Path;
 
 use super::ShareError;
-use super::remote::{Credentials, MountPlan, Role, SubPath};
+use super::named::{Credentials, MountPlan, Role, SubPath};
 use crate::sys::{Errno, file, xattr};
 
-use crate::sys::file::{CEPH_DIR_RBYTES as RBYTES, CEPH_QUOTA_MAX_BYTES as MAX_BYTES};
+use crate::sys::cephfs::{CEPH_DIR_RBYTES as RBYTES, CEPH_QUOTA_MAX_BYTES as MAX_BYTES};
 
 /// Whether `path` is on CephFS.
 pub fn is_cephfs(path: &Path) -> bool {
@@ -35,7 +35,7 @@ fn number(path: &Path, name: &CStr) -> Result<u64, ShareError> {
         errno,
     };
     let fd = file::open_root(path).map_err(failed)?;
-    file::ceph_number(fd.as_fd(), name).map_err(failed)
+    crate::sys::cephfs::ceph_number(fd.as_fd(), name).map_err(failed)
 }
 
 /// Limits the directory at `path` to `bytes`.
@@ -210,7 +210,7 @@ impl Ceph {
                 for mon in &listed {
                     let (host, _) =
                         split_port(mon).map_err(|why| format!("monitors: {mon:?} {why}"))?;
-                    super::remote::check_host(host)
+                    super::named::check_host(host)
                         .map_err(|why| format!("monitors: {mon:?}: {why}"))?;
                 }
                 Monitors::Listed(listed)

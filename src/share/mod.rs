@@ -14,6 +14,7 @@ pub mod cephfs;
 pub mod key;
 pub mod local;
 pub mod made;
+pub mod named;
 pub mod nfs;
 pub mod remote;
 pub mod smb;

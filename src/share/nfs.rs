@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use super::remote::{MountPlan, SubPath};
+use super::named::{MountPlan, SubPath};
 
 /// An NFS export: its server and the export's path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,7 +126,7 @@ impl Nfs {
     /// # Errors
     /// What is wrong with either.
     pub fn parse(server: &str, share: &str) -> Result<Nfs, String> {
-        super::remote::check_host(server).map_err(|why| format!("server {server:?}: {why}"))?;
+        super::named::check_host(server).map_err(|why| format!("server {server:?}: {why}"))?;
         if !share.starts_with('/') {
             return Err(format!("share {share:?} is not an absolute path"));
         }

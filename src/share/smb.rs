@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use super::remote::{Credentials, MountPlan, Role, SubPath};
+use super::named::{Credentials, MountPlan, Role, SubPath};
 
 /// An SMB share: its server and the share's name, no directory under it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,7 +172,7 @@ impl Smb {
         if server.is_empty() || share.is_empty() {
             return Err(format!("{source:?} is not //server/share"));
         }
-        super::remote::check_host(server).map_err(|why| format!("{source:?}: {why}"))?;
+        super::named::check_host(server).map_err(|why| format!("{source:?}: {why}"))?;
         if share
             .chars()
             .any(|c| c.is_control() || matches!(c, '#' | '%'))

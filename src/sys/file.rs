@@ -7,7 +7,7 @@
 //! (xattrs, chmod, reopening for I/O), the wrapper goes through the descriptor's own
 //! `/proc/self/fd/N` magic link, which names exactly that inode and nothing else.
 
-use std::ffi::{CStr, OsStr};
+use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -19,6 +19,7 @@ use rustix::fs::{
 };
 use rustix::fs::{Gid, Uid};
 
+use super::procfd::{ProcPath, proc_fd_dir};
 use super::{Errno, SysResult, failed};
 
 /// The type of a file system object.
@@ -107,49 +108,6 @@ pub struct Stat {
 
 /// Set-id and sticky bits plus the permission bits.
 pub const PERM_MASK: u32 = 0o7777;
-
-/// `/proc/self/fd/N` for a descriptor, without allocating.
-pub(super) struct ProcPath {
-    buf: [u8; 40],
-}
-
-impl ProcPath {
-    pub(super) fn new(fd: BorrowedFd<'_>) -> ProcPath {
-        use std::io::Write;
-        let mut buf = [0u8; 40];
-        let mut cursor = &mut buf[..];
-        // "/proc/self/fd/" + at most 10 digits + NUL always fits in 40 bytes.
-        let _ = write!(cursor, "/proc/self/fd/{}\0", fd.as_raw_fd());
-        ProcPath { buf }
-    }
-
-    pub(super) fn as_cstr(&self) -> &CStr {
-        CStr::from_bytes_until_nul(&self.buf).expect("ProcPath always holds a NUL")
-    }
-
-    /// The last component alone (`N`), to resolve beneath [`proc_fd_dir`]: one
-    /// component instead of five (`proc`, `self`, the pid, `fd`, `N`), which is most of
-    /// what a record read cost a lookup.
-    pub(super) fn name(&self) -> &CStr {
-        let all = self.as_cstr().to_bytes_with_nul();
-        CStr::from_bytes_with_nul(&all["/proc/self/fd/".len()..]).expect("ends with the NUL")
-    }
-}
-
-/// This process's `/proc/self/fd`, opened once (`O_PATH`); `None` without `/proc`.
-pub(super) fn proc_fd_dir() -> Option<BorrowedFd<'static>> {
-    static DIR: std::sync::OnceLock<Option<OwnedFd>> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        rustix::fs::open(
-            "/proc/self/fd",
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .ok()
-    })
-    .as_ref()
-    .map(|fd| fd.as_fd())
-}
 
 /// Opens the directory the view mirrors. The administrator's path is resolved once,
 /// here, following symlinks as mount(8) would; nothing is ever resolved by path again.
@@ -913,40 +871,6 @@ const CEPH_MAGIC: i64 = 0x00C3_6400;
 /// Whether `fd` is on a file system of the kernel's CephFS client.
 pub fn is_cephfs(fd: BorrowedFd<'_>) -> bool {
     rustix::fs::fstatfs(fd).is_ok_and(|s| { s.f_type } == CEPH_MAGIC)
-}
-
-/// A CephFS directory's quota (`ceph.quota.max_bytes`, 0: none).
-pub const CEPH_QUOTA_MAX_BYTES: &std::ffi::CStr = c"ceph.quota.max_bytes";
-/// A CephFS directory's recursive size, as the MDS accounts it.
-pub const CEPH_DIR_RBYTES: &std::ffi::CStr = c"ceph.dir.rbytes";
-
-/// A number a CephFS virtual extended attribute of `fd` holds (decimal text, at times
-/// with a trailing NUL); 0 where it is empty.
-///
-/// # Errors
-/// The error of `getxattr`, or `EINVAL` for a value that is not a number.
-pub fn ceph_number(fd: BorrowedFd<'_>, name: &std::ffi::CStr) -> SysResult<u64> {
-    let value = super::xattr::get(fd, name)?.unwrap_or_default();
-    let text = String::from_utf8_lossy(&value);
-    let text = text.trim_end_matches('\0').trim();
-    if text.is_empty() {
-        return Ok(0);
-    }
-    text.parse().map_err(|_| Errno(libc::EINVAL))
-}
-
-/// The quota of the CephFS directory `fd` and the bytes it holds: `None` where it has
-/// no quota. The kernel client's statfs reports the quota of its mount's root, not of
-/// a directory below it, so a view of a volume asks its own.
-///
-/// # Errors
-/// The error of `getxattr`.
-pub fn ceph_quota(fd: BorrowedFd<'_>) -> SysResult<Option<(u64, u64)>> {
-    let limit = ceph_number(fd, CEPH_QUOTA_MAX_BYTES)?;
-    if limit == 0 {
-        return Ok(None);
-    }
-    Ok(Some((limit, ceph_number(fd, CEPH_DIR_RBYTES)?)))
 }
 
 /// `statvfs(2)` of the file system at a path (a mount point of a view).

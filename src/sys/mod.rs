@@ -5,6 +5,7 @@
 //! `unsafe` code of the crate lives here (see `signal.rs`).
 
 pub mod btrfs;
+pub mod cephfs;
 pub mod cgroup;
 pub mod creds;
 pub mod dir;
@@ -15,6 +16,7 @@ pub mod fuse;
 pub mod handle;
 pub mod mount;
 pub mod process;
+pub mod procfd;
 pub mod signal;
 pub mod uring;
 pub mod xattr;

@@ -1,7 +1,7 @@
 //! Extended attributes of an inode reached through a descriptor, never a path.
 //!
 //! The calls go through the descriptor's own `/proc/self/fd/N` magic link, which names
-//! exactly that inode (see [`super::file`]). A read resolves only `N`, beneath an open
+//! exactly that inode (see [`super::procfd`]). A read resolves only `N`, beneath an open
 //! `/proc/self/fd`, with `getxattrat(2)` (Linux 6.13; the full path elsewhere): with
 //! `AT_EMPTY_PATH` that call refuses an `O_PATH` descriptor (`EBADF`), and the inode
 //! table's descriptors are all `O_PATH`.
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::XattrFlags;
 
-use super::file::{ProcPath, proc_fd_dir};
+use super::procfd::{ProcPath, proc_fd_dir};
 use super::{Errno, SysResult, failed};
 
 static GETXATTRAT_MISSING: AtomicBool = AtomicBool::new(false);

@@ -1,33 +1,14 @@
 //! Native views: a volume's directory bind-mounted with an idmapping that shows the
 //! volume's own group as the pod's fsGroup, served by the kernel alone (no process,
-//! native speed); and their FUSE twin's options. Whether a publish is one is
-//! `serve::decide`'s (docs/SEMANTICS.md, *Native views*).
+//! native speed); and their FUSE twin's options. This file only mounts: whether a
+//! publish is one is `serve::decide`'s, whether a mount by hand may be is
+//! `serve::native_refusal`'s (docs/SEMANTICS.md, *Native views*).
 
 use std::path::Path;
 
 use crate::config::{ViewMode, ViewOptions};
 
 use super::VolumeError;
-use super::serve::{Asking, Fallback, Pod, Records, native_or_why};
-
-/// Why `options` cannot be a native view's, as `mountgroup mount --native` refuses
-/// them: what the driver would serve with a FUSE view instead (FUSE semantics,
-/// `context=`), and `disk_gid=`, which is the twin's (a native view takes its group
-/// from the source). Tuning of a FUSE view is not a reason: it means nothing natively.
-pub fn refusal(options: &ViewOptions) -> Option<String> {
-    if options.disk_group.is_some() {
-        return Some(Fallback::ViewOption("disk_gid=".into()).to_string());
-    }
-    let mut node = Asking {
-        share: || Ok(()),
-        records: || Records::Trusted,
-        owners: || Ok(()),
-        pod: || Pod::HostUsers,
-    };
-    native_or_why(Some(0), false, options, &mut node)
-        .err()
-        .map(|f| f.to_string())
-}
 
 /// The options of the twin of a native volume: its presentation (`mode=native`) with
 /// the request's group and flags.
@@ -81,24 +62,6 @@ mod tests {
 
     fn opts(s: &str) -> ViewOptions {
         ViewOptions::parse(s).unwrap()
-    }
-
-    #[test]
-    fn a_native_mount_by_hand_refuses_what_the_driver_would_not_serve_natively() {
-        for bad in [
-            "gid=1,uid=1000",
-            "gid=1,file_mode=0644",
-            "gid=1,noperm",
-            "gid=1,ownership=off",
-            "gid=1,sync",
-            "gid=1,context=\"system_u:object_r:container_file_t:s0\"",
-            "mode=native,gid=1,disk_gid=7",
-        ] {
-            assert!(refusal(&opts(bad)).is_some(), "{bad}");
-        }
-        for good in ["gid=1", "gid=1,ro,noexec,noatime", "", "gid=1,threads=2"] {
-            assert_eq!(refusal(&opts(good)), None, "{good}");
-        }
     }
 
     #[test]

@@ -772,6 +772,86 @@ pub fn decide(publish: &Publish<'_>, node: &mut impl Ask) -> Result<Served, Refu
     })
 }
 
+/// Why `options` cannot be a native view's, as `mountgroup mount --native` refuses
+/// them: what the driver would serve with a FUSE view instead (FUSE semantics,
+/// `context=`), and `disk_gid=`, which is the twin's (a native view takes its group
+/// from the source). Tuning of a FUSE view is not a reason: it means nothing natively.
+pub fn native_refusal(options: &ViewOptions) -> Option<String> {
+    if options.disk_group.is_some() {
+        return Some(Fallback::ViewOption("disk_gid=".into()).to_string());
+    }
+    let mut node = Asking {
+        share: || Ok(()),
+        records: || Records::Trusted,
+        owners: || Ok(()),
+        pod: || Pod::HostUsers,
+    };
+    native_or_why(Some(0), false, options, &mut node)
+        .err()
+        .map(|f| f.to_string())
+}
+
+/// Why `mountgroup mount --native` did not mount: a refusal (bad input, the command's
+/// exit status 2) or a failed mount.
+#[derive(Debug)]
+pub enum ByHand {
+    Refused(String),
+    Failed(VolumeError),
+}
+
+impl std::fmt::Display for ByHand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ByHand::Refused(why) => f.write_str(why),
+            ByHand::Failed(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Mounts a native view of `source` on `mountpoint` by hand, after what the driver
+/// asks before it serves one: options a native view can serve (`native_refusal`), a
+/// source with a group of its own (a native view of group 0 would give the `gid=`
+/// group what group 0 may do), a share that can be idmapped and holds nothing inert
+/// natively, a mount point that can take it.
+///
+/// # Errors
+/// `Refused` naming what is wrong and how to mend it; `Failed` naming the step.
+pub fn mount_native_by_hand(
+    source: &Path,
+    mountpoint: &Path,
+    options: &ViewOptions,
+) -> Result<(), ByHand> {
+    use std::os::unix::fs::MetadataExt;
+    let disk_group = match std::fs::metadata(source) {
+        Ok(m) if m.is_dir() => m.gid(),
+        Ok(_) => {
+            return Err(ByHand::Refused(format!(
+                "source {} is not a directory",
+                source.display()
+            )));
+        }
+        Err(e) => return Err(ByHand::Refused(format!("source {}: {e}", source.display()))),
+    };
+    if let Some(why) = native_refusal(options) {
+        return Err(ByHand::Refused(format!(
+            "--native cannot serve {why}: drop it, or mount a FUSE view (without --native)"
+        )));
+    }
+    if disk_group == 0 {
+        return Err(ByHand::Refused(format!(
+            "source {}'s group is root's (0): a native view would give the gid= group what group 0 may do; give it a group of its own (chgrp GROUP, chmod g+s)",
+            source.display()
+        )));
+    }
+    // What the driver asks of a share before it makes native volumes on it.
+    for check in [crate::share::idmappable, crate::share::native_inert] {
+        check(source).map_err(|why| ByHand::Refused(format!("--native: {why}")))?;
+    }
+    crate::transport::check_mountpoint(mountpoint).map_err(|e| ByHand::Refused(e.to_string()))?;
+    let shown = options.group.map_or(disk_group, |g| g.get());
+    native::mount(source, mountpoint, disk_group, shown, options).map_err(ByHand::Failed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1276,5 +1356,23 @@ mod tests {
             u.to_option_string(),
             opts("gid=4242,uid=1000,file_mode=0600,dir_mode=0700,ownership=off").to_option_string()
         );
+    }
+
+    #[test]
+    fn a_native_mount_by_hand_refuses_what_the_driver_would_not_serve_natively() {
+        for bad in [
+            "gid=1,uid=1000",
+            "gid=1,file_mode=0644",
+            "gid=1,noperm",
+            "gid=1,ownership=off",
+            "gid=1,sync",
+            "gid=1,context=\"system_u:object_r:container_file_t:s0\"",
+            "mode=native,gid=1,disk_gid=7",
+        ] {
+            assert!(native_refusal(&opts(bad)).is_some(), "{bad}");
+        }
+        for good in ["gid=1", "gid=1,ro,noexec,noatime", "", "gid=1,threads=2"] {
+            assert_eq!(native_refusal(&opts(good)), None, "{good}");
+        }
     }
 }

@@ -1092,7 +1092,7 @@ impl ViewFs {
                 .map(|q| q.limit.map(|limit| (limit, q.used)))
                 .map_err(|e| e.to_string())
         } else if self.cephfs {
-            file::ceph_quota(root.as_fd()).map_err(|e| e.to_string())
+            crate::sys::cephfs::ceph_quota(root.as_fd()).map_err(|e| e.to_string())
         } else {
             Ok(None)
         };

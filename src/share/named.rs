@@ -1,0 +1,197 @@
+//! The words every kind of named share speaks (smb.rs, nfs.rs, cephfs.rs, and
+//! remote.rs above them): a path below a share, a server's name, who asks for a mount
+//! and with which credentials, a kernel client's options, and a mount to make.
+
+use std::net::IpAddr;
+use std::os::fd::OwnedFd;
+
+use crate::sys::mount::{FsMountError, FsParam};
+
+/// A path below a share: relative, of components that are neither empty, `.` nor
+/// `..`, no NUL and no control character; empty for the share itself. It can never
+/// name a path outside the share (the driver also walks it with `RESOLVE_BENEATH` and
+/// no symlinks, so that a symlink planted on the share leads nowhere).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SubPath(String);
+
+/// The longest path below a share taken.
+const MAX_SUB_PATH: usize = 1024;
+
+impl SubPath {
+    /// Validates a path below a share.
+    ///
+    /// # Errors
+    /// What is wrong with it.
+    pub fn parse(s: &str) -> Result<SubPath, String> {
+        if s.is_empty() {
+            return Ok(SubPath::default());
+        }
+        if s.len() > MAX_SUB_PATH {
+            return Err(format!("is longer than {MAX_SUB_PATH} bytes"));
+        }
+        if s.starts_with('/') {
+            return Err("is absolute; it must be a path below the share".into());
+        }
+        if s.chars().any(char::is_control) {
+            return Err("holds a control character".into());
+        }
+        for c in s.split('/') {
+            match c {
+                "" => return Err("has an empty component (`//` or a trailing `/`)".into()),
+                "." | ".." => return Err(format!("has a `{c}` component")),
+                _ => {}
+            }
+        }
+        Ok(SubPath(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// This path, then `more` below it.
+    pub fn join(&self, more: &SubPath) -> SubPath {
+        match (self.is_empty(), more.is_empty()) {
+            (true, _) => more.clone(),
+            (_, true) => self.clone(),
+            _ => SubPath(format!("{}/{}", self.0, more.0)),
+        }
+    }
+
+    /// Its components, in order.
+    pub fn components(&self) -> impl Iterator<Item = &str> {
+        self.0.split('/').filter(|c| !c.is_empty())
+    }
+}
+
+/// Checks a server's name: a DNS name or an IP address.
+///
+/// # Errors
+/// What is wrong with it.
+pub fn check_host(host: &str) -> Result<(), String> {
+    if host.is_empty() {
+        return Err("no server".into());
+    }
+    if host.parse::<IpAddr>().is_ok() {
+        return Ok(());
+    }
+    if host.len() > 253 {
+        return Err("the server's name is longer than 253 characters".into());
+    }
+    if let Some(c) = host
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_')))
+    {
+        return Err(format!("the server's name holds {c:?}"));
+    }
+    Ok(())
+}
+
+/// Who asks for a mount, and so which Secret carries its credentials.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Provisioner,
+    ControllerExpand,
+    NodeStage,
+}
+
+impl Role {
+    pub fn secret_name(self) -> &'static str {
+        match self {
+            Role::Provisioner => "provisioner",
+            Role::ControllerExpand => "controller-expand",
+            Role::NodeStage => "node-stage",
+        }
+    }
+
+    pub fn storage_class_parameter(self) -> &'static str {
+        match self {
+            Role::Provisioner => "csi.storage.k8s.io/provisioner-secret-name",
+            Role::ControllerExpand => "csi.storage.k8s.io/controller-expand-secret-name",
+            Role::NodeStage => "csi.storage.k8s.io/node-stage-secret-name",
+        }
+    }
+}
+
+/// The credentials of a mount: a user, its password or key, a domain. Never printed:
+/// `Debug` shows only whether each is there.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    pub user: Option<String>,
+    pub secret: Option<String>,
+    pub domain: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .field("domain", &self.domain)
+            .finish()
+    }
+}
+
+/// Options of a share's kernel client, in the order given.
+pub type ClientOptions = Vec<(String, Option<String>)>;
+
+/// A mount to make: its type, its source, its parameters in order, and the values
+/// that are secret (never in a message).
+pub struct MountPlan {
+    pub fstype: &'static str,
+    pub source: String,
+    params: Vec<(String, Option<String>)>,
+    secrets: Vec<String>,
+}
+
+impl MountPlan {
+    pub fn new(fstype: &'static str, source: String) -> MountPlan {
+        MountPlan {
+            fstype,
+            source,
+            params: Vec::new(),
+            secrets: Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, key: &str, value: Option<String>) {
+        self.params.push((key.to_string(), value));
+    }
+
+    /// A parameter whose value is a secret.
+    pub fn secret(&mut self, key: &str, value: &str) {
+        self.secrets.push(value.to_string());
+        self.push(key, Some(value.to_string()));
+    }
+
+    pub fn extend<'a>(&mut self, more: impl Iterator<Item = &'a (String, Option<String>)>) {
+        self.params.extend(more.cloned());
+    }
+
+    /// Its parameters' keys, in order.
+    pub fn keys(&self) -> Vec<&str> {
+        self.params.iter().map(|(k, _)| k.as_str()).collect()
+    }
+
+    pub(super) fn mount(&self) -> Result<OwnedFd, FsMountError> {
+        let mut params = vec![FsParam::Str("source", &self.source)];
+        params.extend(self.params.iter().map(|(k, v)| match v {
+            Some(v) => FsParam::Str(k, v),
+            None => FsParam::Flag(k),
+        }));
+        crate::sys::mount::new_mount(self.fstype, &params, false).map_err(|mut e| {
+            for said in &mut e.said {
+                for s in &self.secrets {
+                    if !s.is_empty() {
+                        *said = said.replace(s.as_str(), "<redacted>");
+                    }
+                }
+            }
+            e
+        })
+    }
+}
