@@ -1,168 +1,178 @@
 //! The layers as the tree shows them (src/lib.rs): `csi` → `driver` (the composition
-//! root) → `volume`/`share` → `transport` → `fs` → `sys`, with `config` below all but
-//! `sys` and `kube` beside `driver`. Each sees only the ones below it, only `transport`
-//! sees fuser, only `csi` sees tonic, and the filesystem's own modules depend on each
-//! other one way. Read from the sources, comments left out.
+//! root) → `kube` → `volume` → `share`, `transport` → `fs` → `sys`, with `config`,
+//! `logfile`, `pathkey` and `wire` on the floors their users stand on. Every top-level
+//! module has a rule naming what it may see; what a rule does not name is refused, and
+//! an exception is a line of its own with its reason. Only `transport` sees fuser,
+//! only `csi` sees tonic, only `sys` makes system calls, and inside each room the
+//! files depend on each other one way. Read from the whole of each file's production
+//! code (tests/common/source.rs: every item under `#[cfg(test)]` left out, wherever it
+//! stands), comments left out.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
-use std::path::{Path, PathBuf};
 
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            sources(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
+#[path = "common/source.rs"]
+mod source;
+
+/// Room (a folder or a top-level file under src/, by its module name) → the rooms
+/// it may name. `main` is the binary, which names the library as `mountgroup::`.
+const RULES: &[(&str, &[&str])] = &[
+    ("sys", &[]),
+    ("pathkey", &[]),
+    ("wire", &[]),
+    ("config", &["sys"]),
+    ("logfile", &["sys"]),
+    ("fs", &["config", "sys"]),
+    ("transport", &["fs", "config", "sys", "pathkey", "wire"]),
+    ("share", &["config", "sys"]),
+    (
+        "volume",
+        &[
+            "share",
+            "transport",
+            "fs",
+            "config",
+            "sys",
+            "pathkey",
+            "logfile",
+            "wire",
+        ],
+    ),
+    // kube answers volume's pod lookup (`volume::serve::PodLookup`).
+    ("kube", &["volume"]),
+    ("driver", &["kube", "volume", "share", "transport", "sys"]),
+    ("csi", &["driver", "volume", "share", "config"]),
+    (
+        "main",
+        &[
+            "csi",
+            "kube",
+            "volume",
+            "share",
+            "transport",
+            "config",
+            "logfile",
+        ],
+    ),
+    ("lib", &[]),
+];
+
+/// A room that names a module of a room its rule does not: (room, the module's path,
+/// why).
+const EXCEPTIONS: &[(&str, &str, &str)] = &[
+    (
+        "csi",
+        "transport::stats",
+        "metrics.rs exports the stats snapshot each view process writes",
+    ),
+    (
+        "csi",
+        "transport::probe",
+        "metrics.rs exports what the kernel's FUSE offers, asked once at start",
+    ),
+];
+
+/// The room a file under src/ is in: its first component, `.rs` left off.
+fn room(rel: &str) -> &str {
+    rel.split('/').next().unwrap().trim_end_matches(".rs")
+}
+
+/// The rooms (and the module just below each) a file's code names: `crate::x::y` in the
+/// library, `mountgroup::x::y` in the binary.
+fn named(code: &str, prefix: &str) -> BTreeSet<(String, String)> {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out = BTreeSet::new();
+    for (i, _) in code.match_indices(prefix) {
+        // `mountgroup::` as a word, not the tail of another name.
+        if code[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &code[i + prefix.len()..];
+        let first = ident(rest);
+        let second = rest[first.len()..]
+            .strip_prefix("::")
+            .map(ident)
+            .unwrap_or_default();
+        if !first.is_empty() {
+            out.insert((first, second));
         }
     }
-}
-
-/// The code of a file: every line but comments.
-fn code(path: &Path) -> String {
-    fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("//"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
-}
-
-/// The files of a room, `src/<name>/` or `src/<name>.rs`, relative to `src/`, with
-/// their code (a file's tests, after `#[cfg(test)]`, left out).
-fn layer(name: &str) -> Vec<(String, String)> {
-    let mut files = Vec::new();
-    let file = src().join(format!("{name}.rs"));
-    if file.is_file() {
-        files.push(file);
-    } else {
-        sources(&src().join(name), &mut files);
-    }
-    assert!(!files.is_empty(), "no room {name} under src/");
-    files.sort();
-    files
-        .iter()
-        .map(|p| {
-            let rel = p.strip_prefix(src()).unwrap().display().to_string();
-            let code = code(p);
-            let outside_tests = code.split("#[cfg(test)]").next().unwrap().to_string();
-            (rel, outside_tests)
-        })
-        .collect()
+    out
 }
 
 #[test]
-fn each_layer_sees_only_the_ones_below() {
-    // Room (a folder or a top-level file) → what it must not name. csi adapts gRPC to
-    // the driver that driver.rs assembles; kube answers volume's pod lookup.
-    const ABOVE_SHARE: &[&str] = &["crate::csi", "crate::driver", "crate::kube"];
-    let rules: &[(&str, &[&str])] = &[
-        (
-            "sys",
-            &[
-                "crate::fs",
-                "crate::transport",
-                "crate::volume",
-                "crate::csi",
-                "crate::share",
-                "crate::config",
-                "crate::driver",
-                "crate::kube",
-            ],
-        ),
-        (
-            "fs",
-            &[
-                "crate::transport",
-                "crate::volume",
-                "crate::csi",
-                "crate::share",
-                "crate::driver",
-                "crate::kube",
-            ],
-        ),
-        (
-            "transport",
-            &[
-                "crate::volume",
-                "crate::csi",
-                "crate::share",
-                "crate::driver",
-                "crate::kube",
-            ],
-        ),
-        ("volume", ABOVE_SHARE),
-        (
-            "share",
-            &[
-                "crate::volume",
-                "crate::transport",
-                "crate::fs",
-                "crate::csi",
-                "crate::driver",
-                "crate::kube",
-            ],
-        ),
-        (
-            "config",
-            &[
-                "crate::volume",
-                "crate::transport",
-                "crate::fs",
-                "crate::share",
-                "crate::csi",
-                "crate::driver",
-                "crate::kube",
-            ],
-        ),
-        ("kube", &["crate::csi", "crate::driver"]),
-        ("driver", &["crate::csi"]),
-    ];
+fn each_room_names_only_what_its_rule_lets_it() {
+    let sources = source::all();
     let mut wrong = Vec::new();
-    for (name, banned) in rules {
-        for (file, code) in layer(name) {
-            for b in *banned {
-                if code.contains(b) {
-                    wrong.push(format!("{file} names {b}"));
-                }
+    let mut rooms = BTreeSet::new();
+    for s in &sources {
+        let r = room(&s.rel);
+        rooms.insert(r.to_string());
+        let Some((_, may)) = RULES.iter().find(|(name, _)| *name == r) else {
+            wrong.push(format!("{}: the room {r} has no rule in RULES", s.rel));
+            continue;
+        };
+        let prefix = if r == "main" {
+            "mountgroup::"
+        } else {
+            "crate::"
+        };
+        for (first, second) in named(&s.production(), prefix) {
+            if first == r || may.contains(&first.as_str()) {
+                continue;
             }
+            let module = format!("{first}::{second}");
+            if EXCEPTIONS
+                .iter()
+                .any(|(er, em, _)| *er == r && *em == module)
+            {
+                continue;
+            }
+            wrong.push(format!("{} names {prefix}{module}", s.rel));
         }
+    }
+    for (name, _) in RULES {
+        assert!(
+            rooms.contains(*name),
+            "RULES has {name}, which is no room under src/"
+        );
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
-/// Also: system calls are made in sys/ only. No other module's code (its tests aside,
-/// which stand at the end of a file after `#[cfg(test)]`) names rustix or calls libc.
+/// Also: system calls are made in sys/ only. No other module's production code names
+/// rustix or calls libc.
 #[test]
 fn only_transport_sees_fuser_only_csi_sees_tonic_and_only_sys_sees_io_uring() {
-    let mut files = Vec::new();
-    sources(&src(), &mut files);
     let mut wrong = Vec::new();
-    for p in files {
-        let rel = p.strip_prefix(src()).unwrap().display().to_string();
-        let code = code(&p);
-        if code.contains("fuser::") && !rel.starts_with("transport/") {
+    for s in source::all() {
+        let rel = &s.rel;
+        let whole: String = s
+            .text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        if whole.contains("fuser::") && !rel.starts_with("transport/") {
             wrong.push(format!("{rel} uses fuser"));
         }
-        if code.contains("tonic::") && !rel.starts_with("csi/") {
+        if whole.contains("tonic::") && !rel.starts_with("csi/") {
             wrong.push(format!("{rel} uses tonic"));
         }
         // The ring's submissions carry raw pointers into buffers the kernel writes.
-        if code.contains("io_uring::") && !rel.starts_with("sys/") {
+        if whole.contains("io_uring::") && !rel.starts_with("sys/") {
             wrong.push(format!("{rel} uses io_uring"));
         }
-        let outside_tests = code.split("#[cfg(test)]").next().unwrap();
-        if !rel.starts_with("sys/") && outside_tests.contains("rustix::") {
+        let production = s.production();
+        if !rel.starts_with("sys/") && production.contains("rustix::") {
             wrong.push(format!("{rel} uses rustix"));
         }
         if !rel.starts_with("sys/")
-            && outside_tests.contains("libc::")
-            && outside_tests.contains("unsafe")
+            && production.contains("libc::")
+            && production.contains("unsafe")
         {
             wrong.push(format!("{rel} calls libc"));
         }
@@ -170,37 +180,54 @@ fn only_transport_sees_fuser_only_csi_sees_tonic_and_only_sys_sees_io_uring() {
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
-#[test]
-fn the_filesystems_modules_depend_on_each_other_one_way() {
-    // Module (fs's top-level file or folder) → the fs modules it names.
-    let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (file, code) in layer("fs") {
-        let module = file
-            .trim_start_matches("fs/")
+/// A room's modules (the files and folders just inside it, its mod.rs aside) → the
+/// modules of the same room each names.
+fn modules_of(room: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let sources: Vec<_> = source::all()
+        .into_iter()
+        .filter(|s| s.rel.starts_with(&format!("{room}/")))
+        .collect();
+    let module = |rel: &str| -> String {
+        rel[room.len() + 1..]
             .split(['/', '.'])
             .next()
             .unwrap()
-            .to_string();
-        if module == "mod" {
+            .to_string()
+    };
+    let names: BTreeSet<String> = sources.iter().map(|s| module(&s.rel)).collect();
+    let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for s in &sources {
+        let m = module(&s.rel);
+        if m == "mod" {
             continue;
         }
-        let entry = deps.entry(module.clone()).or_default();
-        for prefix in ["super::super::", "super::", "crate::fs::"] {
+        let code = s.production();
+        let entry = deps.entry(m.clone()).or_default();
+        // A file just inside the room names its siblings as `super::x`; a file one
+        // folder deeper as `super::super::x` (its own `super::` is its folder).
+        let deeper = s.rel[room.len() + 1..].contains('/');
+        let sibling = if deeper { "super::super::" } else { "super::" };
+        let whole = format!("crate::{room}::");
+        for prefix in [sibling, whole.as_str()] {
             for (i, _) in code.match_indices(prefix) {
-                let rest = &code[i + prefix.len()..];
-                let name: String = rest
+                if prefix == "super::" && code[..i].ends_with("super::") {
+                    continue;
+                }
+                let name: String = code[i + prefix.len()..]
                     .chars()
                     .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                     .collect();
-                // `super::x` inside ops/ names ops's own files.
-                let inside_ops = file.starts_with("fs/ops/") && prefix == "super::";
-                if !name.is_empty() && name != module && !inside_ops && name != "super" {
+                if name != m && names.contains(&name) && name != "mod" {
                     entry.insert(name);
                 }
             }
         }
     }
-    // No cycle: a depth-first search that meets a module on its own path.
+    deps
+}
+
+/// The first circle a depth-first search meets, if any.
+fn circle(deps: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     fn visit(
         m: &str,
         deps: &BTreeMap<String, BTreeSet<String>>,
@@ -226,12 +253,35 @@ fn the_filesystems_modules_depend_on_each_other_one_way() {
         None
     }
     let mut done = BTreeSet::new();
-    for m in deps.keys() {
-        if let Some(cycle) = visit(m, &deps, &mut Vec::new(), &mut done) {
-            panic!("fs/ modules in a circle: {}\n{deps:#?}", cycle.join(" → "));
+    deps.keys()
+        .find_map(|m| visit(m, deps, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn inside_each_room_the_files_depend_on_each_other_one_way() {
+    let mut circles = Vec::new();
+    for room in ["csi", "volume", "share", "transport", "fs", "sys"] {
+        let deps = modules_of(room);
+        if let Some(c) = circle(&deps) {
+            circles.push(format!("{room}/: {}", c.join(" → ")));
         }
     }
-    // And the graph is what was meant: the tables' plain data at the bottom.
-    assert!(deps["snapshot"].is_empty(), "{deps:#?}");
-    assert!(deps["inode"].contains("journal"), "{deps:#?}");
+    assert!(circles.is_empty(), "files in a circle: {circles:#?}");
+    // And fs's graph is what was meant: the tables' plain data at the bottom.
+    let fs = modules_of("fs");
+    assert!(fs["snapshot"].is_empty(), "{fs:#?}");
+    assert!(fs["inode"].contains("journal"), "{fs:#?}");
+}
+
+/// The reader itself: a test hook early in a file does not hide the production code
+/// after it, and a test module at the end is left out.
+#[test]
+fn the_reader_sees_production_code_after_a_test_hook() {
+    let s = source::read(&source::src().join("fs/ops/mod.rs"));
+    let production = s.production();
+    assert!(
+        production.contains("fn setattr"),
+        "ViewFs::setattr is production code"
+    );
+    assert!(!production.contains("mod tests {"));
 }
