@@ -415,7 +415,7 @@ impl ViewFs {
         // it (the kernel checked the view's attributes; a view that acts as its
         // callers asks the share too, as its own open would).
         let claimed = self.ahead.claim_dir(ino, at.as_fd(), || {
-            !self.acts_as_callers || file::may_read(at.as_fd())
+            !self.cfg.acts_as_callers || file::may_read(at.as_fd())
         });
         let fd = match claimed {
             Some(fd) => fd,
@@ -504,7 +504,7 @@ impl ViewFs {
             s.past_first = offset != 0;
         }
         let chunk = self.list_chunk(ino, &mut s, &mut looked_up, attributes, listing, room, add);
-        if chunk.is_ok() && attributes && self.looks_past_room {
+        if chunk.is_ok() && attributes && self.cfg.looks_past_room {
             s.looked = std::mem::take(&mut looked_up.items);
         }
         chunk
@@ -540,6 +540,7 @@ impl ViewFs {
                         let subdirs = std::mem::take(&mut s.subdirs);
                         if let Ok(fd) = self.dir(ino).and_then(|d| d.fd()) {
                             match self
+                                .cfg
                                 .acts_as_callers
                                 .then(crate::sys::creds::thread_ids)
                                 .transpose()
@@ -660,7 +661,7 @@ impl ViewFs {
         // Each entry's cookie, and whether it is a probe (not looked up).
         let mut slots = Vec::new();
         let mut names = Vec::new();
-        let most = if self.looks_past_room {
+        let most = if self.cfg.looks_past_room {
             NETWORK_LOOK_AHEAD
         } else {
             LOOK_AHEAD
@@ -675,7 +676,7 @@ impl ViewFs {
             // `.` and `..` take their room too, handed without attributes.
             match left.checked_sub(room.cost(&e.name)) {
                 Some(after) => left = after,
-                None if self.looks_past_room && !slots.is_empty() => {}
+                None if self.cfg.looks_past_room && !slots.is_empty() => {}
                 None => break,
             }
             if is_dot(&e.name) {
@@ -703,11 +704,12 @@ impl ViewFs {
                 .collect()
         };
         let threads = self
+            .cfg
             .lookup_threads
-            .min(names.len() / self.lookups_per_thread)
+            .min(names.len() / self.cfg.lookups_per_thread)
             .max(1);
         let pool = (threads > 1)
-            .then(|| self.helpers.lend(self.lookup_threads))
+            .then(|| self.helpers.lend(self.cfg.lookup_threads))
             .flatten();
         let results: Vec<FsResult<Attr>> = match pool {
             None => look(&names),
@@ -716,7 +718,7 @@ impl ViewFs {
                 let per = names.len().div_ceil(threads);
                 // Where the view acts as its callers, each part is looked up as the
                 // caller this thread acts as now.
-                let ids = self.acts_as_callers.then(crate::sys::creds::thread_ids);
+                let ids = self.cfg.acts_as_callers.then(crate::sys::creds::thread_ids);
                 let act = || -> FsResult<Option<crate::sys::creds::Acting>> {
                     match &ids {
                         Some(Ok(ids)) => Ok(Some(ids.act()?)),
@@ -812,7 +814,11 @@ impl ViewFs {
             return Ok(Kind::Directory);
         }
         let p = self.dir(dir)?;
-        let fd = file::open_child(p.fd()?.as_fd(), OsStr::from_bytes(name), self.root_mnt)?;
+        let fd = file::open_child(
+            p.fd()?.as_fd(),
+            OsStr::from_bytes(name),
+            self.share.root_mnt,
+        )?;
         Ok(file::stat(fd.as_fd())?.kind)
     }
 }
@@ -852,5 +858,673 @@ pub(super) mod looked_up {
     /// The count so far, set back to zero.
     pub fn take() -> usize {
         COUNT.with(|c| c.replace(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+    use super::super::*;
+    use super::*;
+
+    #[test]
+    fn readdirplus_counts_only_what_it_hands_over() {
+        let dir = populated(10);
+        let v = view(dir.path(), "gid=5");
+        let fh = v.opendir(ROOT).unwrap();
+        let mut seen = Vec::new();
+        let mut next_offset = 0;
+        v.readdir(
+            ROOT,
+            fh,
+            0,
+            Listing::WithAttributes,
+            Room::UNBOUNDED,
+            |item, next| {
+                if item.attr.is_some()
+                    && seen
+                        .iter()
+                        .filter(|n: &&Vec<u8>| n.starts_with(b"f"))
+                        .count()
+                        == 3
+                {
+                    return true; // full
+                }
+                seen.push(item.name.clone());
+                next_offset = next;
+                false
+            },
+        )
+        .unwrap();
+        let files = seen.iter().filter(|n| n.starts_with(b"f")).count();
+        assert_eq!(files, 3);
+        assert_eq!(
+            v.inode_count(),
+            1 + 3,
+            "the refused entry was forgotten again"
+        );
+        // Resuming from the last offset lists the rest exactly once.
+        let mut rest = Vec::new();
+        v.readdir(
+            ROOT,
+            fh,
+            next_offset,
+            Listing::WithAttributes,
+            Room::UNBOUNDED,
+            |item, _| {
+                rest.push(item.name.clone());
+                false
+            },
+        )
+        .unwrap();
+        assert_eq!(rest.iter().filter(|n| n.starts_with(b"f")).count(), 7);
+        assert!(rest.iter().all(|n| !seen.contains(n)));
+        v.release(fh);
+        assert_eq!(v.handle_count(), 0);
+    }
+
+    #[test]
+    fn a_listing_chunk_ends_where_the_entries_read_end_and_the_rest_is_read_ahead() {
+        let dir = populated(5000);
+        let v = view(dir.path(), "gid=5");
+        let fh = v.opendir(ROOT).unwrap();
+        // One batch, not the whole directory: the caller gets to work on it at once.
+        let (first, at) = chunk(&v, fh, 0);
+        assert!(first.len() > 100 && first.len() < 2500, "{}", first.len());
+        // The next batches are read ahead of the next chunk, which hands them all over.
+        v.read_ahead(fh);
+        assert!(v.pending_dir_bytes.load(Ordering::Relaxed) > 0);
+        let (second, at) = chunk(&v, fh, at);
+        assert!(
+            second.len() > first.len(),
+            "{} after {}",
+            second.len(),
+            first.len()
+        );
+        assert_eq!(v.pending_dir_bytes.load(Ordering::Relaxed), 0);
+        // Read ahead or not, the listing is whole and names every entry once.
+        let mut all: Vec<Vec<u8>> = first.into_iter().chain(second).collect();
+        all.extend(rest(&v, fh, at, Listing::Names).into_iter().map(|i| i.name));
+        let mut files: Vec<_> = all.iter().filter(|n| n.starts_with(b"f")).collect();
+        files.sort();
+        files.dedup();
+        assert_eq!(files.len(), 5000);
+        assert_eq!(all.len(), 5002, "each entry once, `.` and `..` included");
+        // A listing that starts over (rewinddir) drops what was read ahead.
+        let (again, _) = chunk(&v, fh, 0);
+        v.read_ahead(fh);
+        assert_eq!(chunk(&v, fh, 0).0, again);
+        v.release(fh);
+        assert_eq!(v.pending_dir_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_walk_listing_looked_up_ahead_counts_only_what_it_hands_over() {
+        let dir = populated(1000);
+        let v = view(dir.path(), "gid=5");
+        let fh = v.opendir(ROOT).unwrap();
+        let list = |offset: u64, stop_after: usize| {
+            let (mut items, mut last) = (Vec::new(), offset);
+            v.readdir(
+                ROOT,
+                fh,
+                offset,
+                Listing::WithAttributes,
+                Room::UNBOUNDED,
+                |item, next| {
+                    if items.len() == stop_after {
+                        return true; // full
+                    }
+                    items.push(item.clone());
+                    last = next;
+                    false
+                },
+            )
+            .unwrap();
+            (items, last)
+        };
+        // The lookups run ahead of the reply, over several threads; the ones the
+        // reply had no room for are forgotten again.
+        let (first, at) = list(0, 300);
+        assert_eq!(first.len(), 300);
+        let files = |items: &[DirItem]| items.iter().filter(|i| i.name.starts_with(b"f")).count();
+        assert_eq!(v.inode_count(), 1 + files(&first));
+        let mut all = first;
+        all.extend(rest(&v, fh, at, Listing::WithAttributes));
+        assert_eq!(files(&all), 1000);
+        assert_eq!(v.inode_count(), 1 + 1000);
+        // Each file with its own attributes, under its own name.
+        for item in all.iter().filter(|i| i.name.starts_with(b"f")) {
+            let attr = item.attr.expect("a walk's entry carries attributes");
+            assert_eq!(attr.gid, 5);
+            assert_eq!(attr, v.lookup(ROOT, OsStr::from_bytes(&item.name)).unwrap());
+        }
+        v.release(fh);
+    }
+
+    /// A walk's listing makes hundreds of node ids before its reply; their journal
+    /// lines go out together, before `readdir` returns (the reply is sent after it), so
+    /// a view that dies then is recovered knowing each (`fs/inode.rs` `JournalBatch`).
+    #[test]
+    fn a_walk_listings_node_ids_are_journaled_before_it_returns() {
+        let dir = populated(600);
+        let v = view(dir.path(), "gid=5");
+        let held = HeldJournal::default();
+        held.take(&v);
+        let fh = v.opendir(ROOT).unwrap();
+        let listed = rest(&v, fh, 0, Listing::WithAttributes);
+        let ids: Vec<u64> = listed
+            .iter()
+            .filter(|i| i.name.starts_with(b"f"))
+            .map(|i| i.attr.expect("a walk's entry carries attributes").ino)
+            .collect();
+        assert_eq!(ids.len(), 600);
+        let journaled = held.replay().inodes;
+        let missing: Vec<_> = ids
+            .iter()
+            .filter(|id| !journaled.contains_key(id))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{} listed ids not journaled",
+            missing.len()
+        );
+        v.release(fh);
+    }
+
+    #[test]
+    fn a_walk_listing_looks_up_only_what_fits_in_a_small_reply() {
+        let dir = populated(1000);
+        let v = view(dir.path(), "gid=5");
+        let fh = v.opendir(ROOT).unwrap();
+        // Go's os.ReadDir reads 8 KiB at a time: about 50 READDIRPLUS entries a reply.
+        let room = Room {
+            bytes: 8192,
+            header: 152,
+        };
+        dirs::looked_up::take();
+        let (mut all, mut at, mut replies) = (Vec::new(), 0, 0);
+        loop {
+            let (mut items, mut left) = (Vec::new(), room.bytes);
+            v.readdir(ROOT, fh, at, Listing::WithAttributes, room, |item, next| {
+                // Full as the reply is full: the entry does not fit in what is left.
+                let Some(after) = left.checked_sub(room.cost(&item.name)) else {
+                    return true;
+                };
+                left = after;
+                items.push(item.clone());
+                at = next;
+                false
+            })
+            .unwrap();
+            if items.is_empty() {
+                break;
+            }
+            replies += 1;
+            let looked = dirs::looked_up::take();
+            let handed = items.iter().filter(|i| i.attr.is_some()).count();
+            assert_eq!(
+                looked, handed,
+                "reply {replies}: looked up {looked}, handed {handed}"
+            );
+            all.extend(items);
+        }
+        assert!(replies >= 1000 / 60, "{replies} replies of at most 8 KiB");
+        every_file_with_attributes(&v, &all, 1000);
+        v.release(fh);
+    }
+
+    #[test]
+    fn a_walk_listing_does_its_lookups_itself_when_no_thread_can_be_started() {
+        let dir = populated(1000);
+        let v = view(dir.path(), "gid=5");
+        let fh = v.opendir(ROOT).unwrap();
+        // A pids limit refuses every thread; the listing must neither fail nor panic.
+        dirs::no_helpers::set(true);
+        let items = rest(&v, fh, 0, Listing::WithAttributes);
+        dirs::no_helpers::set(false);
+        every_file_with_attributes(&v, &items, 1000);
+        v.release(fh);
+    }
+
+    /// A network share's listing spreads its lookups over threads that outlive it:
+    /// started once, at the view's first listing that spreads them, not for each
+    /// chunk (where a thread newer than the NFS client's cached `ACCESS` answer asks
+    /// the server again: `dirs::Helpers`).
+    #[test]
+    fn a_listings_lookup_threads_are_started_once_for_the_view() {
+        let dir = populated(300);
+        let v = network_view(dir.path(), "gid=5");
+        for _ in 0..2 {
+            let fh = v.opendir(ROOT).unwrap();
+            let items = rest(&v, fh, 0, Listing::WithAttributes);
+            every_file_with_attributes(&v, &items, 300);
+            v.release(fh);
+        }
+        assert_eq!(
+            helpers_started(&v, dirs::NETWORK_LOOKUP_THREADS),
+            dirs::NETWORK_LOOKUP_THREADS
+        );
+    }
+
+    /// Listings at once each get a pool of their own, kept for the next listings; past
+    /// [`dirs::MAX_POOLS`] at once, a pool for the chunk alone.
+    #[test]
+    fn listings_at_once_each_get_lookup_threads_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        let lent: Vec<_> = (0..dirs::MAX_POOLS + 1)
+            .map(|_| v.helpers.lend(2).unwrap())
+            .collect();
+        let all = 2 * (dirs::MAX_POOLS + 1);
+        assert_eq!(helpers_started(&v, all), all);
+        drop(lent);
+        // The kept ones are lent again: no thread is started.
+        let again: Vec<_> = (0..dirs::MAX_POOLS)
+            .map(|_| v.helpers.lend(2).unwrap())
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(v.helpers.started(), all);
+        drop(again);
+    }
+
+    /// An idle view has the threads it had before its listings: kept pools end after
+    /// [`dirs::POOL_IDLE`] without a listing (here 200 ms), and a listing after that
+    /// gets a pool anew.
+    #[test]
+    fn kept_lookup_threads_end_when_no_listing_comes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = view(dir.path(), "gid=5");
+        v.helpers = dirs::Helpers::new(std::time::Duration::from_millis(200));
+        let lent: Vec<_> = (0..2).map(|_| v.helpers.lend(2).unwrap()).collect();
+        assert_eq!(helpers_started(&v, 4), 4);
+        assert_eq!(v.helpers.kept(), 2);
+        drop(lent);
+        // Lent again before they waited long: kept, no thread started.
+        let again = v.helpers.lend(2).unwrap();
+        drop(again);
+        assert_eq!(v.helpers.started(), 4);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while v.helpers.ended() < 4 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "idle pools kept: {} of 4 threads ended",
+                v.helpers.ended()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(v.helpers.kept(), 0);
+        // The next listing starts a pool anew, kept in turn.
+        let anew = v.helpers.lend(2).unwrap();
+        assert_eq!(helpers_started(&v, 6), 6);
+        drop(anew);
+        assert_eq!(v.helpers.kept(), 1);
+    }
+
+    /// Where the view acts as its callers, the lookups a listing spreads over its
+    /// threads are made as the caller the listing is made for, though the threads
+    /// were started for another.
+    #[test]
+    fn a_listings_lookup_threads_act_as_its_caller() {
+        let dir = populated(300);
+        let v = network_view(dir.path(), "ownership=share");
+        let list = |v: &ViewFs| {
+            let fh = v.opendir(ROOT).unwrap();
+            let items = rest(v, fh, 0, Listing::WithAttributes);
+            v.release(fh);
+            assert_eq!(items.iter().filter(|i| i.attr.is_some()).count(), 300);
+            v.helpers.looked_up_as()
+        };
+        // The threads start for the view's own listing, as root.
+        let parts = list(&v);
+        assert!(
+            parts.len() > 1 && parts.iter().all(|&ids| ids == (0, 0)),
+            "{parts:?}"
+        );
+        assert_eq!(
+            helpers_started(&v, dirs::NETWORK_LOOKUP_THREADS),
+            dirs::NETWORK_LOOKUP_THREADS
+        );
+        let acting = crate::sys::creds::act_as(1000, 1000, &[]).unwrap();
+        let parts = list(&v);
+        drop(acting);
+        assert!(
+            parts.len() > 1 && parts.iter().all(|&ids| ids == (1000, 1000)),
+            "{parts:?}"
+        );
+        // And as root again once the caller is gone.
+        let parts = list(&v);
+        assert!(parts.iter().all(|&ids| ids == (0, 0)), "{parts:?}");
+    }
+
+    /// Where the view acts as its callers, a walk is warmed ahead as its caller: the
+    /// share's answers the warming gets (the NFS client's cached `ACCESS`) are those
+    /// the walker needs, and a directory closed to the walker is not listed ahead.
+    #[test]
+    fn a_walk_is_warmed_ahead_as_its_caller() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &std::path::Path, m| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        };
+        mode(dir.path(), 0o755);
+        for (name, m) in [("closed", 0o700), ("open", 0o755)] {
+            let d = dir.path().join(name);
+            std::fs::create_dir(&d).unwrap();
+            std::fs::write(d.join("f"), "").unwrap();
+            mode(&d, m);
+        }
+        let v = network_view(dir.path(), "ownership=share");
+        without_read_search_override();
+        let acting = crate::sys::creds::act_as(1000, 1000, &[]).unwrap();
+        let fh = v.opendir(ROOT).unwrap();
+        let items = rest(&v, fh, 0, Listing::WithAttributes);
+        v.release(fh);
+        drop(acting);
+        assert_eq!(items.iter().filter(|i| i.attr.is_some()).count(), 2);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while v.walked_ahead() < 1 || v.ahead.running() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the warming never ended"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(v.walked_ahead(), 1, "only the directory open to the caller");
+    }
+
+    /// A walk's open of a directory warmed ahead takes the warming's descriptor, but
+    /// only where the caller may read the directory: the warming lists as the view,
+    /// and a view that acts as its callers leaves that check to the share.
+    #[test]
+    fn a_walk_opens_a_directory_warmed_ahead_only_where_its_caller_may_read_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        for (name, mode) in [("closed", 0o700), ("open", 0o755), ("last", 0o755)] {
+            let d = dir.path().join(name);
+            std::fs::create_dir(&d).unwrap();
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
+            std::fs::write(d.join("f"), "").unwrap();
+        }
+        let v = network_view(dir.path(), "ownership=share");
+        let fh = v.opendir(ROOT).unwrap();
+        let items = rest(&v, fh, 0, Listing::WithAttributes);
+        v.release(fh);
+        let ino = |name: &str| {
+            items
+                .iter()
+                .find(|i| i.name == name.as_bytes())
+                .unwrap()
+                .ino
+        };
+        let (closed, open) = (ino("closed"), ino("open"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while v.ahead.held_dirs().len() < crate::fs::ahead::AHEAD {
+            assert!(std::time::Instant::now() < deadline, "nothing warmed ahead");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mut held = v.ahead.held_dirs();
+        held.sort();
+        let mut want = vec![closed, open];
+        want.sort();
+        assert_eq!(held, want, "the first two in listing order");
+        without_read_search_override();
+        let acting = crate::sys::creds::act_as(1000, 1000, &[]).unwrap();
+        let refused = v.opendir(closed).err().map(|e| e.errno());
+        drop(acting);
+        assert_eq!(
+            refused,
+            Some(libc::EACCES),
+            "a directory closed to its caller"
+        );
+        assert_eq!(v.ahead.held_dirs(), [open]);
+        assert_eq!(v.ahead.dirs_claimed(), 0);
+        let fh = v.opendir(open).unwrap();
+        assert!(v.ahead.held_dirs().is_empty());
+        assert_eq!(v.ahead.dirs_claimed(), 1, "taken by the walker's open");
+        let listed = rest(&v, fh, 0, Listing::Names);
+        v.release(fh);
+        assert!(listed.iter().any(|i| i.name == b"f"), "{listed:?}");
+    }
+
+    #[test]
+    fn what_listings_read_ahead_is_bounded_per_stream_and_per_view() {
+        let dir = populated(20_000);
+        let v = view(dir.path(), "gid=5");
+        let batch = 64 * 1024; // a batch of short names, more than enough
+        let one = v.opendir(ROOT).unwrap();
+        chunk(&v, one, 0);
+        for _ in 0..10 {
+            v.read_ahead(one);
+        }
+        let held = v.pending_dir_bytes.load(Ordering::Relaxed);
+        assert!(held >= dirs::AHEAD_PER_STREAM, "{held}");
+        assert!(held < dirs::AHEAD_PER_STREAM + batch, "{held}");
+        // Streams left unfinished cannot make the daemon hold more than the view's bound.
+        let mut streams = vec![one];
+        for _ in 0..(dirs::AHEAD_PER_VIEW / dirs::AHEAD_PER_STREAM) * 2 {
+            let fh = v.opendir(ROOT).unwrap();
+            chunk(&v, fh, 0);
+            v.read_ahead(fh);
+            streams.push(fh);
+        }
+        let held = v.pending_dir_bytes.load(Ordering::Relaxed);
+        assert!(held >= dirs::AHEAD_PER_VIEW, "{held}");
+        assert!(held < dirs::AHEAD_PER_VIEW + batch, "{held}");
+        for fh in streams {
+            v.release(fh);
+        }
+        assert_eq!(v.pending_dir_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    /// Issue 33's listing cliff: a name listing made right after a walk elsewhere in the
+    /// view carried attributes (a lookup per entry). It stays a name listing; the
+    /// walked directory, and a directory the walk reaches from it, carry attributes.
+    #[test]
+    fn a_name_listing_beside_a_walk_stays_a_name_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["walked", "walked/sub", "elsewhere"] {
+            std::fs::create_dir(dir.path().join(d)).unwrap();
+        }
+        for i in 0..64 {
+            for d in ["walked", "walked/sub", "elsewhere"] {
+                std::fs::write(dir.path().join(d).join(format!("f{i}")), "x").unwrap();
+            }
+        }
+        let v = view(dir.path(), "gid=5");
+        let list = |ino: u64| listed_files(&v, ino);
+        let walked = v.lookup(ROOT, OsStr::new("walked")).unwrap().ino;
+        let elsewhere = v.lookup(ROOT, OsStr::new("elsewhere")).unwrap().ino;
+        // A walker stats all it lists in `walked`, and goes down into `sub`.
+        for i in list(walked) {
+            v.lookup(walked, OsStr::from_bytes(&i.name)).unwrap();
+        }
+        let sub = v.lookup(walked, OsStr::new("sub")).unwrap().ino;
+        let with = |items: &[DirItem]| items.iter().filter(|i| i.attr.is_some()).count();
+        assert!(
+            with(&list(walked)) >= 63,
+            "the walked directory carries attributes"
+        );
+        assert!(
+            with(&list(sub)) >= 63,
+            "where the walk goes next, from its first entry"
+        );
+        assert_eq!(
+            with(&list(elsewhere)),
+            0,
+            "a name listing elsewhere stays one"
+        );
+    }
+
+    #[test]
+    fn a_listing_carries_attributes_only_while_listed_names_are_looked_up() {
+        let dir = populated(64);
+        let v = view(dir.path(), "gid=5");
+        let list = |v: &ViewFs| listed_files(v, ROOT);
+        // Nobody has stated a listed name yet: names only, nothing registered.
+        let first = list(&v);
+        assert_eq!(first.len(), 64);
+        assert!(
+            first
+                .iter()
+                .all(|i| i.attr.is_none() && i.kind == Kind::Regular)
+        );
+        assert_eq!(v.inode_count(), 1);
+        // A lookup of a name not listed (a path walk, a create) is no evidence.
+        let _ = v.lookup(ROOT, OsStr::new("absent"));
+        assert!(list(&v).iter().all(|i| i.attr.is_none()));
+        // A walker: it stats what it listed. The next listing carries attributes, but
+        // for one entry in 256 (probes that keep the evidence coming).
+        for i in &first {
+            v.lookup(ROOT, OsStr::from_bytes(&i.name)).unwrap();
+        }
+        let looked_up = v.inode_count();
+        let second = list(&v);
+        let with = second.iter().filter(|i| i.attr.is_some()).count();
+        assert!((63..=64).contains(&with), "{with} of 64 carried attributes");
+        for i in second.iter().filter(|i| i.attr.is_some()) {
+            let a = i.attr.unwrap();
+            assert_eq!((a.ino, a.gid), (i.ino, 5));
+        }
+        // Each entry handed with attributes is one more kernel lookup of its inode.
+        assert_eq!(v.inode_count(), looked_up);
+    }
+
+    /// A walk that starts at a directory of two (`find` over a tree whose top holds one
+    /// directory) showed no evidence before it listed the big one below: one entry in
+    /// 16 is a probe, counted over the view, and the top had none. Every name listing's
+    /// first entry is a probe too.
+    #[test]
+    fn the_first_entry_of_a_name_listing_is_a_probe() {
+        let dir = populated(2);
+        std::fs::create_dir(dir.path().join("fdir")).unwrap();
+        let v = view(dir.path(), "gid=5");
+        let first = listed_files(&v, ROOT);
+        assert_eq!(first.len(), 3);
+        assert!(first.iter().all(|i| i.attr.is_none()));
+        assert!(!v.listing.walking_in(ROOT));
+        // A walker states what it listed, from the first.
+        let a = v.lookup(ROOT, OsStr::from_bytes(&first[0].name)).unwrap();
+        assert!(v.listing.walking_in(ROOT), "the first entry was a probe");
+        v.forget(a.ino, 1);
+        // A listing that starts midway (after the first file) has no first entry to
+        // probe.
+        let other = populated(3);
+        let w = view(other.path(), "gid=5");
+        let fh = w.opendir(ROOT).unwrap();
+        let mut after_first = 0;
+        w.readdir(
+            ROOT,
+            fh,
+            0,
+            Listing::Names,
+            Room::UNBOUNDED,
+            |item, next| {
+                after_first = next;
+                item.name.starts_with(b"f")
+            },
+        )
+        .unwrap();
+        let mut midway = Vec::new();
+        w.readdir(
+            ROOT,
+            fh,
+            after_first,
+            Listing::AsNeeded,
+            Room::UNBOUNDED,
+            |item, _| {
+                midway.push(item.clone());
+                false
+            },
+        )
+        .unwrap();
+        w.release(fh);
+        midway.retain(|i| i.name.starts_with(b"f"));
+        assert_eq!(midway.len(), 2, "{midway:?}");
+        let _ = w.lookup(ROOT, OsStr::from_bytes(&midway[0].name)).unwrap();
+        assert!(!w.listing.walking_in(ROOT));
+    }
+
+    /// On NFS a lookup of an entry the client has not seen waits two round trips, and
+    /// the kernel (before 6.16) asks for a page of a walk's listing at a time (25 or so): a
+    /// listing that looked up only what each page had room for took longer than the
+    /// entries' timeouts, and the walker looked most of them up again, one at a time.
+    /// A network share's listing looks up further ahead, over its threads, and the
+    /// next chunks hand what was looked up; what is never handed is forgotten.
+    #[test]
+    fn a_network_shares_walk_listing_looks_up_past_the_page_for_the_next() {
+        let dir = populated(200);
+        let v = network_view(dir.path(), "gid=5");
+        // A page's room: 10 entries of these names (a header as the kernel's).
+        let room = Room {
+            bytes: 10 * 160,
+            header: 152,
+        };
+        let fh = v.opendir(ROOT).unwrap();
+        let mut handed: Vec<DirItem> = Vec::new();
+        let mut at = 0;
+        // As the kernel's reply: full when the next entry does not fit.
+        let chunk = |v: &ViewFs, at: &mut u64, handed: &mut Vec<DirItem>| {
+            let before = handed.len();
+            let mut left = room.bytes;
+            v.readdir(
+                ROOT,
+                fh,
+                *at,
+                Listing::WithAttributes,
+                room,
+                |item, next| {
+                    let Some(after) = left.checked_sub(room.cost(&item.name)) else {
+                        return true;
+                    };
+                    left = after;
+                    handed.push(item.clone());
+                    *at = next;
+                    false
+                },
+            )
+            .unwrap();
+            handed.len() - before
+        };
+        dirs::looked_up::take();
+        assert!(chunk(&v, &mut at, &mut handed) <= 10);
+        assert_eq!(dirs::looked_up::take(), dirs::NETWORK_LOOK_AHEAD);
+        let files = |items: &[DirItem]| items.iter().filter(|i| i.name.starts_with(b"f")).count();
+        // The page's lookups, and those waiting for the next pages.
+        assert_eq!(v.inode_count(), 1 + dirs::NETWORK_LOOK_AHEAD);
+        while chunk(&v, &mut at, &mut handed) > 0 {}
+        assert_eq!(files(&handed), 200);
+        assert_eq!(
+            dirs::looked_up::take(),
+            200 - dirs::NETWORK_LOOK_AHEAD,
+            "no entry looked up twice"
+        );
+        assert_eq!(v.inode_count(), 1 + 200);
+        for item in handed.iter().filter(|i| i.name.starts_with(b"f")) {
+            let a = item.attr.expect("a walk's entry carries attributes");
+            assert_eq!(a, v.lookup(ROOT, OsStr::from_bytes(&item.name)).unwrap());
+            v.forget(a.ino, 2);
+        }
+        assert_eq!(v.inode_count(), 1);
+        // A listing that stops after a page, or starts over, forgets what it looked up
+        // ahead and did not hand.
+        let (mut handed, mut at) = (Vec::new(), 0);
+        chunk(&v, &mut at, &mut handed);
+        let kept = files(&handed);
+        assert_eq!(v.inode_count(), 1 + dirs::NETWORK_LOOK_AHEAD);
+        dirs::looked_up::take();
+        let mut again = Vec::new();
+        chunk(&v, &mut 0, &mut again);
+        // The same entries again: the first page's lookups ahead were forgotten and made
+        // anew, not kept twice.
+        assert_eq!(again, handed);
+        assert_eq!(dirs::looked_up::take(), dirs::NETWORK_LOOK_AHEAD);
+        assert_eq!(v.inode_count(), 1 + dirs::NETWORK_LOOK_AHEAD);
+        v.release(fh);
+        assert_eq!(v.inode_count(), 1 + kept);
+        for a in handed.iter().filter_map(|i| i.attr) {
+            v.forget(a.ino, 2);
+        }
+        assert_eq!(v.inode_count(), 1);
     }
 }

@@ -1,10 +1,6 @@
 //! Open files: the handle table and I/O through the daemon.
 
-use std::collections::HashMap;
-use std::os::fd::BorrowedFd;
-
-use super::super::journal::{Entry, Journal, Journaling, Replayed};
-use super::super::snapshot::{FileSnapshot, HandleSnapshot, Passthrough, ViewSnapshot};
+use super::super::journal::Entry;
 use super::*;
 
 /// The flag an `execve(2)`'s open of a file carries into FUSE's `OPEN`
@@ -20,96 +16,9 @@ impl ViewFs {
         };
         // The record and the change under one read lock: a compaction sees both.
         let j = journaling.read();
-        j.append(&handle_entry(fh, &h));
+        j.append(&super::handover::handle_entry(fh, &h));
         self.handles.insert(fh, h);
         fh
-    }
-
-    /// Writes the view's tables to a new journal and, once `keep` has handed it to the
-    /// keeper, journals every change from then on there. The first call starts the
-    /// journal; later ones compact it (it grows with every node id given and
-    /// forgotten). Node ids and handles are frozen meanwhile (milliseconds for
-    /// thousands of entries); `keep` failing leaves the old journal in use.
-    ///
-    /// # Errors
-    /// The error of making the journal, or of `keep`.
-    pub fn journal_to(
-        &self,
-        negotiated: crate::fs::journal::Negotiated,
-        keep: impl FnOnce(&Journal) -> std::io::Result<()>,
-    ) -> std::io::Result<()> {
-        let next = Journal::create()?;
-        let journaling = self.journal.get().cloned();
-        self.inodes.with_locked(|table| {
-            let mut guard = journaling.as_ref().map(|j| j.write());
-            let handles: Vec<Entry> = self
-                .handles
-                .iter()
-                .flat_map(|e| {
-                    let mut v = vec![handle_entry(*e.key(), e.value())];
-                    if let Handle::File(f) = e.value() {
-                        match f.data.passthrough_snapshot() {
-                            Passthrough::Id(id) => v.push(Entry::Backing {
-                                ino: f.ino,
-                                writable: Some(f.data.writable),
-                                id,
-                            }),
-                            Passthrough::Refused => v.push(Entry::Served {
-                                ino: f.ino,
-                                writable: f.data.writable,
-                            }),
-                            Passthrough::Untried => {}
-                        }
-                    }
-                    v
-                })
-                .collect();
-            next.write_tables(negotiated, &table, &handles);
-            keep(&next)?;
-            match (journaling.as_ref(), guard.as_mut()) {
-                (Some(j), Some(g)) => j.install(g, next),
-                _ => {
-                    let j = Arc::new(Journaling::new(next));
-                    self.inodes.set_journal(Arc::clone(&j));
-                    let _ = self.journal.set(j);
-                }
-            }
-            Ok(())
-        })
-    }
-
-    /// Whether the journal has grown past `floor` bytes and four times its compacted
-    /// size.
-    pub fn journal_wants_compaction(&self, floor: u64) -> bool {
-        self.journal
-            .get()
-            .is_some_and(|j| j.wants_compaction(floor))
-    }
-
-    /// Whether a process started after this one dies could reach every inode again
-    /// (the backing file system has file handles).
-    pub fn recoverable(&self) -> bool {
-        self.inodes.recoverable()
-    }
-
-    /// Journals that an inode's shared descriptor is served by the daemon for as long
-    /// as it lives ([`Entry::Served`]).
-    pub fn journal_served(&self, ino: u64, writable: bool) {
-        if let Some(j) = self.journal.get() {
-            j.append(&Entry::Served { ino, writable });
-        }
-    }
-
-    /// Journals a passthrough registration of an inode's shared descriptor (the
-    /// read-write one, or the read-only one).
-    pub fn journal_backing(&self, ino: u64, writable: bool, id: u32) {
-        if let Some(j) = self.journal.get() {
-            j.append(&Entry::Backing {
-                ino,
-                writable: Some(writable),
-                id,
-            });
-        }
     }
 
     /// The passthrough registration of `data`, a shared descriptor of inode `ino`, got
@@ -165,14 +74,15 @@ impl ViewFs {
         // where a read-write one costs the server a `CREATE` more than the raw
         // mount's open. A writer that comes while it is open opens a read-write one
         // beside it, which shares its registration ([`ViewFs::registration`]).
-        let access = if self.readonly || (!wants_write && self.twins.load(Ordering::Relaxed)) {
-            Access::ReadOnly
-        } else {
-            Access::ReadWrite
-        };
+        let access =
+            if self.cfg.readonly || (!wants_write && self.share.twins.load(Ordering::Relaxed)) {
+                Access::ReadOnly
+            } else {
+                Access::ReadWrite
+            };
         // Where a removed open file stays "delete pending", a removal waits until the
         // descriptor is in the slot, where it sees it (`ViewFs::removal`).
-        let _no_removal = self.delete_pends.then(|| read(&self.removal));
+        let _no_removal = self.share.delete_pends.then(|| read(&self.removal));
         // Not under the slot's lock: reaching the inode may take it too.
         let path_fd = inode.fd()?;
         let reopen = |access| {
@@ -244,7 +154,7 @@ impl ViewFs {
             return Err(FsError::WrongKind);
         }
         let wants_write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
-        if self.share_checks && flags & OPEN_EXEC != 0 {
+        if self.cfg.share_checks && flags & OPEN_EXEC != 0 {
             // The kernel checked only that some execute bit is set (fs/fuse/dir.c
             // `fuse_permission`); whether this caller may execute it is the share's.
             file::may(inode.fd()?.as_fd(), libc::X_OK)?;
@@ -253,7 +163,7 @@ impl ViewFs {
             self.writable()?;
             // One read of the record serves both checks.
             let rec = self.record_for(&inode)?;
-            if view::write_refused(&self.policy, inode.kind, rec.as_ref()) {
+            if view::write_refused(&self.cfg.policy, inode.kind, rec.as_ref()) {
                 return Err(FsError::ReadOnlyFile);
             }
             Some(rec)
@@ -282,7 +192,7 @@ impl ViewFs {
     /// serve open a twin of the file ([`ViewFs::twin`]); the transport asks for it
     /// where the source is on the kernel's SMB client and passthrough is on.
     pub fn twin_opens(&self) {
-        self.twins.store(true, Ordering::Relaxed);
+        self.share.twins.store(true, Ordering::Relaxed);
     }
 
     /// The twin of an open with `flags` of the file `data` holds: the file opened
@@ -311,7 +221,7 @@ impl ViewFs {
     /// the open fails with the server's answer instead, as the raw mount's does. Only
     /// the daemon's own shortages (descriptors, memory) leave the open to the kernel.
     fn twin(&self, data: &DataFile, flags: i32) -> FsResult<Option<Arc<OwnedFd>>> {
-        if !self.twins.load(Ordering::Relaxed)
+        if !self.share.twins.load(Ordering::Relaxed)
             || flags & libc::O_ACCMODE == libc::O_WRONLY
             || !file::can_reopen_like(flags)
             || matches!(data.passthrough.get(), Some(None))
@@ -340,7 +250,7 @@ impl ViewFs {
     /// # Errors
     /// The error of reopening the file with `O_DIRECT`.
     pub(super) fn serves_direct(&self, flags: i32, data: &DataFile) -> FsResult<bool> {
-        if flags & libc::O_DIRECT == 0 || self.direct_io != crate::config::DirectIo::View {
+        if flags & libc::O_DIRECT == 0 || self.cfg.direct_io != crate::config::DirectIo::View {
             return Ok(false);
         }
         data.direct()?;
@@ -373,14 +283,14 @@ impl ViewFs {
             return Ok(());
         }
         let perm = shown.perm & !kill;
-        if self.policy.changes_disk() {
+        if self.cfg.policy.changes_disk() {
             file::chmod(inode.fd()?.as_fd(), perm)?;
         } else {
             let change = OwnerChange {
                 perm: Some(perm),
                 ..OwnerChange::default()
             };
-            if let Some(new) = view::changed_record(&self.policy, inode.kind, rec, change) {
+            if let Some(new) = view::changed_record(&self.cfg.policy, inode.kind, rec, change) {
                 self.write_record(inode.fd()?.as_fd(), inode.kind, &new)?;
             }
         }
@@ -521,287 +431,58 @@ impl ViewFs {
     }
 }
 
-/// The journal line of a new handle.
-fn handle_entry(fh: u64, h: &Handle) -> Entry {
-    match h {
-        Handle::File(f) => Entry::File {
-            fh,
-            ino: f.ino,
-            writable: f.data.writable,
-            sync: f.sync,
-        },
-        Handle::Dir(d) => Entry::Dir { fh, ino: d.ino },
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+    use super::super::*;
+    use super::*;
 
-impl ViewFs {
-    /// The view's tables as plain data, with the descriptors they refer to by index:
-    /// what a process that takes this view over needs. Call it while no request is
-    /// being served (the FUSE workers are stopped).
-    ///
-    /// # Errors
-    /// The error of duplicating a directory stream's descriptor (`EMFILE`).
-    pub fn snapshot(&self) -> FsResult<(ViewSnapshot, Vec<Arc<OwnedFd>>)> {
-        for entry in &self.handles {
-            if let Handle::Dir(d) = entry.value() {
-                self.forget_looked_ahead(d);
-            }
-        }
-        let mut fds = Vec::new();
-        let table = self.inodes.snapshot(&mut fds);
-        let slots: HashMap<*const DataFile, u64> = self
-            .inodes
-            .open_files()
-            .iter()
-            .map(|(ino, d)| (Arc::as_ptr(d), *ino))
-            .collect();
-        let mut files = Vec::new();
-        let mut file_index: HashMap<*const DataFile, usize> = HashMap::new();
-        let mut handles = Vec::new();
-        for entry in &self.handles {
-            let fh = *entry.key();
-            match entry.value() {
-                Handle::File(f) => {
-                    let ptr = Arc::as_ptr(&f.data);
-                    let file = *file_index.entry(ptr).or_insert_with(|| {
-                        fds.push(Arc::clone(&f.data.fd));
-                        files.push(FileSnapshot {
-                            ino: slots.get(&ptr).copied(),
-                            fd: fds.len() - 1,
-                            writable: f.data.writable,
-                            passthrough: f.data.passthrough_snapshot(),
-                        });
-                        files.len() - 1
-                    });
-                    handles.push(HandleSnapshot::File {
-                        fh,
-                        ino: f.ino,
-                        file,
-                        sync: f.sync,
-                    });
-                }
-                Handle::Dir(d) => {
-                    let ino = d.ino;
-                    let stream = lock(&d.stream);
-                    fds.push(Arc::new(crate::sys::fuse::dup(stream.fd.as_fd())?));
-                    handles.push(HandleSnapshot::Dir {
-                        fh,
-                        ino,
-                        fd: fds.len() - 1,
-                    });
-                }
-            }
-        }
-        let snap = ViewSnapshot {
-            table,
-            files,
-            handles,
-            next_fh: self.next_fh.load(Ordering::Relaxed),
-        };
-        Ok((snap, fds))
+    #[test]
+    fn a_writer_after_a_reader_shares_its_registration() {
+        use crate::fs::snapshot::Passthrough;
+        let ReaderThenWriter {
+            _dir,
+            v,
+            held,
+            ino,
+            dev,
+            reader,
+            writer,
+        } = reader_then_writer();
+        let r = held.replay();
+        assert_eq!(r.passthrough_of(ino, false), Passthrough::Id(7));
+        assert_eq!(r.passthrough_of(ino, true), Passthrough::Id(7));
+        // Readers from now on take the writer's descriptor.
+        let later = v.open(ino, libc::O_RDONLY, ME.into()).unwrap();
+        assert!(Arc::ptr_eq(&later.data, &writer.data));
+        v.release(reader.fh);
+        drop(reader);
+        assert_eq!(held.replay().passthrough_of(ino, true), Passthrough::Id(7));
+        v.release(later.fh);
+        v.release(writer.fh);
+        drop((later, writer));
+        assert_eq!(
+            held.replay().passthrough_of(ino, true),
+            Passthrough::Untried
+        );
+        // The next open registers anew.
+        let next = v.open(ino, libc::O_RDONLY, ME.into()).unwrap();
+        let again = crate::sys::fuse::Backing::adopt(&dev, 8);
+        assert_eq!(v.registration(ino, &next.data, || Some(again)), Some(8));
+        v.release(next.fh);
     }
 
-    /// Takes over the tables of the process that served this view before: a new view
-    /// (of the same backing directory, holding only its root) answers from now on for
-    /// every node id and handle the kernel holds. `dev` is the connection, on which the
-    /// predecessor's passthrough registrations stay open.
-    ///
-    /// # Errors
-    /// [`FsError::Handover`] when the snapshot does not fit (another root, a missing
-    /// descriptor, an unknown inode).
-    pub fn restore(
-        &self,
-        snap: &ViewSnapshot,
-        fds: Vec<OwnedFd>,
-        dev: &Arc<OwnedFd>,
-    ) -> FsResult<()> {
-        let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
-        self.inodes.restore(&snap.table, &mut fds)?;
-        self.restore_handles(snap, &mut fds, dev)
-    }
-
-    /// The handles of `snap` (its table restored already), with their descriptors.
-    fn restore_handles(
-        &self,
-        snap: &ViewSnapshot,
-        fds: &mut [Option<OwnedFd>],
-        dev: &Arc<OwnedFd>,
-    ) -> FsResult<()> {
-        let mut take = |i: usize| {
-            fds.get_mut(i)
-                .and_then(Option::take)
-                .ok_or(FsError::Handover("a handle without its descriptor"))
-        };
-        let mut files = Vec::with_capacity(snap.files.len());
-        let mut adopted = HashMap::new();
-        for f in &snap.files {
-            let inode = f.ino.map(|ino| self.inodes.get(ino)).transpose()?;
-            let opens = inode
-                .as_ref()
-                .map_or_else(Arc::default, |i| Arc::clone(&i.opens));
-            let data = Arc::new(DataFile::new(
-                take(f.fd)?,
-                f.writable,
-                &self.journal,
-                &self.live_files,
-                &opens,
-            ));
-            data.adopt(f.passthrough, dev, &mut adopted);
-            if let Some(inode) = inode {
-                *lock(&inode.data) = Arc::downgrade(&data);
-                if let Some(Some(r)) = data.passthrough.get() {
-                    *lock(&inode.registration) = Arc::downgrade(r);
-                }
-            }
-            files.push(data);
-        }
-        for h in &snap.handles {
-            match *h {
-                HandleSnapshot::File {
-                    fh,
-                    ino,
-                    file,
-                    sync,
-                } => {
-                    let data = files
-                        .get(file)
-                        .ok_or(FsError::Handover("a handle of an unknown file"))?;
-                    self.handles.insert(
-                        fh,
-                        Handle::File(OpenFile {
-                            ino,
-                            data: Arc::clone(data),
-                            sync,
-                            _twin: None,
-                        }),
-                    );
-                }
-                HandleSnapshot::Dir { fh, ino, fd } => {
-                    // No position matches: the next listing seeks where it asks.
-                    let handle = self.dir_handle(ino, take(fd)?, u64::MAX);
-                    self.handles.insert(fh, handle);
-                }
-            }
-        }
-        self.next_fh.fetch_max(snap.next_fh, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Reopens an inode's descriptor for a recovered handle. A view that acts as its
-    /// callers opened it as one of them, and the daemon may not open it at all where
-    /// the share squashes root (a pod's 0600 file on NFS). The journal keeps no
-    /// opener's ids, so it is then reopened as the file's owner, in the file's group,
-    /// and else as a member of that group who is not its owner: one of the two has
-    /// the access any opener had, unless the file grants others more than both.
-    fn reopen_for_recovery(
-        &self,
-        path_fd: BorrowedFd<'_>,
-        kind: Kind,
-        access: Access,
-    ) -> Result<OwnedFd, Errno> {
-        let denied = match file::reopen(path_fd, kind, access) {
-            Err(e @ (Errno::EACCES | Errno::EPERM)) if self.acts_as_callers => e,
-            done => return done,
-        };
-        let st = file::stat(path_fd)?;
-        // Not the daemon's own ids, which would keep its capabilities; any uid but
-        // the owner's is a member of the group to the share.
-        let some = crate::sys::creds::SOME_CALLER_UID;
-        let member = if st.uid == some { some + 1 } else { some };
-        for uid in [st.uid, member] {
-            if uid == 0 {
-                continue;
-            }
-            let Ok(_acting) = crate::sys::creds::act_as(uid, st.gid, &[st.gid]) else {
-                continue;
-            };
-            if let Ok(fd) = file::reopen(path_fd, kind, access) {
-                return Ok(fd);
-            }
-        }
-        Err(denied)
-    }
-
-    /// Rebuilds the tables of a view whose process died, from its journal: the same
-    /// node ids, and the open handles with their shared descriptors reopened from the
-    /// inodes' handles (with the passthrough registrations they had, which the
-    /// connection kept). Returns how many handles could not be reopened (their file
-    /// was deleted while open, or is open to none of the ids
-    /// [`ViewFs::reopen_for_recovery`] tries): those answer `EBADF` from now on.
-    ///
-    /// # Errors
-    /// [`FsError::Handover`] when the journal is of another root or has none.
-    pub fn recover(&self, journal: &Replayed, dev: &Arc<OwnedFd>) -> FsResult<usize> {
-        let table = journal
-            .table()
-            .ok_or(FsError::Handover("a journal without its root"))?;
-        self.inodes.restore(&table, &mut [])?;
-        let mut fds = Vec::new();
-        let mut files = Vec::new();
-        let mut handles = Vec::new();
-        let mut shared: HashMap<(u64, bool), usize> = HashMap::new();
-        let mut lost = 0;
-        let reopen = |ino: u64, access: Access| -> Option<OwnedFd> {
-            let inode = self.inodes.get(ino).ok()?;
-            let path_fd = inode.fd().ok()?;
-            let fd = self
-                .inodes
-                .with_fds(|| self.reopen_for_recovery(path_fd.as_fd(), inode.kind, access))
-                .ok()?;
-            self.no_atime(&fd, inode.kind);
-            Some(fd)
-        };
-        for (&fh, &(ino, writable, sync)) in &journal.files {
-            let file = match shared.get(&(ino, writable)) {
-                Some(i) => *i,
-                None => {
-                    let access = if writable {
-                        Access::ReadWrite
-                    } else {
-                        Access::ReadOnly
-                    };
-                    let Some(fd) = reopen(ino, access) else {
-                        lost += 1;
-                        continue;
-                    };
-                    fds.push(fd);
-                    files.push(FileSnapshot {
-                        ino: Some(ino),
-                        fd: fds.len() - 1,
-                        writable,
-                        passthrough: journal.passthrough_of(ino, writable),
-                    });
-                    shared.insert((ino, writable), files.len() - 1);
-                    files.len() - 1
-                }
-            };
-            handles.push(HandleSnapshot::File {
-                fh,
-                ino,
-                file,
-                sync,
-            });
-        }
-        for (&fh, &ino) in &journal.dirs {
-            let Some(fd) = reopen(ino, Access::Directory) else {
-                lost += 1;
-                continue;
-            };
-            fds.push(fd);
-            handles.push(HandleSnapshot::Dir {
-                fh,
-                ino,
-                fd: fds.len() - 1,
-            });
-        }
-        let snap = ViewSnapshot {
-            table,
-            files,
-            handles,
-            next_fh: journal.next_fh(),
-        };
-        let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
-        self.restore_handles(&snap, &mut fds, dev)?;
-        Ok(lost)
+    #[test]
+    fn fifos_are_never_opened_by_the_daemon() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        let p = v
+            .mknod(ROOT, OsStr::new("p"), libc::S_IFIFO | 0o644, ME)
+            .unwrap();
+        assert_eq!(p.kind, Kind::Fifo);
+        assert_eq!(
+            v.open(p.ino, libc::O_RDONLY, ME.into()).err(),
+            Some(FsError::WrongKind)
+        );
     }
 }

@@ -81,18 +81,18 @@ impl ViewFs {
     /// no other view can swap it: when it records ownership, or chowns it to a caller
     /// other than itself.
     fn placement(&self, creator: Creator) -> Placement {
-        match self.policy {
+        match self.cfg.policy {
             // The share made it as the creator, who owns it there already.
-            Policy::Plain { .. } if self.acts_as_callers => Placement::Direct,
+            Policy::Plain { .. } if self.cfg.acts_as_callers => Placement::Direct,
             Policy::Plain { gids, .. } => {
-                let (euid, egid) = self.daemon_ids;
+                let (euid, egid) = self.cfg.daemon_ids;
                 if creator.uid == euid && gids.disk(creator.gid) == egid {
                     Placement::Direct
                 } else {
                     Placement::Staged
                 }
             }
-            _ if self.policy.keeps_records() => Placement::Staged,
+            _ if self.cfg.policy.keeps_records() => Placement::Staged,
             _ => Placement::Direct,
         }
     }
@@ -164,7 +164,7 @@ impl ViewFs {
         creator: Creator,
         disk_perm: u32,
     ) -> FsResult<Option<(OwnedFd, OwnedFd, Option<Record>)>> {
-        if self.tmpfile_missing.load(Ordering::Relaxed) {
+        if self.share.tmpfile_missing.load(Ordering::Relaxed) {
             return Ok(None);
         }
         let pfd = parent.fd()?;
@@ -176,7 +176,7 @@ impl ViewFs {
                 tracing::info!(
                     "the backing file system cannot make unnamed files (O_TMPFILE); new files are staged under a reserved name"
                 );
-                self.tmpfile_missing.store(true, Ordering::Relaxed);
+                self.share.tmpfile_missing.store(true, Ordering::Relaxed);
                 return Ok(None);
             }
             Err(e) => return Err(e.into()),
@@ -205,13 +205,13 @@ impl ViewFs {
         temp: &OsStr,
         name: &OsStr,
     ) -> FsResult<()> {
-        if !self.noreplace_missing.load(Ordering::Relaxed) {
+        if !self.share.noreplace_missing.load(Ordering::Relaxed) {
             match file::rename(dir, temp, dir, name, libc::RENAME_NOREPLACE) {
                 Err(Errno::EINVAL) => {
                     tracing::info!(
                         "the backing file system has no RENAME_NOREPLACE; new entries are renamed into place after a check"
                     );
-                    self.noreplace_missing.store(true, Ordering::Relaxed);
+                    self.share.noreplace_missing.store(true, Ordering::Relaxed);
                 }
                 r => return Ok(r?),
             }
@@ -229,7 +229,7 @@ impl ViewFs {
     /// again, a round trip per create; read here, they come from the cache the
     /// kernel's permission check of the create has just filled.
     fn inherited(&self, parent: &Arc<Inode>) -> FsResult<Owner> {
-        match self.policy {
+        match self.cfg.policy {
             // Only fsgroup inherits from the parent; spare the stat otherwise.
             Policy::FsGroup { emulate: true, .. } => self.shown(parent),
             _ => Ok(Owner {
@@ -253,13 +253,13 @@ impl ViewFs {
         new: NewEntry,
         creator: Creator,
     ) -> FsResult<Option<Record>> {
-        match self.policy {
+        match self.cfg.policy {
             Policy::Plain { .. } => self
                 .give_to_creator(parent, fd, new, creator)
                 .map(|()| None),
             _ => {
                 match view::new_entry_record(
-                    &self.policy,
+                    &self.cfg.policy,
                     creator,
                     parent_shown,
                     new.kind,
@@ -267,7 +267,7 @@ impl ViewFs {
                 ) {
                     // A symlink or FIFO takes no `user.` record: it shows the derived
                     // owner (SEMANTICS.md, `ownership=emulate-user`).
-                    Some(rec) if record::holds(self.record_xattr, new.kind) => {
+                    Some(rec) if record::holds(self.cfg.record_xattr, new.kind) => {
                         self.write_record(fd.as_fd(), new.kind, &rec)?;
                         Ok(Some(rec))
                     }
@@ -287,12 +287,12 @@ impl ViewFs {
     ) -> FsResult<()> {
         let pst = file::stat(parent.fd()?.as_fd())?;
         // Made in its parent, the entry has the group a setgid parent gives already.
-        let gids = match self.policy {
+        let gids = match self.cfg.policy {
             Policy::Plain { gids, .. } => gids,
             _ => view::GidSwap::default(),
         };
         let gid = (pst.perm & 0o2000 == 0).then_some(gids.disk(creator.gid));
-        let (euid, egid) = self.daemon_ids;
+        let (euid, egid) = self.cfg.daemon_ids;
         if creator.uid == euid && gid.is_none_or(|g| g == egid) {
             return Ok(());
         }
@@ -304,7 +304,7 @@ impl ViewFs {
             Err(e) => return Err(e.into()),
         }
         // chown clears set-id bits; put back what the creator asked for.
-        let perm = self.policy.disk_create_perm(new.kind, new.perm);
+        let perm = self.cfg.policy.disk_create_perm(new.kind, new.perm);
         if perm & 0o6000 != 0 && new.kind != Kind::Symlink {
             file::chmod(fd.as_fd(), perm)?;
         }
@@ -332,7 +332,7 @@ impl ViewFs {
         let p = self.dir(parent)?;
         let _making = self.names.making(parent, &p, name.as_bytes());
         let perm = mode & file::PERM_MASK;
-        let disk_perm = self.policy.disk_create_perm(Kind::Regular, perm);
+        let disk_perm = self.cfg.policy.disk_create_perm(Kind::Regular, perm);
         let new = NewEntry {
             kind: Kind::Regular,
             perm,
@@ -349,7 +349,7 @@ impl ViewFs {
         // SETATTR after its OPEN (`nfs4_exclusive_attrset`). What such an open finds
         // must be a new file all the same, or it is the name appearing (`EEXIST`).
         let fresh =
-            placement == Placement::Direct && self.acts_as_callers && flags & libc::O_EXCL == 0;
+            placement == Placement::Direct && self.cfg.acts_as_callers && flags & libc::O_EXCL == 0;
         // Where the file's ownership goes into a record, its attributes are read while
         // the create's reply has them: the record and the rename into place that
         // follow change its ctime only, and an NFS client would ask its server for all
@@ -374,7 +374,7 @@ impl ViewFs {
                 },
                 |_, _, data_fd| {
                     let path_fd = file::reopen(data_fd.as_fd(), Kind::Regular, Access::Path)?;
-                    if !matches!(self.policy, Policy::Plain { .. }) {
+                    if !matches!(self.cfg.policy, Policy::Plain { .. }) {
                         early = Some(file::stat(path_fd.as_fd())?);
                     }
                     Ok((path_fd, data_fd))
@@ -448,7 +448,7 @@ impl ViewFs {
         let attr = self.lookup(parent, name)?;
         let checked = if attr.kind == Kind::Directory {
             Err(FsError::Os(Errno::EISDIR))
-        } else if self.checks_access && !self.may_open(&attr, flags, creator) {
+        } else if self.cfg.checks_access && !self.may_open(&attr, flags, creator) {
             Err(FsError::Os(Errno::EACCES))
         } else {
             self.open(attr.ino, flags, creator.into())
@@ -485,7 +485,7 @@ impl ViewFs {
     /// `EROFS`, `EEXIST`, or the error of the system call.
     pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, creator: Creator) -> FsResult<Attr> {
         let perm = mode & file::PERM_MASK;
-        let disk_perm = self.policy.disk_create_perm(Kind::Directory, perm);
+        let disk_perm = self.cfg.policy.disk_create_perm(Kind::Directory, perm);
         let since = std::time::Instant::now();
         let attr = self.make_node(
             parent,
@@ -514,7 +514,7 @@ impl ViewFs {
             return Err(FsError::NotPermitted);
         }
         let perm = mode & file::PERM_MASK;
-        let disk_perm = self.policy.disk_create_perm(kind, perm);
+        let disk_perm = self.cfg.policy.disk_create_perm(kind, perm);
         self.make_node(parent, name, NewEntry { kind, perm }, creator, |dir, n| {
             file::mknod(dir, n, kind, disk_perm)
         })
@@ -555,7 +555,7 @@ impl ViewFs {
         refuse_reserved(name)?;
         let p = self.dir(parent)?;
         let _making = self.names.making(parent, &p, name.as_bytes());
-        let root_mnt = self.root_mnt;
+        let root_mnt = self.share.root_mnt;
         let (fd, (), record) = self.make_entry(&p, name, new, creator, make, |dir, n, ()| {
             let fd = file::open_child(dir, n, root_mnt)?;
             if file::stat(fd.as_fd())?.kind != new.kind {
@@ -572,7 +572,7 @@ impl ViewFs {
 
     /// The attributes of an entry this call made, whose record (if any) it wrote.
     fn attr_of_new(&self, inode: &Arc<Inode>, st: &Stat, written: Option<Record>) -> Attr {
-        let record = written.filter(|_| self.policy.reads_record(st.kind));
+        let record = written.filter(|_| self.cfg.policy.reads_record(st.kind));
         self.attr_with(inode, st, record.as_ref())
     }
 
@@ -594,7 +594,7 @@ impl ViewFs {
         // that name, which outlives the old one: git links its temporary object to
         // its name, then unlinks the temporary one), else through the old name.
         let was = file::stat(fd.as_fd())?;
-        if let Ok(fresh) = file::open_child(p.fd()?.as_fd(), name, self.root_mnt) {
+        if let Ok(fresh) = file::open_child(p.fd()?.as_fd(), name, self.share.root_mnt) {
             let now = file::stat(fresh.as_fd())?;
             if (now.dev, now.ino, now.kind) == (was.dev, was.ino, was.kind) {
                 return self.register(fresh);
@@ -616,7 +616,7 @@ impl ViewFs {
         let pfd = p.fd()?;
         if what == Remove::NonDirectory {
             self.let_go_of(&p, pfd.as_fd(), name);
-            if self.delete_pends {
+            if self.share.delete_pends {
                 // No open of a file begins its system call while this removal decides
                 // and is made (`ViewFs::removal`): one already made is seen held, one
                 // after finds no file.
@@ -674,7 +674,7 @@ impl ViewFs {
     /// removed file is); an open file keeps its own descriptor, and the client keeps
     /// its name as it would without the view.
     fn let_go_of(&self, parent: &Inode, dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) {
-        if !self.silly_renames {
+        if !self.share.silly_renames {
             return;
         }
         // A view crosses no mount, so what the name holds is on its parent's device.
@@ -710,7 +710,7 @@ impl ViewFs {
             self.let_go_of(&np, npfd.as_fd(), new_name);
         }
         let pfd = p.fd()?;
-        if self.delete_pends && flags == 0 {
+        if self.share.delete_pends && flags == 0 {
             // As in `unlink`: no open of a file begins meanwhile.
             let _no_opens = write(&self.removal);
             if let Some(held) = self.held_child(npfd.as_fd(), new_name) {
@@ -797,5 +797,492 @@ pub(super) mod race_hook {
         if let Some(mut hook) = HOOK.with(|h| h.borrow_mut().take()) {
             hook(dir, name);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+    use super::super::*;
+    use super::*;
+
+    #[test]
+    fn a_file_removed_while_open_waits_under_a_reserved_name_until_let_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = view(dir.path(), "gid=5");
+        // As on an SMB share (`ViewFs::new`), which this is not.
+        v.share.delete_pends = true;
+        let name = OsStr::new;
+        let aside = || {
+            std::fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name())
+                .filter(|n| namespace::is_reserved_name(n.as_bytes()))
+                .count()
+        };
+        for replace in [false, true] {
+            std::fs::write(dir.path().join("pid"), "1234").unwrap();
+            let ino = v.lookup(ROOT, name("pid")).unwrap().ino;
+            let fh = v.open(ino, libc::O_RDONLY, ME.into()).unwrap().fh;
+            if replace {
+                std::fs::write(dir.path().join("new"), "5678").unwrap();
+                v.rename(ROOT, name("new"), ROOT, name("pid"), 0).unwrap();
+                assert_eq!(std::fs::read(dir.path().join("pid")).unwrap(), b"5678");
+            } else {
+                v.unlink(ROOT, name("pid"), Remove::NonDirectory).unwrap();
+                assert!(!dir.path().join("pid").exists(), "the name is free at once");
+            }
+            // The kernel's passthrough open, made after the view's, must still find
+            // the file: on an SMB server a removed open file refuses every open.
+            assert_eq!(aside(), 1, "replace: {replace}");
+            assert_eq!(v.read(fh, 0, 4, false).unwrap(), b"1234");
+            v.release(fh);
+            assert_eq!(aside(), 0, "gone with the last handle (replace: {replace})");
+            v.forget(ino, 1);
+        }
+        // A file the view does not hold open is removed at once.
+        std::fs::write(dir.path().join("closed"), "").unwrap();
+        v.lookup(ROOT, name("closed")).unwrap();
+        let keep = v.opendir(ROOT).unwrap();
+        v.unlink(ROOT, name("closed"), Remove::NonDirectory)
+            .unwrap();
+        assert_eq!(aside(), 0);
+        v.release(keep);
+    }
+
+    #[test]
+    fn a_file_is_held_against_a_removal_by_a_reader_after_a_writer_beside_it_went() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = view(dir.path(), "gid=5");
+        v.share.delete_pends = true;
+        // Readers get read-only descriptors, and a writer one of its own beside them.
+        v.twin_opens();
+        std::fs::write(dir.path().join("pid"), "1234").unwrap();
+        let ino = v.lookup(ROOT, OsStr::new("pid")).unwrap().ino;
+        let reader = v.open(ino, libc::O_RDONLY, ME.into()).unwrap();
+        let writer = v.open(ino, libc::O_RDWR, ME.into()).unwrap();
+        assert!(!reader.data.writable && writer.data.writable);
+        drop(writer.data);
+        v.release(writer.fh);
+        v.unlink(ROOT, OsStr::new("pid"), Remove::NonDirectory)
+            .unwrap();
+        only_moved_aside(dir.path());
+        drop(reader.data);
+        v.release(reader.fh);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_file_opened_but_not_yet_handed_out_is_held_against_a_removal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = view(dir.path(), "gid=5");
+        v.share.delete_pends = true;
+        std::fs::write(dir.path().join("pid"), "1234").unwrap();
+        let ino = v.lookup(ROOT, OsStr::new("pid")).unwrap().ino;
+        // An open between making the shared descriptor and adding its handle, with
+        // no other handle in the view: the kernel's passthrough open is still to come.
+        let inode = v.inodes.get(ino).unwrap();
+        let data = v.shared_data(&inode, false).unwrap();
+        assert!(v.handles.is_empty());
+        v.unlink(ROOT, OsStr::new("pid"), Remove::NonDirectory)
+            .unwrap();
+        only_moved_aside(dir.path());
+        drop(data);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn create_honours_o_excl_and_records_the_creator() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        let Created { attr, fh, data, .. } = v
+            .create(
+                ROOT,
+                OsStr::new("n"),
+                0o100640,
+                libc::O_EXCL | libc::O_RDWR,
+                ME,
+                Existing::Open,
+            )
+            .unwrap();
+        assert_eq!((attr.uid, attr.gid, attr.perm), (1000, 5, 0o640));
+        assert!(data.writable);
+        assert_eq!(v.write(fh, 0, b"abc", false).unwrap(), 3);
+        assert_eq!(v.read(fh, 1, 10, false).unwrap(), b"bc");
+        assert_eq!(
+            v.create(
+                ROOT,
+                OsStr::new("n"),
+                0o100600,
+                libc::O_EXCL,
+                ME,
+                Existing::Open
+            )
+            .err(),
+            Some(FsError::Os(Errno::EEXIST))
+        );
+        // `n` opened again without O_EXCL, by `who`.
+        let reopen =
+            |flags, who, existing| v.create(ROOT, OsStr::new("n"), 0o100600, flags, who, existing);
+        // The name is left to the kernel, which looks it up again and opens it with its
+        // own checks.
+        assert_eq!(
+            reopen(libc::O_RDWR, ME, Existing::Kernel).err(),
+            Some(FsError::NameAppeared)
+        );
+        assert_eq!(FsError::NameAppeared.errno(), libc::ESTALE);
+        // A resent create opens an existing file itself, its record untouched, but only
+        // for a creator the presented attributes let in (0640 1000:5).
+        let stranger = Creator {
+            uid: 7,
+            gid: 7,
+            pid: 0,
+        };
+        for flags in [libc::O_RDWR, libc::O_RDONLY, libc::O_WRONLY | libc::O_TRUNC] {
+            assert_eq!(
+                reopen(flags, stranger, Existing::Open).err(),
+                Some(FsError::Os(Errno::EACCES)),
+                "flags {flags:#o}"
+            );
+        }
+        let member = Creator { gid: 5, ..stranger };
+        assert_eq!(
+            reopen(libc::O_RDWR, member, Existing::Open).err(),
+            Some(FsError::Os(Errno::EACCES)),
+            "the group may read, not write"
+        );
+        let read = reopen(libc::O_RDONLY, member, Existing::Open).unwrap();
+        let again = reopen(libc::O_RDWR, ME, Existing::Open).unwrap();
+        assert_eq!((again.attr.uid, again.attr.perm), (1000, 0o640));
+        assert!(Arc::ptr_eq(&data, &again.data), "one descriptor per inode");
+        assert_eq!(v.inode_count(), 2, "refused opens were forgotten again");
+        v.release(fh);
+        v.release(read.fh);
+        v.release(again.fh);
+    }
+
+    #[test]
+    fn entries_are_made_under_reserved_names_that_no_view_can_reach() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        v.mkdir(ROOT, OsStr::new("d"), 0o750, ME).unwrap();
+        v.symlink(ROOT, OsStr::new("l"), OsStr::new("d"), ME)
+            .unwrap();
+        v.mknod(ROOT, OsStr::new("p"), libc::S_IFIFO | 0o640, ME)
+            .unwrap();
+        let c = v
+            .create(
+                ROOT,
+                OsStr::new("f"),
+                0o100640,
+                libc::O_RDWR,
+                ME,
+                Existing::Kernel,
+            )
+            .unwrap();
+        v.release(c.fh);
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["d", "f", "l", "p"], "nothing staged is left behind");
+        // A reserved name (a leftover of a crashed daemon, say) is not part of a view.
+        std::fs::write(dir.path().join(".mountgroup.new.0"), "x").unwrap();
+        let n = OsStr::new(".mountgroup.new.0");
+        assert_eq!(v.lookup(ROOT, n), Err(FsError::Os(Errno::ENOENT)));
+        assert_eq!(
+            v.unlink(ROOT, n, Remove::NonDirectory),
+            Err(FsError::Os(Errno::ENOENT))
+        );
+        assert_eq!(
+            v.rename(ROOT, n, ROOT, OsStr::new("x"), 0),
+            Err(FsError::Os(Errno::ENOENT))
+        );
+        let x = OsStr::new(".mountgroup.x");
+        assert_eq!(v.mkdir(ROOT, x, 0o755, ME), Err(FsError::NotPermitted));
+        assert_eq!(
+            v.create(ROOT, x, 0o100644, 0, ME, Existing::Kernel).err(),
+            Some(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.rename(ROOT, OsStr::new("f"), ROOT, x, 0),
+            Err(FsError::NotPermitted)
+        );
+        let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        assert_eq!(v.link(f, ROOT, x), Err(FsError::NotPermitted));
+        let fh = v.opendir(ROOT).unwrap();
+        let mut listed = Vec::new();
+        v.readdir(ROOT, fh, 0, Listing::Names, Room::UNBOUNDED, |item, _| {
+            listed.push(item.name.clone());
+            false
+        })
+        .unwrap();
+        v.release(fh);
+        assert!(!listed.iter().any(|n| n.starts_with(b".mountgroup.")));
+        // An existing name is refused without a trace.
+        assert_eq!(
+            v.mkdir(ROOT, OsStr::new("d"), 0o750, ME),
+            Err(FsError::Os(Errno::EEXIST))
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 5);
+    }
+
+    /// A plain view hands a new entry to its caller, but a setgid parent's group stays,
+    /// even when that group is the daemon's own.
+    #[test]
+    fn a_plain_view_keeps_a_setgid_parents_group() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let (_, egid) = crate::sys::process::effective_ids();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o2777)).unwrap();
+        let v = view(dir.path(), "");
+        let c = v
+            .create(
+                ROOT,
+                OsStr::new("f"),
+                0o100644,
+                libc::O_RDWR,
+                ME,
+                Existing::Kernel,
+            )
+            .unwrap();
+        v.release(c.fh);
+        v.mkdir(ROOT, OsStr::new("d"), 0o755, ME).unwrap();
+        for name in ["f", "d"] {
+            let m = std::fs::metadata(dir.path().join(name)).unwrap();
+            assert_eq!((m.uid(), m.gid()), (ME.uid, egid), "{name}");
+        }
+        let d = std::fs::metadata(dir.path().join("d")).unwrap();
+        assert_ne!(d.mode() & 0o2000, 0, "a new directory inherits setgid");
+        // Without setgid on the parent, the caller's group.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        v.mkdir(ROOT, OsStr::new("e"), 0o755, ME).unwrap();
+        let e = std::fs::metadata(dir.path().join("e")).unwrap();
+        assert_eq!((e.uid(), e.gid()), (ME.uid, ME.gid));
+    }
+
+    /// Another view moves a victim's entry onto the name a create is making, in the
+    /// window after the entry was made: the creator's record must not land on it.
+    #[test]
+    fn a_name_swapped_during_a_create_never_takes_the_record() {
+        name_swap_during_create(false);
+    }
+
+    /// The same where the backing file system cannot make unnamed files, so that new
+    /// files are staged under a reserved name as directories are.
+    #[test]
+    fn a_name_swapped_during_a_staged_create_never_takes_the_record() {
+        name_swap_during_create(true);
+    }
+
+    fn name_swap_during_create(no_tmpfile: bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let v = view(dir.path(), "gid=5");
+        v.share.tmpfile_missing.store(no_tmpfile, Ordering::Relaxed);
+        let victim = Creator {
+            uid: 3000,
+            gid: 5,
+            pid: 0,
+        };
+        for (i, kind) in ["dir", "fifo", "symlink", "file"].into_iter().enumerate() {
+            let vname = format!("victim-{i}");
+            let vattr = v.mkdir(ROOT, OsStr::new(&vname), 0o700, victim).unwrap();
+            let target = format!("new-{i}");
+            let (from, to) = (vname.clone(), target.clone());
+            namespace::race_hook::set(move |dir, _| {
+                rustix::fs::renameat(dir, from.as_str(), dir, to.as_str()).unwrap();
+            });
+            let n = OsStr::new(&target);
+            let r = match kind {
+                "dir" => v.mkdir(ROOT, n, 0o755, ME).map(|_| ()),
+                "fifo" => v.mknod(ROOT, n, libc::S_IFIFO | 0o644, ME).map(|_| ()),
+                "symlink" => v.symlink(ROOT, n, OsStr::new("x"), ME).map(|_| ()),
+                _ => v
+                    .create(ROOT, n, 0o100644, libc::O_RDWR, ME, Existing::Kernel)
+                    .map(|c| v.release(c.fh)),
+            };
+            // Whatever the create answers, the victim keeps its owner and mode.
+            let _ = r;
+            let moved = v.lookup(ROOT, n).unwrap();
+            assert_eq!(moved.ino, vattr.ino, "{kind}: the victim holds the name");
+            assert_eq!(
+                (moved.uid, moved.perm),
+                (3000, vattr.perm),
+                "{kind}: the victim's record changed"
+            );
+        }
+    }
+
+    /// A new file gets its name only once its record is on it: a reader of the backing
+    /// directory (another view, the backend itself) finds no entry for it before, under
+    /// any name, and a create that fails there leaves nothing behind. Where the backing
+    /// file system cannot make unnamed files, the file waits under a reserved name.
+    #[test]
+    fn a_new_file_has_no_name_on_disk_until_it_has_its_record() {
+        for no_tmpfile in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let v = view(dir.path(), "gid=5");
+            v.share.tmpfile_missing.store(no_tmpfile, Ordering::Relaxed);
+            let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::new(Mutex::new(Vec::new()));
+            let s = Arc::clone(&seen);
+            let backing = dir.path().to_path_buf();
+            namespace::race_hook::set(move |_, _| {
+                let names = std::fs::read_dir(&backing)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+                    .collect::<Vec<_>>();
+                *lock(&s) = names;
+            });
+            let c = v
+                .create(
+                    ROOT,
+                    OsStr::new("f"),
+                    0o100600,
+                    libc::O_RDWR,
+                    ME,
+                    Existing::Kernel,
+                )
+                .unwrap();
+            v.release(c.fh);
+            let seen = lock(&seen).clone();
+            if no_tmpfile {
+                assert_eq!(seen.len(), 1, "{seen:?}");
+                assert!(namespace::is_reserved_name(&seen[0]), "{seen:?}");
+            } else {
+                assert!(seen.is_empty(), "named before its record: {seen:?}");
+            }
+            let names = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect::<Vec<_>>();
+            assert_eq!(names, ["f"]);
+            let a = v.lookup(ROOT, OsStr::new("f")).unwrap();
+            assert_eq!((a.uid, a.perm), (ME.uid, 0o600), "its record");
+            // A create that fails at that point (the name taken meanwhile) leaves
+            // nothing behind: no reserved entry, no second name.
+            namespace::race_hook::set(|dir, _| {
+                rustix::fs::mkdirat(dir, "g", rustix::fs::Mode::from_raw_mode(0o755)).unwrap();
+            });
+            let r = v.create(
+                ROOT,
+                OsStr::new("g"),
+                0o100600,
+                libc::O_RDWR | libc::O_EXCL,
+                ME,
+                Existing::Kernel,
+            );
+            assert!(matches!(r, Err(FsError::Os(Errno::EEXIST))), "{no_tmpfile}");
+            let mut names = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect::<Vec<_>>();
+            names.sort();
+            assert_eq!(names, ["f", "g"], "{no_tmpfile}");
+            assert!(std::fs::metadata(dir.path().join("g")).unwrap().is_dir());
+        }
+    }
+
+    #[test]
+    fn device_nodes_and_privileged_xattrs_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        let v = view(dir.path(), "gid=5");
+        assert_eq!(
+            v.mknod(ROOT, OsStr::new("null"), libc::S_IFCHR | 0o666, ME),
+            Err(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.mknod(ROOT, OsStr::new("sda"), libc::S_IFBLK | 0o666, ME),
+            Err(FsError::NotPermitted)
+        );
+        let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        assert_eq!(
+            v.setxattr(f, OsStr::new("trusted.x"), b"1", 0),
+            Err(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.setxattr(f, OsStr::new("security.capability"), b"1", 0),
+            Err(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.setxattr(f, OsStr::new("trusted.mountgroup.owner"), b"1", 0),
+            Err(FsError::NotPermitted)
+        );
+        assert_eq!(
+            v.setxattr(f, OsStr::new("system.posix_acl_access"), b"1", 0),
+            Err(FsError::Os(Errno::EOPNOTSUPP))
+        );
+        v.setattr(
+            f,
+            None,
+            SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            v.getxattr(f, OsStr::new("trusted.mountgroup.owner"), 0),
+            Err(FsError::NoAttribute)
+        );
+        assert_eq!(
+            v.removexattr(f, OsStr::new("trusted.mountgroup.owner")),
+            Err(FsError::NoAttribute)
+        );
+        v.setxattr(f, OsStr::new("user.a"), b"1", 0).unwrap();
+        assert_eq!(v.listxattr(f, 0, ME.into()).unwrap(), XattrReply::Size(7));
+        assert_eq!(
+            v.listxattr(f, 100, ME.into()).unwrap(),
+            XattrReply::Data(b"user.a\0".to_vec())
+        );
+        assert_eq!(v.listxattr(f, 3, ME.into()), Err(FsError::TooLarge));
+    }
+
+    #[test]
+    fn a_read_only_view_refuses_every_mutation() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        let v = view(dir.path(), "gid=5,ro");
+        let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        let n = OsStr::new("n");
+        assert_eq!(
+            v.create(ROOT, n, 0o644, 0, ME, Existing::Kernel).err(),
+            Some(FsError::ReadOnly)
+        );
+        assert_eq!(v.mkdir(ROOT, n, 0o755, ME), Err(FsError::ReadOnly));
+        assert_eq!(
+            v.symlink(ROOT, n, OsStr::new("f"), ME),
+            Err(FsError::ReadOnly)
+        );
+        assert_eq!(v.link(f, ROOT, n), Err(FsError::ReadOnly));
+        assert_eq!(
+            v.unlink(ROOT, OsStr::new("f"), Remove::NonDirectory),
+            Err(FsError::ReadOnly)
+        );
+        assert_eq!(
+            v.rename(ROOT, OsStr::new("f"), ROOT, n, 0),
+            Err(FsError::ReadOnly)
+        );
+        assert_eq!(
+            v.setattr(
+                f,
+                None,
+                SetAttr {
+                    size: Some(0),
+                    ..Default::default()
+                }
+            ),
+            Err(FsError::ReadOnly)
+        );
+        assert_eq!(
+            v.open(f, libc::O_WRONLY, ME.into()).err(),
+            Some(FsError::ReadOnly)
+        );
+        let Opened { fh, data, .. } = v.open(f, libc::O_RDONLY, ME.into()).unwrap();
+        assert!(!data.writable);
+        assert_eq!(v.write(fh, 0, b"y", false), Err(FsError::ReadOnly));
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"x");
     }
 }

@@ -56,7 +56,7 @@ impl ViewFs {
     /// request to the share. A view that shows the disk (plain, the native twin)
     /// shows its capabilities, as a native view does.
     fn hides(&self, name: &[u8]) -> bool {
-        name == b"security.capability" && !self.policy.changes_disk()
+        name == b"security.capability" && !self.cfg.policy.changes_disk()
     }
 
     /// Sets an xattr. Only the `user.` namespace is writable through a view, and not
@@ -120,5 +120,38 @@ fn sized(value: Vec<u8>, size: u32) -> FsResult<XattrReply> {
         Err(FsError::TooLarge)
     } else {
         Ok(XattrReply::Data(value))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+    use super::super::*;
+    use super::*;
+
+    #[test]
+    fn trusted_names_are_listed_for_root_only() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        let fd = std::fs::File::open(dir.path().join("f")).unwrap();
+        xattr::set(fd.as_fd(), c"trusted.other", b"1", 0).unwrap();
+        xattr::set(fd.as_fd(), c"user.a", b"1", 0).unwrap();
+        let v = view(dir.path(), "gid=5");
+        let f = v.lookup(ROOT, OsStr::new("f")).unwrap().ino;
+        // This test process (root, in the initial user namespace): CAP_SYS_ADMIN.
+        let root = Caller {
+            pid: std::process::id(),
+        };
+        let names = |c| match v.listxattr(f, 1000, c).unwrap() {
+            XattrReply::Data(d) => d,
+            XattrReply::Size(_) => unreachable!(),
+        };
+        assert_eq!(names(ME.into()), b"user.a\0");
+        let mut all: Vec<_> = names(root).split(|b| *b == 0).map(<[u8]>::to_vec).collect();
+        all.sort();
+        assert_eq!(
+            all,
+            [b"".to_vec(), b"trusted.other".to_vec(), b"user.a".to_vec()]
+        );
     }
 }
