@@ -277,11 +277,17 @@ fn inside_each_room_the_files_depend_on_each_other_one_way() {
 /// after it, and a test module at the end is left out.
 #[test]
 fn the_reader_sees_production_code_after_a_test_hook() {
-    let s = source::read(&source::src().join("fs/ops/mod.rs"));
+    let s = source::read(&source::src().join("fs/ops/records.rs"));
     let production = s.production();
+    assert!(s.text.find("mod record_reads") < s.text.find("fn record_for"));
     assert!(
-        production.contains("fn setattr"),
-        "ViewFs::setattr is production code"
+        production.contains("fn record_for"),
+        "ViewFs::record_for is production code"
     );
+    assert!(!production.contains("mod record_reads"));
     assert!(!production.contains("mod tests {"));
+    // A file a `#[cfg(test)] mod x;` declares is all test.
+    let all = source::all();
+    let fixtures = all.iter().find(|s| s.rel == "fs/ops/fixtures.rs").unwrap();
+    assert_eq!(fixtures.production_lines(), 0);
 }

@@ -22,6 +22,8 @@ pub struct Source {
     /// Its production functions: free functions, methods and trait methods with a
     /// body, outside tests.
     pub functions: Vec<Function>,
+    /// The modules it declares under `#[cfg(test)]` whose code is a file of its own.
+    pub test_modules: Vec<String>,
 }
 
 pub struct Function {
@@ -74,7 +76,44 @@ pub fn all() -> Vec<Source> {
     let mut paths = Vec::new();
     walk(&src(), &mut paths);
     paths.sort();
-    paths.iter().map(|p| read(p)).collect()
+    let mut sources: Vec<Source> = paths.iter().map(|p| read(p)).collect();
+    // A file a `#[cfg(test)] mod x;` declares is all test.
+    let tests: BTreeSet<String> = sources
+        .iter()
+        .flat_map(|s| s.test_modules.iter().map(move |m| child(&s.rel, m)))
+        .flatten()
+        .collect();
+    for s in &mut sources {
+        if tests.contains(&s.rel) {
+            s.test_lines = (1..=s.text.lines().count()).collect();
+            s.functions.clear();
+        }
+    }
+    sources
+}
+
+/// The files `mod name;` in the file `rel` can be: `name.rs` or `name/mod.rs` beside a
+/// `mod.rs`, `lib.rs` or `main.rs`, in a folder of the file's own name otherwise.
+fn child(rel: &str, name: &str) -> [String; 2] {
+    let (dir, file) = rel.rsplit_once('/').map_or(("", rel), |(d, f)| (d, f));
+    let base = if matches!(file, "mod.rs" | "lib.rs" | "main.rs") {
+        dir.to_string()
+    } else {
+        let stem = file.trim_end_matches(".rs");
+        if dir.is_empty() {
+            stem.to_string()
+        } else {
+            format!("{dir}/{stem}")
+        }
+    };
+    let at = |f: String| {
+        if base.is_empty() {
+            f
+        } else {
+            format!("{base}/{f}")
+        }
+    };
+    [at(format!("{name}.rs")), at(format!("{name}/mod.rs"))]
 }
 
 pub fn read(path: &Path) -> Source {
@@ -85,6 +124,7 @@ pub fn read(path: &Path) -> Source {
         test_lines: BTreeSet::new(),
         functions: Vec::new(),
         owner: Vec::new(),
+        test_modules: Vec::new(),
     };
     reader.visit_file(&file);
     Source {
@@ -92,6 +132,7 @@ pub fn read(path: &Path) -> Source {
         text,
         test_lines: reader.test_lines,
         functions: reader.functions,
+        test_modules: reader.test_modules,
     }
 }
 
@@ -109,6 +150,7 @@ struct Reader {
     functions: Vec<Function>,
     /// The types whose impl or trait blocks the visit is in.
     owner: Vec<String>,
+    test_modules: Vec<String>,
 }
 
 impl Reader {
@@ -169,6 +211,10 @@ impl<'a> Visit<'a> for Reader {
         };
         if !self.test(attrs, i) {
             syn::visit::visit_item(self, i);
+        } else if let syn::Item::Mod(m) = i
+            && m.content.is_none()
+        {
+            self.test_modules.push(m.ident.to_string());
         }
     }
 
