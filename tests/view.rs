@@ -1247,3 +1247,32 @@ fn only_a_view_that_shows_the_disk_shows_file_capabilities() {
     let _m = f.mount("");
     assert_eq!(shown(&f.mnt), (Ok(caps.clone()), true), "a plain view");
 }
+
+/// A directory's RELEASEDIR and FSYNCDIR are counted as theirs, not as a file's
+/// RELEASE and FSYNC: the per-operation metrics tell directories from files.
+#[test]
+fn directory_releases_and_syncs_are_counted_apart_from_files() {
+    let f = Fixture::new();
+    fs::create_dir(f.src.join("d")).unwrap();
+    let (_m, metrics) = mount_counted(&f, "gid=4242");
+    let since = std::time::SystemTime::now();
+    let dir = fs::File::open(f.mnt.join("d")).unwrap();
+    dir.sync_all().unwrap();
+    drop(dir);
+    // RELEASEDIR is asynchronous: wait for its count, which the old code never made.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let ops = loop {
+        let ops = op_counts(&metrics, since);
+        if ops["releasedir"]["count"].as_u64().unwrap_or(0) >= 1 {
+            break ops;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no releasedir counted: {ops:#}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(ops["fsyncdir"]["count"].as_u64(), Some(1), "{ops:#}");
+    assert_eq!(ops["release"]["count"].as_u64().unwrap_or(0), 0, "{ops:#}");
+    assert_eq!(ops["fsync"]["count"].as_u64().unwrap_or(0), 0, "{ops:#}");
+}

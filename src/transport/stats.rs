@@ -38,6 +38,7 @@ ops! {
     Removexattr => "removexattr", Access => "access", Fallocate => "fallocate",
     Lseek => "lseek", CopyFileRange => "copy_file_range", Forget => "forget",
     Flush => "flush", Ioctl => "ioctl", Poll => "poll", Lock => "lock", Bmap => "bmap",
+    Releasedir => "releasedir", Fsyncdir => "fsyncdir",
 }
 
 struct OpStats {

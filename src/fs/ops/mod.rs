@@ -350,5 +350,29 @@ impl ViewFs {
     }
 }
 
+/// A request the kernel sent again (`FUSE_NOTIFY_RESEND`, `resent`) because the
+/// process that read it first died before answering. That process may have carried it
+/// out: then the result that only says so (`already`: the name exists, or is gone) is
+/// answered as the success it was, with `then`. Another process changing the same
+/// name in the same instant would get a success instead of that error: the price of
+/// not failing every operation a crash interrupted (docs/OPERATIONS.md).
+pub fn redo_as_done<T>(
+    resent: bool,
+    r: FsResult<T>,
+    already: i32,
+    then: impl FnOnce() -> FsResult<T>,
+) -> FsResult<T> {
+    match r {
+        Err(e) if resent && e.errno() == already => {
+            tracing::info!(
+                errno = %Errno(already).name(),
+                "a resent request was carried out before its first server died"
+            );
+            then()
+        }
+        r => r,
+    }
+}
+
 #[cfg(test)]
 mod fixtures;

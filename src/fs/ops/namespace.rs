@@ -395,7 +395,20 @@ impl ViewFs {
             Some(st) => st,
             None => file::stat(path_fd.as_fd())?,
         };
-        let inode = self.inodes.lookup(path_fd, &st);
+        self.open_new_file(path_fd, data_fd, &st, record, flags)
+    }
+
+    /// A file just made, in the table and open: its inode (`path_fd`, whose `statx`
+    /// is `st`), its shared descriptor (`data_fd`), its attributes and a handle.
+    fn open_new_file(
+        &self,
+        path_fd: OwnedFd,
+        data_fd: OwnedFd,
+        st: &Stat,
+        record: Option<Record>,
+        flags: i32,
+    ) -> FsResult<Created> {
+        let inode = self.inodes.lookup(path_fd, st);
         self.no_atime(&data_fd, Kind::Regular);
         let data = Arc::new(DataFile::new(
             data_fd,
@@ -405,7 +418,7 @@ impl ViewFs {
             &inode.opens,
         ));
         *lock(&inode.data) = Arc::downgrade(&data);
-        let attr = self.attr_of_new(&inode, &st, record);
+        let attr = self.attr_of_new(&inode, st, record);
         let direct = match self.serves_direct(flags, &data) {
             Ok(d) => d,
             Err(e) => {
@@ -427,6 +440,56 @@ impl ViewFs {
             data,
             direct,
         })
+    }
+
+    /// A `CREATE` as the kernel sends it: [`ViewFs::create`], the name checked by the
+    /// kernel when it is found taken ([`Existing::Kernel`]), and by the daemon where the
+    /// request was `resent` (its first server, which died, may have made the very
+    /// file: then it is opened). `serve_creates`: the file is served by the daemon, not
+    /// by kernel passthrough, while this open lasts (`passthrough`: the connection
+    /// has it), as is a file made as its caller with a mode that denies its owner what
+    /// this open asks.
+    ///
+    /// # Errors
+    /// Those of [`ViewFs::create`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_for_kernel(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        (mode, flags): (u32, i32),
+        creator: Creator,
+        resent: bool,
+        (serve_creates, passthrough): (bool, bool),
+    ) -> FsResult<Created> {
+        let existing = if resent {
+            Existing::Open
+        } else {
+            Existing::Kernel
+        };
+        let r = self.create(parent, name, mode, flags, creator, existing);
+        let created = redo_as_done(resent, r, libc::EEXIST, || {
+            let flags = flags & !libc::O_EXCL;
+            self.create(parent, name, mode, flags, creator, Existing::Open)
+        })?;
+        // Over SMB the file is served by the daemon, and so is every open of it while
+        // one made under this one lasts; not where another open bound the inode to a
+        // backing file already (a resent create that found the file), since the kernel
+        // would refuse this one.
+        //
+        // So is a file made as its caller on a share that checks the caller's
+        // permissions on each open (NFS), with a mode that denies its owner what this
+        // open asks (git writes its objects through a descriptor of a file it creates
+        // 0444): the kernel's passthrough open of it, which is not a create, would be
+        // refused (knfsd lets an owner past the mode only for the OPEN that created the
+        // file: fs/nfsd/nfs4proc.c `do_open_lookup`) and the caller's create answered
+        // EIO (fs/fuse/iomode.c `fuse_file_io_open`). The daemon's descriptor, opened
+        // by the create itself, serves it.
+        let served = serve_creates || (self.cfg.acts_as_callers && denies_its_creator(mode, flags));
+        if served && passthrough && created.data.keep_off_passthrough() {
+            self.journal_served(created.attr.ino, created.data.writable);
+        }
+        Ok(created)
     }
 
     /// The `O_CREAT` open of a name that exists, by the daemon ([`Existing::Open`]):
@@ -775,6 +838,15 @@ pub(super) struct NewEntry {
 
 /// A test's stand-in for another view acting between a create's system calls (the
 /// window a race loop aims at), so that the race is tested deterministically.
+/// Whether a file created with `mode` denies its owner the access an open with
+/// `flags` asks.
+fn denies_its_creator(mode: u32, flags: i32) -> bool {
+    let access = flags & libc::O_ACCMODE;
+    let writes = access != libc::O_RDONLY;
+    let reads = access != libc::O_WRONLY;
+    (writes && mode & 0o200 == 0) || (reads && mode & 0o400 == 0)
+}
+
 #[cfg(test)]
 pub(super) mod race_hook {
     use std::cell::RefCell;

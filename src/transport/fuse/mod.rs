@@ -36,8 +36,13 @@ use super::stats::{Op, ViewStats};
 use crate::fs::error::FsError;
 use crate::fs::inode::DataFile;
 use crate::fs::journal::Negotiated;
-use crate::fs::ops::Existing;
+use crate::fs::ops::redo_as_done;
 use crate::fs::view::{Caller, Creator};
+
+mod convert;
+mod view;
+
+use convert::*;
 
 /// Largest write the kernel sends in one request.
 const MAX_WRITE: u32 = 1 << 20;
@@ -83,27 +88,6 @@ impl Fail for LookupReply {
 impl From<LookupReply> for ReplyEntry {
     fn from(r: LookupReply) -> ReplyEntry {
         r.reply
-    }
-}
-
-/// The attributes of a negative entry (node id 0), which the kernel does not read.
-fn absent() -> FileAttr {
-    FileAttr {
-        ino: INodeNo(0),
-        size: 0,
-        blocks: 0,
-        atime: UNIX_EPOCH,
-        mtime: UNIX_EPOCH,
-        ctime: UNIX_EPOCH,
-        crtime: UNIX_EPOCH,
-        kind: FileType::RegularFile,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 0,
-        flags: 0,
     }
 }
 
@@ -223,416 +207,7 @@ fn expected(errno: i32) -> bool {
     )
 }
 
-impl FuseView {
-    pub fn new(
-        fs: ViewFs,
-        passthrough: Passthrough,
-        kernel_checks: bool,
-        attr_ttl: Duration,
-        entry_ttl: Duration,
-    ) -> FuseView {
-        FuseView {
-            fs: Arc::new(fs),
-            dev: None,
-            passthrough_mode: passthrough,
-            passthrough: Arc::new(AtomicBool::new(false)),
-            idmap: Arc::new(AtomicBool::new(false)),
-            minor: Arc::new(AtomicU32::new(0)),
-            kernel_checks,
-            warned_backing: AtomicBool::new(false),
-            attr_ttl,
-            entry_ttl,
-            stats: Arc::new(ViewStats::default()),
-            warnings: RateLimit::new(WARN_BURST, WARN_WINDOW),
-            ring: false,
-            creates_served: false,
-        }
-    }
-
-    /// Whether the kernel checks permissions (the mount's `default_permissions`).
-    pub fn kernel_checks(&self) -> bool {
-        self.kernel_checks
-    }
-
-    /// Serves the files the view creates through the daemon while their creators hold
-    /// them (`FuseView::creates_served`'s reason).
-    pub fn serve_creates(mut self, serve: bool) -> FuseView {
-        self.creates_served = serve;
-        self
-    }
-
-    /// Asks for FUSE over io_uring at INIT (`transport=ring`); the connection then holds
-    /// new requests back until every CPU's queue has a ring entry (fs/fuse/dev.c
-    /// `fuse_block_alloc`, fs/fuse/dev_uring.c `is_ring_ready`).
-    pub fn want_ring(&mut self) {
-        self.ring = true;
-    }
-
-    /// Gives the view its connection's descriptor (a duplicate of the one the session
-    /// reads): without one, files are served through the daemon.
-    pub fn attach(&mut self, dev: Arc<OwnedFd>) {
-        self.dev = Some(dev);
-    }
-
-    /// The filesystem core, shared with whoever hands the view over.
-    pub fn fs(&self) -> Arc<ViewFs> {
-        Arc::clone(&self.fs)
-    }
-
-    /// Whether the connection reads and writes files through kernel passthrough.
-    pub fn passthrough(&self) -> bool {
-        self.passthrough.load(Ordering::Relaxed)
-    }
-
-    /// What the connection's INIT negotiated.
-    pub fn negotiated(&self) -> Negotiated {
-        Negotiated {
-            passthrough: self.passthrough(),
-            idmap: self.idmap.load(Ordering::Relaxed),
-            minor: self.minor.load(Ordering::Relaxed),
-        }
-    }
-
-    /// A view of a connection that another process initialized: what its INIT
-    /// negotiated is handed over, not negotiated again.
-    pub fn set_negotiated(&self, negotiated: Negotiated) {
-        self.passthrough
-            .store(negotiated.passthrough, Ordering::Relaxed);
-        self.idmap.store(negotiated.idmap, Ordering::Relaxed);
-        self.minor.store(negotiated.minor, Ordering::Relaxed);
-        self.stats.set_passthrough(negotiated.passthrough);
-        self.stats.set_idmap(negotiated.idmap);
-    }
-
-    /// Another adapter over the same core, counters and connection: the one that
-    /// serves again when a handover fails after the workers stopped.
-    pub fn resume(&self) -> FuseView {
-        FuseView {
-            fs: Arc::clone(&self.fs),
-            dev: self.dev.clone(),
-            passthrough_mode: self.passthrough_mode,
-            passthrough: Arc::clone(&self.passthrough),
-            idmap: Arc::clone(&self.idmap),
-            minor: Arc::clone(&self.minor),
-            kernel_checks: self.kernel_checks,
-            warned_backing: AtomicBool::new(self.warned_backing.load(Ordering::Relaxed)),
-            attr_ttl: self.attr_ttl,
-            entry_ttl: self.entry_ttl,
-            stats: Arc::clone(&self.stats),
-            warnings: RateLimit::new(WARN_BURST, WARN_WINDOW),
-            ring: self.ring,
-            creates_served: self.creates_served,
-        }
-    }
-
-    /// The view's operation counters (shared with whoever writes them out).
-    pub fn stats(&self) -> Arc<ViewStats> {
-        Arc::clone(&self.stats)
-    }
-
-    /// The choke point. Runs `run` for operation `op` on inode `ino`, times and counts
-    /// it, logs a failure at its level, and answers: `ok` with the value, or the error.
-    fn answer<R: Fail, T>(
-        &self,
-        op: Op,
-        ino: u64,
-        mut reply: R,
-        run: impl FnOnce(&mut R) -> Result<T, FsError>,
-        ok: impl FnOnce(R, T),
-    ) {
-        let start = Instant::now();
-        let _busy = self.stats.busy();
-        crate::sys::take_failed_call();
-        let r = run(&mut reply);
-        self.stats
-            .record(op, start, r.as_ref().err().map(FsError::errno));
-        match r {
-            Ok(v) => ok(reply, v),
-            Err(e) => {
-                self.log_failure(op, ino, &e);
-                reply.fail(errno(&e));
-            }
-        }
-    }
-
-    /// An operation the view does not serve: counted, answered with `errno`, logged
-    /// at trace only (a pod can send as many as it likes; the metrics count them).
-    fn refuse<R: Fail>(&self, op: Op, ino: u64, reply: R, errno: i32) {
-        self.stats.record(op, Instant::now(), Some(errno));
-        tracing::trace!(op = op.name(), ino, errno = %crate::sys::Errno(errno).name(), "not served");
-        reply.fail(Errno::from_i32(errno));
-    }
-
-    fn log_failure(&self, op: Op, ino: u64, e: &FsError) {
-        let errno = e.errno();
-        // The system call that failed, where one did. The view's own refusals have none,
-        // even when a call failed harmlessly earlier in the operation (an absent xattr).
-        let failed_call = crate::sys::take_failed_call();
-        let syscall = match e {
-            FsError::Os(_) => failed_call.unwrap_or("-"),
-            _ => "-",
-        };
-        if expected(errno) || matches!(e, FsError::NameAppeared) {
-            tracing::debug!(op = op.name(), ino, syscall, errno = %crate::sys::Errno(errno).name(), error = %e, "operation failed");
-            return;
-        }
-        self.warn_limited(|| {
-            tracing::warn!(op = op.name(), ino, syscall, errno = %crate::sys::Errno(errno).name(), error = %e, "operation failed");
-        });
-    }
-
-    /// Logs a failure a pod can cause with `log`, within [`WARN_BURST`] per
-    /// [`WARN_WINDOW`], saying how many were held back.
-    fn warn_limited(&self, log: impl FnOnce()) {
-        match self.warnings.check(Instant::now()) {
-            Verdict::Log { held_before } => {
-                if held_before > 0 {
-                    tracing::warn!(
-                        held_before,
-                        "unexpected failures were not logged (rate limit); the metrics count them"
-                    );
-                }
-                log();
-            }
-            Verdict::Hold => {}
-        }
-    }
-
-    fn fattr(&self, a: &Attr) -> FileAttr {
-        FileAttr {
-            ino: INodeNo(a.ino),
-            size: a.size,
-            blocks: a.blocks,
-            atime: system_time(a.atime),
-            mtime: system_time(a.mtime),
-            ctime: system_time(a.ctime),
-            crtime: system_time(a.btime),
-            kind: file_type(a.kind),
-            perm: (a.perm & 0o7777) as u16,
-            nlink: a.nlink,
-            uid: a.uid,
-            gid: a.gid,
-            rdev: encode_dev(a.rdev),
-            blksize: if a.kind == Kind::Directory {
-                DIR_BLKSIZE
-            } else {
-                a.blksize
-            },
-            flags: 0,
-        }
-    }
-
-    /// An operation answered with an entry in the directory `dir`.
-    fn entry<R: Fail + Into<ReplyEntry>>(
-        &self,
-        op: Op,
-        ino: u64,
-        dir: u64,
-        reply: R,
-        run: impl FnOnce(&mut R) -> Result<Attr, FsError>,
-    ) {
-        self.answer(op, ino, reply, run, |reply, a| {
-            reply.into().entry_with_ttls(
-                &self.attr_ttl,
-                &self.entry_ttl_in(dir),
-                &self.fattr(&a),
-                Generation(0),
-            );
-        });
-    }
-
-    /// How long the kernel may keep a name in the directory `dir`: the entry timeout,
-    /// but where the share checks permissions and not every caller may search `dir`
-    /// (`ViewFs::searchable_by_all`), not at all: the kernel would let any caller
-    /// walk through a name it keeps, unchecked (no `default_permissions`).
-    fn entry_ttl_in(&self, dir: u64) -> Duration {
-        if self.fs.share_checks() && !self.fs.searchable_by_all(dir) {
-            Duration::ZERO
-        } else {
-            self.entry_ttl
-        }
-    }
-
-    /// [`FuseView::answer`] for an operation whose success carries nothing.
-    fn empty(
-        &self,
-        op: Op,
-        ino: u64,
-        reply: ReplyEmpty,
-        run: impl FnOnce() -> Result<(), FsError>,
-    ) {
-        self.answer(op, ino, reply, |_| run(), |reply, ()| reply.ok());
-    }
-
-    /// The backing id of inode `ino`'s shared descriptor, registered (and journaled) on
-    /// its first open.
-    fn backing(&self, ino: u64, data: &DataFile) -> Option<u32> {
-        if !self.passthrough() {
-            return None;
-        }
-        let dev = self.dev.as_ref()?;
-        self.fs
-            .registration(ino, data, || match Backing::open(dev, data.fd.as_fd()) {
-                Ok(b) => Some(b),
-                Err(e) => {
-                    if !self.warned_backing.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(error = %e, "kernel passthrough refused a backing file; serving it through the daemon");
-                    }
-                    None
-                }
-            })
-    }
-}
-
-/// A device number as FUSE carries it (the kernel's `new_encode_dev`): 12 bits of
-/// major, 20 of minor, so that `/dev/null` (1,3) stays 1,3.
-fn encode_dev(rdev: u64) -> u32 {
-    let major = (rdev >> 32) as u32;
-    let minor = rdev as u32;
-    (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
-}
-
-/// What an open reply asks of the kernel. A file the view serves in direct I/O gets
-/// `FOPEN_DIRECT_IO` (every read and write comes to the view, none through the page
-/// cache) and `FOPEN_PARALLEL_DIRECT_WRITES` (writers inside the file hold the inode
-/// lock shared: fs/fuse/file.c `fuse_dio_wr_exclusive_lock`). Where passthrough is on
-/// it still carries the inode's backing id: the kernel refuses an open without
-/// `FOPEN_PASSTHROUGH` of an inode another open bound to a backing file
-/// (fs/fuse/iomode.c `fuse_file_io_open`), and `FOPEN_DIRECT_IO` overrides it for
-/// reads and writes while `mmap` still maps the backing file (fs/fuse/file.c
-/// `fuse_file_read_iter`, `fuse_file_write_iter`, `fuse_file_mmap`).
-fn open_flags(direct: bool) -> FopenFlags {
-    if direct {
-        FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
-    } else {
-        FopenFlags::empty()
-    }
-}
-
-fn flush(datasync: bool) -> Flush {
-    if datasync { Flush::Data } else { Flush::All }
-}
-
-fn errno(e: &FsError) -> Errno {
-    Errno::from_i32(e.errno())
-}
-
-fn system_time(t: Time) -> SystemTime {
-    if t.sec >= 0 {
-        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
-    } else {
-        UNIX_EPOCH - Duration::new(t.sec.unsigned_abs(), 0) + Duration::new(0, t.nsec)
-    }
-}
-
-fn set_time(t: TimeOrNow) -> SetTime {
-    match t {
-        TimeOrNow::Now => SetTime::Now,
-        TimeOrNow::SpecificTime(st) => match st.duration_since(UNIX_EPOCH) {
-            Ok(d) => SetTime::At(Time {
-                sec: d.as_secs() as i64,
-                nsec: d.subsec_nanos(),
-            }),
-            Err(before) => {
-                let d = before.duration();
-                let (sec, nsec) = if d.subsec_nanos() == 0 {
-                    (-(d.as_secs() as i64), 0)
-                } else {
-                    (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
-                };
-                SetTime::At(Time { sec, nsec })
-            }
-        },
-    }
-}
-
-fn file_type(k: Kind) -> FileType {
-    match k {
-        Kind::Regular => FileType::RegularFile,
-        Kind::Directory => FileType::Directory,
-        Kind::Symlink => FileType::Symlink,
-        Kind::Fifo => FileType::NamedPipe,
-        Kind::Socket => FileType::Socket,
-        Kind::CharDevice => FileType::CharDevice,
-        Kind::BlockDevice => FileType::BlockDevice,
-    }
-}
-
-/// A request the kernel sent again (`FUSE_NOTIFY_RESEND`) because the process that
-/// read it first died before answering. That process may have carried it out: then
-/// the result that only says so (`already`: the name exists, or is gone) is answered
-/// as the success it was, with `then`. Another process changing the same name in the
-/// same instant would get a success instead of that error: the price of not failing
-/// every operation a crash interrupted (docs/OPERATIONS.md).
-fn done_before<T>(
-    req: &Request,
-    r: Result<T, FsError>,
-    already: i32,
-    then: impl FnOnce() -> Result<T, FsError>,
-) -> Result<T, FsError> {
-    redo_as_done(req.unique().0, r, already, then)
-}
-
-/// Whether the kernel sent a request again (bit 63 of `unique`: `FUSE_UNIQUE_RESEND`).
-fn resent(unique: u64) -> bool {
-    unique & (1 << 63) != 0
-}
-
-/// [`done_before`] on the request's `unique` (bit 63: `FUSE_UNIQUE_RESEND`).
-fn redo_as_done<T>(
-    unique: u64,
-    r: Result<T, FsError>,
-    already: i32,
-    then: impl FnOnce() -> Result<T, FsError>,
-) -> Result<T, FsError> {
-    match r {
-        Err(e) if resent(unique) && e.errno() == already => {
-            tracing::info!(
-                errno = %crate::sys::Errno(already).name(),
-                "a resent request was carried out before its first server died"
-            );
-            then()
-        }
-        r => r,
-    }
-}
-
-/// The caller of a request that creates nothing: its thread only. With
-/// `FUSE_ALLOW_IDMAP` the header's uid and gid are `FUSE_INVALID_UIDGID` here, on every
-/// mount of the connection (fs/fuse/dev.c `fuse_fill_creds`), so they are not passed on
-/// at all, negotiated or not.
-fn caller(req: &Request) -> Caller {
-    Caller { pid: req.pid() }
-}
-
-/// The maker of a new entry: a creation request's uid and gid, mapped by the kernel
-/// through the mount's idmapping. The kernel always sends them with MKNOD, MKDIR,
-/// SYMLINK and CREATE; a request without them (`FUSE_INVALID_UIDGID`) is refused with
-/// `EOVERFLOW`, what the kernel answers for a caller whose IDs the mount cannot map,
-/// rather than record an owner of 4294967295.
-fn creator(req: &Request) -> Result<Creator, FsError> {
-    let (uid, gid) = (req.uid(), req.gid());
-    if uid == FUSE_INVALID_UIDGID || gid == FUSE_INVALID_UIDGID {
-        return Err(FsError::Os(crate::sys::Errno(libc::EOVERFLOW)));
-    }
-    Ok(Creator {
-        uid,
-        gid,
-        pid: req.pid(),
-    })
-}
-
-/// Whether a file created with `mode` denies its owner the access an open with
-/// `flags` asks.
-fn denies_its_creator(mode: u32, flags: i32) -> bool {
-    let access = flags & libc::O_ACCMODE;
-    let writes = access != libc::O_RDONLY;
-    let reads = access != libc::O_WRONLY;
-    (writes && mode & 0o200 == 0) || (reads && mode & 0o400 == 0)
-}
-
-/// `FUSE_INVALID_UIDGID` (include/uapi/linux/fuse.h).
-const FUSE_INVALID_UIDGID: u32 = u32::MAX;
+impl FuseView {}
 
 impl Filesystem for FuseView {
     fn enter(&self, req: &Request) -> Result<Option<Box<dyn std::any::Any>>, Errno> {
@@ -918,19 +493,14 @@ impl Filesystem for FuseView {
             parent.0,
             reply,
             |_| {
-                let who = creator(req)?;
-                // A resent request's first server may have made the very file.
-                let existing = if resent(req.unique().0) {
-                    Existing::Open
-                } else {
-                    Existing::Kernel
-                };
-                let r = self.fs.create(parent.0, name, mode, flags, who, existing);
-                done_before(req, r, libc::EEXIST, || {
-                    let flags = flags & !libc::O_EXCL;
-                    self.fs
-                        .create(parent.0, name, mode, flags, who, Existing::Open)
-                })
+                self.fs.create_for_kernel(
+                    parent.0,
+                    name,
+                    (mode, flags),
+                    creator(req)?,
+                    resent(req.unique().0),
+                    (self.creates_served, self.passthrough()),
+                )
             },
             |reply,
              Created {
@@ -940,25 +510,6 @@ impl Filesystem for FuseView {
                  direct,
              }| {
                 let fa = self.fattr(&attr);
-                // Over SMB the file is served by the daemon, and so is every
-                // open of it while one made under this one lasts; not where another
-                // open bound the inode to a backing file already (a resent create that
-                // found the file), since the kernel would refuse this one.
-                //
-                // So is a file made as its caller on a share that checks the caller's
-                // permissions on each open (NFS), with a mode that denies its owner
-                // what this open asks (git writes its objects through a descriptor of
-                // a file it creates 0444): the kernel's passthrough open of it, which
-                // is not a create, would be refused (knfsd lets an owner past the mode
-                // only for the OPEN that created the file: fs/nfsd/nfs4proc.c
-                // `do_open_lookup`) and the caller's create answered EIO
-                // (fs/fuse/iomode.c `fuse_file_io_open`). The daemon's descriptor,
-                // opened by the create itself, serves it.
-                let served = self.creates_served
-                    || (self.fs.acts_as_callers() && denies_its_creator(mode, flags));
-                if served && self.passthrough() && data.keep_off_passthrough() {
-                    self.fs.journal_served(attr.ino, data.writable);
-                }
                 let flags = open_flags(direct);
                 // Both times, as a lookup's: the kernel keeps the attributes for the
                 // entry's attr_valid and the name for its entry_valid (fs/fuse/dir.c
@@ -1207,7 +758,7 @@ impl Filesystem for FuseView {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.empty(Op::Release, ino.0, reply, || {
+        self.empty(Op::Releasedir, ino.0, reply, || {
             self.fs.release(fh.0);
             Ok(())
         });
@@ -1221,7 +772,7 @@ impl Filesystem for FuseView {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.empty(Op::Fsync, ino.0, reply, || {
+        self.empty(Op::Fsyncdir, ino.0, reply, || {
             self.fs.fsync(fh.0, flush(datasync))
         });
     }
@@ -1414,13 +965,6 @@ impl Filesystem for FuseView {
     }
 }
 
-fn xattr_reply(reply: ReplyXattr, x: XattrReply) {
-    match x {
-        XattrReply::Size(n) => reply.size(n),
-        XattrReply::Data(d) => reply.data(&d),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1442,21 +986,24 @@ mod tests {
         let looked_up = || Ok(7);
         // First sending: the error stands.
         assert_eq!(
-            redo_as_done(42, exists(), libc::EEXIST, looked_up),
+            redo_as_done(resent(42), exists(), libc::EEXIST, looked_up),
             Err(FsError::Os(Errno::EEXIST))
         );
         // Resent: the entry that is there is the answer.
         assert_eq!(
-            redo_as_done(42 | 1 << 63, exists(), libc::EEXIST, looked_up),
+            redo_as_done(resent(42 | 1 << 63), exists(), libc::EEXIST, looked_up),
             Ok(7)
         );
         // Resent, but another error: it stands.
         let denied = Err::<u32, _>(FsError::Os(Errno::EACCES));
         assert_eq!(
-            redo_as_done(1 << 63, denied, libc::EEXIST, looked_up),
+            redo_as_done(resent(1 << 63), denied, libc::EEXIST, looked_up),
             Err(FsError::Os(Errno::EACCES))
         );
         // Resent and successful: nothing to redo.
-        assert_eq!(redo_as_done(1 << 63, Ok(3), libc::EEXIST, looked_up), Ok(3));
+        assert_eq!(
+            redo_as_done(resent(1 << 63), Ok(3), libc::EEXIST, looked_up),
+            Ok(3)
+        );
     }
 }
