@@ -31,13 +31,15 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::sys::creds::ThreadIds;
 use crate::sys::dir;
 use crate::sys::file::{self, Access, Kind, Stat};
 use crate::sys::handle::{self, FileHandle};
+
+use super::lock;
 
 /// Directories warmed ahead of the one the walker starts listing.
 pub const AHEAD: usize = 2;
@@ -216,10 +218,6 @@ fn cannot_act(warned: &AtomicBool, e: crate::sys::Errno) {
     if !warned.swap(true, Ordering::Relaxed) {
         tracing::warn!(error = %e, "the walk-ahead cannot act as a walk's caller, so that walk goes on unwarmed (slower on a network share); the daemon needs CAP_SETUID and CAP_SETGID (the node plugin runs privileged, deploy/node.yaml)");
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The walk-ahead of one view.

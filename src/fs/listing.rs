@@ -40,6 +40,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::lock;
+
 /// One entry in this many is a probe, in a listing of names.
 pub const PROBE_EVERY: u64 = 16;
 
@@ -258,10 +260,6 @@ impl ListingHints {
             self.hit(dir);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

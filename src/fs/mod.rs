@@ -7,6 +7,7 @@
 //! `crate::transport` runs a connection and calls these operations.
 
 pub mod ahead;
+pub mod datafile;
 pub mod error;
 pub mod inode;
 pub mod journal;
@@ -16,3 +17,10 @@ pub mod ops;
 pub mod record;
 pub mod snapshot;
 pub mod view;
+
+/// A mutex's guard, also when a thread panicked while it held it: every table a view
+/// keeps under a lock is whole after each statement, so a panic leaves nothing half
+/// done that the next request could trip on.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -11,7 +11,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use dashmap::DashMap;
 
@@ -23,6 +23,7 @@ use crate::sys::{dir, xattr};
 
 use super::error::{FsError, FsResult};
 use super::inode::{DataFile, Inode, InodeKey, InodeTable, LiveFiles};
+use super::lock;
 use super::record::{self, Record};
 use super::view::{self, Caller, Creator, Owner, OwnerChange, Policy};
 
@@ -251,10 +252,6 @@ fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 
 fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|e| e.into_inner())
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl ViewFs {

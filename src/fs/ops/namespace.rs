@@ -452,7 +452,6 @@ impl ViewFs {
     ///
     /// # Errors
     /// Those of [`ViewFs::create`].
-    #[allow(clippy::too_many_arguments)]
     pub fn create_for_kernel(
         &self,
         parent: u64,
