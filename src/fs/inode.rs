@@ -561,48 +561,71 @@ impl InodeTable {
         // descriptors.
         let handle = handle.filter(|_| self.shared.mount_fd.is_some());
         let key = self.key_of(st, handle.clone());
-        {
-            // Under the read lock no FORGET can remove an entry, so an inode found
-            // here has at least one lookup and may safely gain another.
-            let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(inode) = maps
-                .by_key
-                .get(&key)
-                .and_then(|id| maps.by_id.get(id))
-                .filter(|i| i.kind == st.kind)
-            {
-                inode.lookups.fetch_add(1, Ordering::Relaxed);
-                let inode = Arc::clone(inode);
-                drop(maps);
-                self.journal_owed(&inode);
-                inode.cache(Arc::new(fd));
-                return inode;
-            }
+        // Under the read lock no FORGET can remove an entry, so an inode found here has
+        // at least one lookup and may safely gain another.
+        let found = Self::looked_up_again(
+            &self.maps.read().unwrap_or_else(|e| e.into_inner()),
+            &key,
+            st.kind,
+        );
+        if let Some(inode) = found {
+            return self.found(inode, fd);
+        }
+        let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
+        // Another lookup may have made it meanwhile.
+        if let Some(inode) = Self::looked_up_again(&maps, &key, st.kind) {
+            drop(maps);
+            return self.found(inode, fd);
         }
         let (source, to_cache) = match handle {
             Some(_) => (Source::Handle(Mutex::new(None)), Some(fd)),
             // No handles here: the inode keeps its descriptor.
             None => (Source::Pinned(Mutex::new(Arc::new(fd))), None),
         };
-        let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
-        // A number (no handle) found with another kind is a number the file system
-        // gave again, to a new entry (a server that reuses its disk's inode numbers,
-        // as Samba on ext4 does, behind the CIFS client): a new inode, not the old.
-        if let Some(inode) = maps
-            .by_key
-            .get(&key)
-            .and_then(|id| maps.by_id.get(id))
-            .filter(|i| i.kind == st.kind)
-        {
-            inode.lookups.fetch_add(1, Ordering::Relaxed);
-            let inode = Arc::clone(inode);
-            drop(maps);
+        let inode = self.insert(&mut maps, key, st, source);
+        drop(maps);
+        // The line is written outside the table's lock, which every lookup of a walk
+        // needs (a kept view's walk waited on it). Its order against a `Forgot` of this
+        // id holds without the lock: this lookup's count keeps the id alive until it
+        // has answered, so the id cannot be forgotten before the line; a lookup that
+        // finds the inode sooner writes the line itself ([`InodeTable::journal_owed`]),
+        // and a repeated line replays to the same table. In a batch, it waits for the
+        // batch's write ([`JournalBatch`]).
+        if !inode.journaled.load(Ordering::Acquire) && !self.defer(&inode) {
             self.journal_owed(&inode);
-            if let Source::Pinned(fd) = source {
-                inode.cache(fd.into_inner().unwrap_or_else(|e| e.into_inner()));
-            }
-            return inode;
         }
+        if let Some(fd) = to_cache {
+            // The lookup's descriptor is open already: it is the first cached one.
+            inode.cache(Arc::new(fd));
+        }
+        inode
+    }
+
+    /// The inode filed under `key` with the kind `kind`, with one more lookup. A
+    /// number (no handle) found with another kind is a number the file system gave
+    /// again, to a new entry (a server that reuses its disk's inode numbers, as Samba
+    /// on ext4 does, behind the CIFS client): a new inode, not the old.
+    fn looked_up_again(maps: &Maps, key: &InodeKey, kind: Kind) -> Option<Arc<Inode>> {
+        let inode = maps
+            .by_key
+            .get(key)
+            .and_then(|id| maps.by_id.get(id))
+            .filter(|i| i.kind == kind)?;
+        inode.lookups.fetch_add(1, Ordering::Relaxed);
+        Some(Arc::clone(inode))
+    }
+
+    /// A lookup that found `inode` in the table: its journal line if still owed, and
+    /// the lookup's descriptor `fd` cached (the latest for an inode that keeps its own).
+    fn found(&self, inode: Arc<Inode>, fd: OwnedFd) -> Arc<Inode> {
+        self.journal_owed(&inode);
+        inode.cache(Arc::new(fd));
+        inode
+    }
+
+    /// A new inode for `st`, filed under `key`, reached through `source`, with one
+    /// lookup: its number as its id where that is free, else a spare one.
+    fn insert(&self, maps: &mut Maps, key: InodeKey, st: &Stat, source: Source) -> Arc<Inode> {
         let id = if st.ino > ROOT_ID && st.ino < SPARE_BASE && !maps.by_id.contains_key(&st.ino) {
             st.ino
         } else {
@@ -627,21 +650,6 @@ impl InodeTable {
         });
         maps.by_id.insert(id, Arc::clone(&inode));
         maps.by_key.insert(key, id);
-        drop(maps);
-        // The line is written outside the table's lock, which every lookup of a walk
-        // needs (a kept view's walk waited on it). Its order against a `Forgot` of this
-        // id holds without the lock: this lookup's count keeps the id alive until it
-        // has answered, so the id cannot be forgotten before the line; a lookup that
-        // finds the inode sooner writes the line itself ([`InodeTable::journal_owed`]),
-        // and a repeated line replays to the same table. In a batch, it waits for the
-        // batch's write ([`JournalBatch`]).
-        if !inode.journaled.load(Ordering::Acquire) && !self.defer(&inode) {
-            self.journal_owed(&inode);
-        }
-        if let Some(fd) = to_cache {
-            // The lookup's descriptor is open already: it is the first cached one.
-            inode.cache(Arc::new(fd));
-        }
         inode
     }
 

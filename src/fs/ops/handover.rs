@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 
 use super::super::journal::{Entry, Journal, Journaling, Replayed};
-use super::super::snapshot::{FileSnapshot, HandleSnapshot, Passthrough, ViewSnapshot};
+use super::super::snapshot::{
+    FileSnapshot, HandleSnapshot, Passthrough, TableSnapshot, ViewSnapshot,
+};
 use super::*;
 
 impl ViewFs {
@@ -132,50 +134,31 @@ impl ViewFs {
             .iter()
             .map(|(ino, d)| (Arc::as_ptr(d), *ino))
             .collect();
-        let mut files = Vec::new();
-        let mut file_index: HashMap<*const DataFile, usize> = HashMap::new();
-        let mut handles = Vec::new();
+        let mut gathered = Gathered::new(fds);
         for entry in &self.handles {
             let fh = *entry.key();
             match entry.value() {
                 Handle::File(f) => {
                     let ptr = Arc::as_ptr(&f.data);
-                    let file = *file_index.entry(ptr).or_insert_with(|| {
-                        fds.push(Arc::clone(&f.data.fd));
-                        files.push(FileSnapshot {
+                    let file = gathered.file(ptr, || {
+                        Some(Shared {
                             ino: slots.get(&ptr).copied(),
-                            fd: fds.len() - 1,
+                            fd: Arc::clone(&f.data.fd),
                             writable: f.data.writable,
                             passthrough: f.data.passthrough_snapshot(),
-                        });
-                        files.len() - 1
+                        })
                     });
-                    handles.push(HandleSnapshot::File {
-                        fh,
-                        ino: f.ino,
-                        file,
-                        sync: f.sync,
-                    });
+                    let file = file.expect("a live view's files are open");
+                    gathered.file_handle(fh, f.ino, file, f.sync);
                 }
                 Handle::Dir(d) => {
-                    let ino = d.ino;
                     let stream = lock(&d.stream);
-                    fds.push(Arc::new(crate::sys::fuse::dup(stream.fd.as_fd())?));
-                    handles.push(HandleSnapshot::Dir {
-                        fh,
-                        ino,
-                        fd: fds.len() - 1,
-                    });
+                    let fd = Arc::new(crate::sys::fuse::dup(stream.fd.as_fd())?);
+                    gathered.dir(fh, d.ino, fd);
                 }
             }
         }
-        let snap = ViewSnapshot {
-            table,
-            files,
-            handles,
-            next_fh: self.next_fh.load(Ordering::Relaxed),
-        };
-        Ok((snap, fds))
+        Ok(gathered.finish(table, self.next_fh.load(Ordering::Relaxed)))
     }
 
     /// Takes over the tables of the process that served this view before: a new view
@@ -313,10 +296,7 @@ impl ViewFs {
             .table()
             .ok_or(FsError::Handover("a journal without its root"))?;
         self.inodes.restore(&table, &mut [])?;
-        let mut fds = Vec::new();
-        let mut files = Vec::new();
-        let mut handles = Vec::new();
-        let mut shared: HashMap<(u64, bool), usize> = HashMap::new();
+        let mut gathered = Gathered::new(Vec::new());
         let mut lost = 0;
         let reopen = |ino: u64, access: Access| -> Option<OwnedFd> {
             let inode = self.inodes.get(ino).ok()?;
@@ -329,57 +309,110 @@ impl ViewFs {
             Some(fd)
         };
         for (&fh, &(ino, writable, sync)) in &journal.files {
-            let file = match shared.get(&(ino, writable)) {
-                Some(i) => *i,
-                None => {
-                    let access = if writable {
-                        Access::ReadWrite
-                    } else {
-                        Access::ReadOnly
-                    };
-                    let Some(fd) = reopen(ino, access) else {
-                        lost += 1;
-                        continue;
-                    };
-                    fds.push(fd);
-                    files.push(FileSnapshot {
-                        ino: Some(ino),
-                        fd: fds.len() - 1,
-                        writable,
-                        passthrough: journal.passthrough_of(ino, writable),
-                    });
-                    shared.insert((ino, writable), files.len() - 1);
-                    files.len() - 1
-                }
+            let access = if writable {
+                Access::ReadWrite
+            } else {
+                Access::ReadOnly
             };
-            handles.push(HandleSnapshot::File {
-                fh,
-                ino,
-                file,
-                sync,
+            let file = gathered.file((ino, writable), || {
+                Some(Shared {
+                    ino: Some(ino),
+                    fd: reopen(ino, access)?,
+                    writable,
+                    passthrough: journal.passthrough_of(ino, writable),
+                })
             });
+            match file {
+                Some(file) => gathered.file_handle(fh, ino, file, sync),
+                None => lost += 1,
+            }
         }
         for (&fh, &ino) in &journal.dirs {
-            let Some(fd) = reopen(ino, Access::Directory) else {
-                lost += 1;
-                continue;
-            };
-            fds.push(fd);
-            handles.push(HandleSnapshot::Dir {
-                fh,
-                ino,
-                fd: fds.len() - 1,
-            });
+            match reopen(ino, Access::Directory) {
+                Some(fd) => gathered.dir(fh, ino, fd),
+                None => lost += 1,
+            }
         }
-        let snap = ViewSnapshot {
-            table,
-            files,
-            handles,
-            next_fh: journal.next_fh(),
-        };
+        let (snap, fds) = gathered.finish(table, journal.next_fh());
         let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
         self.restore_handles(&snap, &mut fds, dev)?;
         Ok(lost)
+    }
+}
+
+/// A shared file as [`Gathered::file`] takes it: its descriptor itself.
+struct Shared<F> {
+    ino: Option<u64>,
+    fd: F,
+    writable: bool,
+    passthrough: Passthrough,
+}
+
+/// A snapshot's shared files and handles as they are gathered, with the descriptors
+/// they name by index: a live view's (`snapshot`, `F` shared with it) or a dead one's
+/// opened again (`recover`). `K` tells one shared file from another.
+struct Gathered<F, K> {
+    fds: Vec<F>,
+    files: Vec<FileSnapshot>,
+    handles: Vec<HandleSnapshot>,
+    shared: HashMap<K, usize>,
+}
+
+impl<F, K: Eq + std::hash::Hash> Gathered<F, K> {
+    /// Gathering after `fds`, which the inode table's snapshot names already.
+    fn new(fds: Vec<F>) -> Self {
+        Gathered {
+            fds,
+            files: Vec::new(),
+            handles: Vec::new(),
+            shared: HashMap::new(),
+        }
+    }
+
+    /// The index of the shared file `key` names, gathered by `open` the first time
+    /// (`None`: it could not be opened, and is tried again by the next handle of it).
+    fn file(&mut self, key: K, open: impl FnOnce() -> Option<Shared<F>>) -> Option<usize> {
+        if let Some(i) = self.shared.get(&key) {
+            return Some(*i);
+        }
+        let f = open()?;
+        self.fds.push(f.fd);
+        self.files.push(FileSnapshot {
+            ino: f.ino,
+            fd: self.fds.len() - 1,
+            writable: f.writable,
+            passthrough: f.passthrough,
+        });
+        self.shared.insert(key, self.files.len() - 1);
+        Some(self.files.len() - 1)
+    }
+
+    fn file_handle(&mut self, fh: u64, ino: u64, file: usize, sync: bool) {
+        self.handles.push(HandleSnapshot::File {
+            fh,
+            ino,
+            file,
+            sync,
+        });
+    }
+
+    fn dir(&mut self, fh: u64, ino: u64, fd: F) {
+        self.fds.push(fd);
+        self.handles.push(HandleSnapshot::Dir {
+            fh,
+            ino,
+            fd: self.fds.len() - 1,
+        });
+    }
+
+    fn finish(self, table: TableSnapshot, next_fh: u64) -> (ViewSnapshot, Vec<F>) {
+        let snap = ViewSnapshot {
+            table,
+            files: self.files,
+            handles: self.handles,
+            next_fh,
+        };
+        (snap, self.fds)
     }
 }
 
