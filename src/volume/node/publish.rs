@@ -73,94 +73,52 @@ impl Node {
     pub fn publish(&self, req: &PublishRequest) -> Result<(), VolumeError> {
         let id = &req.volume_id;
         let target = &req.target_path;
-        let smb = req.lifecycle == Lifecycle::Persistent
-            && self
-                .staged_share(&req.volume_id)
-                .is_some_and(|(_, share)| share.kind == remote::Kind::Smb);
-        let options = Self::view_options(req, smb)?;
+        let options = self.publish_options(req)?;
         let canonical = options.to_option_string();
-        let (kind, source) = match &req.lifecycle {
-            Lifecycle::Persistent => (ViewKind::Persistent, req.staging_path.clone()),
-            Lifecycle::Ephemeral(Inline::Share { .. }) => {
-                (ViewKind::InlineShare, self.share.data_path(&inline_id(id)?))
-            }
-            Lifecycle::Ephemeral(Inline::Secrets(_)) => {
-                // A secret view published by an earlier version keeps the tmpfs its
-                // state names (whatever name that version gave it).
-                let recorded = self
-                    .state()
-                    .published
-                    .get(target)
-                    .filter(|p| p.kind == ViewKind::InlineSecrets)
-                    .map(|p| p.source.clone());
-                (
-                    ViewKind::InlineSecrets,
-                    recorded.unwrap_or_else(|| self.secrets_dir(target)),
-                )
-            }
-        };
+        let (kind, source) = self.publish_source(req)?;
         let _guard = self.guards.acquire(id.as_str(), "NodePublishVolume")?;
         let existing = self.state().published.get(target).cloned();
         if let Some(p) = &existing {
-            if p.volume_id != *id || p.options != canonical || p.kind != kind || p.source != source
-            {
-                return Err(VolumeError::AlreadyExists(format!(
-                    "target_path {} is already published (volume {}) with other arguments",
-                    target.display(),
-                    p.volume_id
-                )));
-            }
+            p.same_publish(target, id, &canonical, kind, &source)?;
         }
         // Make the source exist (the only side effects before the view starts).
         let made_source = self.make_source(req, &source, existing.is_some())?;
-        let undo_source = |this: &Self| {
+        // A failure before the view starts takes back the source it made.
+        let undone = |this: &Self, e: VolumeError| {
             if made_source {
                 this.remove_source(kind, id, &source);
             }
+            e
         };
         // What the volume is, read once for the rest of the publish.
         let record = self.backing_of(kind, id);
-        if let Err(why) = self.source_on_share(kind, id, record.as_ref(), &source) {
-            undo_source(self);
-            return Err(VolumeError::FailedPrecondition(format!(
-                "volume {id} cannot be served: {why}; NodeStageVolume binds it again once the share is back"
-            )));
-        }
-        if let Some(p) = &existing {
-            if p.mechanism.check(target) == Check::Serving {
-                return Ok(());
-            }
+        self.source_on_share(kind, id, record.as_ref(), &source)
+            .map_err(|why| {
+                undone(self, VolumeError::FailedPrecondition(format!(
+                    "volume {id} cannot be served: {why}; NodeStageVolume binds it again once the share is back"
+                )))
+            })?;
+        if let Some(p) = &existing
+            && p.mechanism.check(target) == Check::Serving
+        {
+            return Ok(());
         }
         // A repeat keeps the mechanism it had; a new publish is native where it can be.
         let recorded = existing.as_ref().map(|p| (p.mechanism, p.fallback.clone()));
-        let (mechanism, fallback) = match self.decide(
-            id,
-            target,
-            kind,
-            record.as_ref(),
-            &options,
-            recorded,
-            req.pod.as_ref(),
-        ) {
-            Ok(d) => d,
-            Err(refusal) => {
-                undo_source(self);
-                let who = req
-                    .pod
-                    .as_ref()
-                    .map_or_else(String::new, |p| format!(" {}/{}", p.namespace, p.name));
-                return Err(VolumeError::FailedPrecondition(format!(
-                    "pod{who} {refusal}"
-                )));
-            }
-        };
-        let created_target = match self.prepare_target(target, existing.as_ref()) {
-            Ok(made) => made,
-            Err(e) => {
-                undo_source(self);
-                return Err(e);
-            }
-        };
+        let (mechanism, fallback) = self
+            .decide(
+                id,
+                target,
+                kind,
+                record.as_ref(),
+                &options,
+                recorded,
+                req.pod.as_ref(),
+            )
+            .map_err(|refusal| undone(self, refused(req.pod.as_ref(), &refusal)))?;
+        let created_target = self
+            .prepare_target(target, existing.as_ref())
+            .map_err(|e| undone(self, e))?;
         if mechanism.native_presentation() {
             self.keep_native_root(record.as_ref());
         }
@@ -170,24 +128,77 @@ impl Node {
                 if created_target && existing.is_none() {
                     let _ = std::fs::remove_dir(target);
                 }
-                if existing.is_none() {
-                    undo_source(self);
-                }
-                return Err(e);
+                return Err(if existing.is_none() {
+                    undone(self, e)
+                } else {
+                    e
+                });
             }
         };
-        let published = Published {
-            volume_id: id.clone(),
-            kind,
-            source,
-            options: canonical,
-            pid,
-            created_target,
-            mechanism,
-            fallback: fallback.clone(),
-        };
+        self.record_published(
+            target,
+            Published {
+                volume_id: id.clone(),
+                kind,
+                source,
+                options: canonical,
+                pid,
+                created_target,
+                mechanism,
+                fallback,
+            },
+        )
+    }
+
+    /// The options a publish's view is served with ([`Node::view_options`]), for a
+    /// volume on an SMB share the class named as csi-driver-smb takes them.
+    fn publish_options(&self, req: &PublishRequest) -> Result<ViewOptions, VolumeError> {
+        let smb = req.lifecycle == Lifecycle::Persistent
+            && self
+                .staged_share(&req.volume_id)
+                .is_some_and(|(_, share)| share.kind == remote::Kind::Smb);
+        Self::view_options(req, smb)
+    }
+
+    /// What a publish serves: its kind of view and the directory it shows (the
+    /// staging path, an inline volume's directory on the share, a secret view's
+    /// tmpfs).
+    fn publish_source(&self, req: &PublishRequest) -> Result<(ViewKind, PathBuf), VolumeError> {
+        Ok(match &req.lifecycle {
+            Lifecycle::Persistent => (ViewKind::Persistent, req.staging_path.clone()),
+            Lifecycle::Ephemeral(Inline::Share { .. }) => (
+                ViewKind::InlineShare,
+                self.share.data_path(&inline_id(&req.volume_id)?),
+            ),
+            Lifecycle::Ephemeral(Inline::Secrets(_)) => {
+                // A secret view published by an earlier version keeps the tmpfs its
+                // state names (whatever name that version gave it).
+                let recorded = self
+                    .state()
+                    .published
+                    .get(&req.target_path)
+                    .filter(|p| p.kind == ViewKind::InlineSecrets)
+                    .map(|p| p.source.clone());
+                (
+                    ViewKind::InlineSecrets,
+                    recorded.unwrap_or_else(|| self.secrets_dir(&req.target_path)),
+                )
+            }
+        })
+    }
+
+    /// Records a target that serves in the state file, said in the log; where the
+    /// record cannot be written, its view is stopped and the publish fails.
+    fn record_published(&self, target: &Path, published: Published) -> Result<(), VolumeError> {
+        let (id, kind, mechanism, pid) = (
+            published.volume_id.clone(),
+            published.kind,
+            published.mechanism,
+            published.pid,
+        );
+        let fallback = published.fallback.clone();
         if let Err(e) = self.update(|st| {
-            st.published.insert(target.clone(), published);
+            st.published.insert(target.to_path_buf(), published);
         }) {
             let _ = mechanism.stop(&self.views, target, pid);
             return Err(e);
@@ -610,6 +621,39 @@ impl Node {
 ///
 /// # Errors
 /// `InvalidArgument` for a handle that cannot name one.
+/// A publish `serve::decide` refused, for the pod that asked.
+fn refused(pod: Option<&PodRef>, refusal: &serve::Refusal) -> VolumeError {
+    let who = pod.map(|p| format!(" {}/{}", p.namespace, p.name));
+    let who = who.unwrap_or_default();
+    VolumeError::FailedPrecondition(format!("pod{who} {refusal}"))
+}
+
+impl Published {
+    /// A repeat of this publish of `target`: the same volume, options, kind and source,
+    /// or `AlreadyExists`.
+    fn same_publish(
+        &self,
+        target: &Path,
+        id: &VolumeHandle,
+        options: &str,
+        kind: ViewKind,
+        source: &Path,
+    ) -> Result<(), VolumeError> {
+        if self.volume_id == *id
+            && self.options == options
+            && self.kind == kind
+            && self.source == source
+        {
+            return Ok(());
+        }
+        Err(VolumeError::AlreadyExists(format!(
+            "target_path {} is already published (volume {}) with other arguments",
+            target.display(),
+            self.volume_id
+        )))
+    }
+}
+
 pub(super) fn inline_id(id: &VolumeHandle) -> Result<VolumeId, VolumeError> {
     id.root().ok_or_else(|| {
         VolumeError::InvalidArgument(format!(
