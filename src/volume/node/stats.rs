@@ -150,21 +150,11 @@ impl Node {
         }
         let named = self.staged_share(id);
         let missing = || VolumeError::NotFound(format!("volume {id} does not exist"));
-        if !secret_view && named.is_none() {
-            match self.share.get(&id.root().ok_or_else(missing)?) {
-                Ok(Some(_)) => {}
-                Ok(None) => {
-                    return Err(VolumeError::NotFound(format!("volume {id} does not exist")));
-                }
-                // A share that answers with an error (a `soft` mount whose server is
-                // away: EHOSTDOWN, EIO) makes the volume abnormal, not the call.
-                Err(crate::share::ShareError::Io { what, errno }) => {
-                    return Ok(VolumeStats::abnormal(format!(
-                        "the share fails: {what}: {errno}"
-                    )));
-                }
-                Err(e) => return Err(e.into()),
-            }
+        if !secret_view
+            && named.is_none()
+            && let Some(why) = self.share_fails(id)?
+        {
+            return Ok(VolumeStats::abnormal(why));
         }
         let abnormal = match mount::health(path) {
             Health::Dead => Some(format!(
@@ -202,38 +192,8 @@ impl Node {
             }
         };
         let measured_fs = usage.is_some();
-        let (mut bytes, inodes) = match usage {
-            Some(s) => {
-                let frsize = u64::from(s.frsize);
-                (
-                    Usage {
-                        total: s.blocks * frsize,
-                        available: s.bavail * frsize,
-                        used: s.blocks.saturating_sub(s.bfree) * frsize,
-                    },
-                    Usage {
-                        total: s.files,
-                        available: s.ffree,
-                        used: s.files.saturating_sub(s.ffree),
-                    },
-                )
-            }
-            None => (Usage::default(), Usage::default()),
-        };
-        // Where the share enforces the volume's capacity, its bytes are the quota's,
-        // whatever serves it: a FUSE view's statfs answers with the quota, but a native
-        // view's is the share's file system's (a bind mount's superblock), so kubelet
-        // would report the whole share as the volume.
-        let quota = match (&named, id.root()) {
-            (Some((staging, share)), _) if share.kind == remote::Kind::Cephfs => {
-                crate::share::cephfs::limit_bytes(staging)
-                    .zip(crate::share::cephfs::used_bytes(staging))
-            }
-            (Some(_), _) => None,
-            (None, Some(root)) => self.share.volume_bytes(&root),
-            (None, None) => None,
-        };
-        if !secret_view && let Some((limit, used)) = quota {
+        let (mut bytes, inodes) = usage.map_or_else(Default::default, usage_of);
+        if !secret_view && let Some((limit, used)) = self.quota(id, named.as_ref()) {
             bytes = Usage {
                 total: limit,
                 // No more than the file system has left, where it could be measured.
@@ -251,4 +211,59 @@ impl Node {
             abnormal,
         })
     }
+
+    /// Why the share root answers volume `id` with an error (a `soft` mount whose
+    /// server is away: EHOSTDOWN, EIO), which makes the volume abnormal, not the call.
+    ///
+    /// # Errors
+    /// `NotFound` where the volume does not exist; what else the share answers.
+    fn share_fails(&self, id: &VolumeHandle) -> Result<Option<String>, VolumeError> {
+        let missing = || VolumeError::NotFound(format!("volume {id} does not exist"));
+        match self.share.get(&id.root().ok_or_else(missing)?) {
+            Ok(Some(_)) => Ok(None),
+            Ok(None) => Err(missing()),
+            Err(crate::share::ShareError::Io { what, errno }) => {
+                Ok(Some(format!("the share fails: {what}: {errno}")))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The quota of volume `id` and the bytes it holds, where the share enforces its
+    /// capacity: then its bytes are the quota's, whatever serves it (a FUSE view's
+    /// statfs answers with the quota, but a native view's is the share's file
+    /// system's, a bind mount's superblock, so kubelet would report the whole share as
+    /// the volume).
+    fn quota(
+        &self,
+        id: &VolumeHandle,
+        named: Option<&(PathBuf, StagedShare)>,
+    ) -> Option<(u64, u64)> {
+        match (named, id.root()) {
+            (Some((staging, share)), _) if share.kind == remote::Kind::Cephfs => {
+                crate::share::cephfs::limit_bytes(staging)
+                    .zip(crate::share::cephfs::used_bytes(staging))
+            }
+            (Some(_), _) => None,
+            (None, Some(root)) => self.share.volume_bytes(&root),
+            (None, None) => None,
+        }
+    }
+}
+
+/// Bytes and inodes as a file system's `statvfs` counts them.
+fn usage_of(s: crate::sys::file::FsStat) -> (Usage, Usage) {
+    let frsize = u64::from(s.frsize);
+    (
+        Usage {
+            total: s.blocks * frsize,
+            available: s.bavail * frsize,
+            used: s.blocks.saturating_sub(s.bfree) * frsize,
+        },
+        Usage {
+            total: s.files,
+            available: s.ffree,
+            used: s.files.saturating_sub(s.ffree),
+        },
+    )
 }
