@@ -528,41 +528,18 @@ impl ViewFs {
         let mut left = room.bytes;
         loop {
             if s.pending.is_empty() {
-                if handed {
-                    // The rest is read ahead while this chunk is consumed.
+                // Once something is handed, the rest is read ahead meanwhile.
+                if handed || !self.refill(ino, s, attributes)? {
                     return Ok(());
                 }
-                let DirStream { fd, buf, .. } = &mut *s;
-                let batch = dir::read_batch(fd.as_fd(), buf)?;
-                s.at_end = batch.is_empty();
-                if s.at_end {
-                    if !s.subdirs.is_empty() {
-                        let subdirs = std::mem::take(&mut s.subdirs);
-                        if let Ok(fd) = self.dir(ino).and_then(|d| d.fd()) {
-                            match self
-                                .cfg
-                                .acts_as_callers
-                                .then(crate::sys::creds::thread_ids)
-                                .transpose()
-                            {
-                                Ok(ids) => self.ahead.planned(fd, subdirs, attributes, ids),
-                                Err(e) => self.ahead.cannot_act(e),
-                            }
-                        }
-                    }
-                    return Ok(());
-                }
-                self.saw(ino, &batch);
-                s.pending.extend(batch);
             }
             let Some(e) = s.pending.front() else {
                 return Ok(());
             };
-            let (next, reserved) = (e.next, namespace::is_reserved_name(&e.name));
-            if reserved {
-                // The daemon's own (an entry under construction): not part of the view.
-                s.pending.pop_front();
-                s.pos = next;
+            let next = e.next;
+            // The daemon's own (an entry under construction): not part of the view.
+            if namespace::is_reserved_name(&e.name) {
+                s.skip(next);
                 continue;
             }
             let dot = is_dot(&e.name);
@@ -577,33 +554,15 @@ impl ViewFs {
                 }
                 looked_up.items.pop_front().and_then(|l| l.1)
             } else {
-                if listing == Listing::AsNeeded
-                    && !dot
-                    && (!s.past_first || self.listing.next_is_probe(false))
-                {
-                    self.listing.listed(ino, &e.name);
+                if listing == Listing::AsNeeded && !dot {
+                    self.note_listed(ino, s.past_first, &e.name);
                 }
                 None
             };
-            // What can fail is decided while the entry is still queued, so that an error
-            // leaves it there for the next call.
-            let (shown_ino, kind, attr) = if let Some(looked) = looked {
-                match looked {
-                    Ok(attr) => (attr.ino, attr.kind, Some(attr)),
-                    // Gone since the listing, or a mount point: not part of the view.
-                    Err(FsError::Os(Errno::ENOENT)) => {
-                        s.pending.pop_front();
-                        s.pos = next;
-                        continue;
-                    }
-                    Err(err) => return Err(err),
-                }
-            } else {
-                let kind = match e.kind {
-                    Some(k) => k,
-                    None => self.kind_of(ino, &e.name)?,
-                };
-                (if e.name == b"." { ino } else { e.ino }, kind, None)
+            let Some((shown_ino, kind, attr)) = self.shown_entry(ino, e, looked)? else {
+                // Gone since the listing, or a mount point: not part of the view.
+                s.skip(next);
+                continue;
             };
             // The name moves into the item and back, never copied.
             let e = s.pending.pop_front().expect("the entry just looked at");
@@ -628,17 +587,81 @@ impl ViewFs {
             s.past_first |= !dot;
             left = left.saturating_sub(room.cost(&item.name));
             s.pos = next;
-            // The node id of an entry handed without attributes is not known; its
-            // backing inode number is, which is the node id unless it was taken.
             if item.kind == Kind::Directory && !dot {
-                if let Some(a) = item.attr {
-                    // Handed with its attributes: the walker descends without a lookup.
-                    self.listing.reached(ino, a.ino);
-                }
-                if s.subdirs.len() < crate::fs::ahead::MAX_PLANNED {
-                    s.subdirs.push((item.ino, item.name.clone()));
+                self.handed_dir(ino, s, &item);
+            }
+        }
+    }
+
+    /// Notes a name listing's first entry, and its probes ([`crate::fs::listing::ListingHints::listed`]).
+    fn note_listed(&self, ino: u64, past_first: bool, name: &[u8]) {
+        if !past_first || self.listing.next_is_probe(false) {
+            self.listing.listed(ino, name);
+        }
+    }
+
+    /// Reads the stream's next batch of entries into `s.pending`; false at its end,
+    /// where the directories it listed are planned for the walk-ahead.
+    fn refill(&self, ino: u64, s: &mut DirStream, attributes: bool) -> FsResult<bool> {
+        let DirStream { fd, buf, .. } = &mut *s;
+        let batch = dir::read_batch(fd.as_fd(), buf)?;
+        s.at_end = batch.is_empty();
+        if !s.at_end {
+            self.saw(ino, &batch);
+            s.pending.extend(batch);
+            return Ok(true);
+        }
+        if !s.subdirs.is_empty() {
+            let subdirs = std::mem::take(&mut s.subdirs);
+            if let Ok(fd) = self.dir(ino).and_then(|d| d.fd()) {
+                match self
+                    .cfg
+                    .acts_as_callers
+                    .then(crate::sys::creds::thread_ids)
+                    .transpose()
+                {
+                    Ok(ids) => self.ahead.planned(fd, subdirs, attributes, ids),
+                    Err(e) => self.ahead.cannot_act(e),
                 }
             }
+        }
+        Ok(false)
+    }
+
+    /// What an entry of directory `ino` is shown as: its node id, kind and attributes
+    /// (`looked`: its lookup made ahead, if any). `None`: gone since the listing, or a
+    /// mount point. Decided while the entry is still queued, so that an error leaves
+    /// it there for the next call.
+    fn shown_entry(
+        &self,
+        ino: u64,
+        e: &dir::DirEntry,
+        looked: Option<FsResult<Attr>>,
+    ) -> FsResult<Option<(u64, Kind, Option<Attr>)>> {
+        match looked {
+            Some(Ok(attr)) => Ok(Some((attr.ino, attr.kind, Some(attr)))),
+            Some(Err(FsError::Os(Errno::ENOENT))) => Ok(None),
+            Some(Err(err)) => Err(err),
+            None => {
+                let kind = match e.kind {
+                    Some(k) => k,
+                    None => self.kind_of(ino, &e.name)?,
+                };
+                Ok(Some((if e.name == b"." { ino } else { e.ino }, kind, None)))
+            }
+        }
+    }
+
+    /// A directory handed in a listing of `ino`: the node id of an entry handed
+    /// without attributes is not known (its backing inode number is, which is the node
+    /// id unless it was taken); one handed with them is reached without a lookup. Both
+    /// are planned for the walk-ahead.
+    fn handed_dir(&self, ino: u64, s: &mut DirStream, item: &DirItem) {
+        if let Some(a) = item.attr {
+            self.listing.reached(ino, a.ino);
+        }
+        if s.subdirs.len() < crate::fs::ahead::MAX_PLANNED {
+            s.subdirs.push((item.ino, item.name.clone()));
         }
     }
 
@@ -654,11 +677,51 @@ impl ViewFs {
         dir: u64,
         listing: Listing,
         pending: &Pending,
-        mut left: usize,
+        left: usize,
         room: Room,
         out: &mut VecDeque<(u64, Option<FsResult<Attr>>)>,
     ) {
-        // Each entry's cookie, and whether it is a probe (not looked up).
+        let (slots, names) = self.chosen_ahead(dir, listing, pending, left, room);
+        #[cfg(test)]
+        looked_up::add(names.len());
+        let look = |part: &[&dir::DirEntry]| -> Vec<FsResult<Attr>> {
+            #[cfg(test)]
+            lock(&self.helpers.looked_up_as).push(crate::sys::creds::fs_ids());
+            // The new node ids' journal lines in one write, before the reply gives
+            // them to the kernel (it is sent after this returns).
+            let _batch = self.inodes.batch_journal();
+            part.iter()
+                .map(|e| self.lookup_entry(dir, OsStr::from_bytes(&e.name)))
+                .collect()
+        };
+        let threads = self
+            .cfg
+            .lookup_threads
+            .min(names.len() / self.cfg.lookups_per_thread)
+            .max(1);
+        let pool = (threads > 1)
+            .then(|| self.helpers.lend(self.cfg.lookup_threads))
+            .flatten();
+        let results = match pool {
+            None => look(&names),
+            Some(pool) => self.look_up_spread(dir, &names, threads, &pool, look),
+        };
+        let mut results = results.into_iter();
+        for (cookie, probe) in slots {
+            out.push_back((cookie, if probe { None } else { results.next() }));
+        }
+    }
+
+    /// The entries [`ViewFs::look_ahead`] takes: each one's cookie and whether it is a
+    /// probe (not looked up), and the entries to look up.
+    fn chosen_ahead<'p>(
+        &self,
+        dir: u64,
+        listing: Listing,
+        pending: &'p Pending,
+        mut left: usize,
+        room: Room,
+    ) -> (Vec<(u64, bool)>, Vec<&'p dir::DirEntry>) {
         let mut slots = Vec::new();
         let mut names = Vec::new();
         let most = if self.cfg.looks_past_room {
@@ -691,70 +754,55 @@ impl ViewFs {
                 slots.push((e.next, false));
             }
         }
-        #[cfg(test)]
-        looked_up::add(names.len());
-        let look = |part: &[&dir::DirEntry]| -> Vec<FsResult<Attr>> {
-            #[cfg(test)]
-            lock(&self.helpers.looked_up_as).push(crate::sys::creds::fs_ids());
-            // The new node ids' journal lines in one write, before the reply gives
-            // them to the kernel (it is sent after this returns).
-            let _batch = self.inodes.batch_journal();
-            part.iter()
-                .map(|e| self.lookup_entry(dir, OsStr::from_bytes(&e.name)))
-                .collect()
-        };
-        let threads = self
-            .cfg
-            .lookup_threads
-            .min(names.len() / self.cfg.lookups_per_thread)
-            .max(1);
-        let pool = (threads > 1)
-            .then(|| self.helpers.lend(self.cfg.lookup_threads))
-            .flatten();
-        let results: Vec<FsResult<Attr>> = match pool {
-            None => look(&names),
-            Some(pool) => {
-                use rayon::prelude::*;
-                let per = names.len().div_ceil(threads);
-                // Where the view acts as its callers, each part is looked up as the
-                // caller this thread acts as now.
-                let ids = self.cfg.acts_as_callers.then(crate::sys::creds::thread_ids);
-                let act = || -> FsResult<Option<crate::sys::creds::Acting>> {
-                    match &ids {
-                        Some(Ok(ids)) => Ok(Some(ids.act()?)),
-                        Some(Err(e)) => Err((*e).into()),
-                        None => Ok(None),
-                    }
-                };
-                let pfd = self.dir(dir).and_then(|d| d.fd());
-                let parts: Vec<Vec<FsResult<Attr>>> = pool.install(|| {
-                    // Each thread's first lookup checks that the caller may search the
-                    // directory: where the client's answer has lapsed, or is older
-                    // than the threads of a pool just started, all would ask the
-                    // server at once. Asked first on one of them, it is one request,
-                    // and none where the answer is good.
-                    if let (Ok(_acting), Ok(fd)) = (act(), &pfd) {
-                        file::warm_search(fd.as_fd());
-                    }
-                    names
-                        .par_chunks(per)
-                        .with_max_len(1)
-                        .map(|part| match act() {
-                            Ok(_acting) => look(part),
-                            Err(e) => {
-                                self.helpers.cannot_act(e);
-                                part.iter().map(|_| Err(e)).collect()
-                            }
-                        })
-                        .collect()
-                });
-                parts.into_iter().flatten().collect()
+        (slots, names)
+    }
+
+    /// `names` of directory `dir` looked up by `look` on `threads` threads of `pool`,
+    /// each acting as the caller this thread acts as now where the view acts as its
+    /// callers; in order.
+    fn look_up_spread(
+        &self,
+        dir: u64,
+        names: &[&dir::DirEntry],
+        threads: usize,
+        pool: &rayon::ThreadPool,
+        look: impl Fn(&[&dir::DirEntry]) -> Vec<FsResult<Attr>> + Sync,
+    ) -> Vec<FsResult<Attr>> {
+        use rayon::prelude::*;
+        let per = names.len().div_ceil(threads);
+        // Where the view acts as its callers, each part is looked up as the
+        // caller this thread acts as now.
+        let ids = self.cfg.acts_as_callers.then(crate::sys::creds::thread_ids);
+        let act = || -> FsResult<Option<crate::sys::creds::Acting>> {
+            match &ids {
+                Some(Ok(ids)) => Ok(Some(ids.act()?)),
+                Some(Err(e)) => Err((*e).into()),
+                None => Ok(None),
             }
         };
-        let mut results = results.into_iter();
-        for (cookie, probe) in slots {
-            out.push_back((cookie, if probe { None } else { results.next() }));
-        }
+        let pfd = self.dir(dir).and_then(|d| d.fd());
+        let parts: Vec<Vec<FsResult<Attr>>> = pool.install(|| {
+            // Each thread's first lookup checks that the caller may search the
+            // directory: where the client's answer has lapsed, or is older
+            // than the threads of a pool just started, all would ask the
+            // server at once. Asked first on one of them, it is one request,
+            // and none where the answer is good.
+            if let (Ok(_acting), Ok(fd)) = (act(), &pfd) {
+                file::warm_search(fd.as_fd());
+            }
+            names
+                .par_chunks(per)
+                .with_max_len(1)
+                .map(|part| match act() {
+                    Ok(_acting) => look(part),
+                    Err(e) => {
+                        self.helpers.cannot_act(e);
+                        part.iter().map(|_| Err(e)).collect()
+                    }
+                })
+                .collect()
+        });
+        parts.into_iter().flatten().collect()
     }
 
     /// Forgets the lookups a listing of `d` made ahead and did not hand over: it ends,
@@ -825,6 +873,14 @@ impl ViewFs {
 
 /// A test's stand-in for a system that refuses threads (a pids limit), for the
 /// listings made on this thread.
+impl DirStream {
+    /// Passes over the entry at the front, which the view does not show.
+    fn skip(&mut self, next: u64) {
+        self.pending.pop_front();
+        self.pos = next;
+    }
+}
+
 #[cfg(test)]
 pub(super) mod no_helpers {
     use std::cell::Cell;
