@@ -22,7 +22,7 @@ use tonic::codegen::http;
 
 use crate::transport::probe::KernelFuse;
 use crate::transport::stats::{BUCKETS, Snapshot};
-use crate::volume::node::{Node, ViewState};
+use crate::volume::node::{Node, ViewInfo, ViewState};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
@@ -177,122 +177,9 @@ impl Collector for NodeCollector {
                 .encode_gauge(&i64::from(k.idmap))?;
         }
         let views = self.node.views_overview();
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_views",
-            "Published views by state: serving; waiting (its mount did not answer within a second: its share stalls or its server is away); dead",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (name, state) in [
-            ("serving", ViewState::Serving),
-            ("waiting", ViewState::Waiting),
-            ("dead", ViewState::Dead),
-        ] {
-            let n = views.iter().filter(|v| v.state == state).count() as i64;
-            m.encode_family(&[("state", name)])?.encode_gauge(&n)?;
-        }
-
-        // Per view: how it is served, and why not natively where its volume is native.
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_view_mechanism",
-            "1 for each published view, labelled by how it is served (native: an idmapped bind mount; fuse; fuse-native: a FUSE view with the native presentation; fuse-as-callers: that, acting as each caller on a share that keeps owners; fuse-cifs; fuse-user-xattr) and, for a native volume served by FUSE, why (fallback)",
-            None,
-            MetricType::Gauge,
-        )?;
-        for v in &views {
-            let target = v.target.display().to_string();
-            m.encode_family(&[
-                ("volume_id", v.volume_id.as_str()),
-                ("target", target.as_str()),
-                ("mechanism", v.mechanism),
-                ("fallback", v.fallback.as_deref().unwrap_or("")),
-            ])?
-            .encode_gauge(&1)?;
-        }
-
-        // Per view: the views that serve, or wait on their share, and wrote a
-        // snapshot, labelled by volume and target.
-        let per_view: Vec<(&str, String, &Snapshot)> = views
-            .iter()
-            .filter(|v| v.state != ViewState::Dead)
-            .filter_map(|v| {
-                let s = v.stats.as_ref()?;
-                Some((v.volume_id.as_str(), v.target.display().to_string(), s))
-            })
-            .collect();
-        for (name, help, value) in PER_VIEW {
-            let kind = match value(&Snapshot::default()) {
-                Sample::Gauge(_) | Sample::GaugeF(_) => MetricType::Gauge,
-                Sample::Counter(_) | Sample::CounterF(_) => MetricType::Counter,
-            };
-            let mut m = encoder.encode_descriptor(name, help, None, kind)?;
-            for (volume_id, target, snapshot) in &per_view {
-                let labels = [("volume_id", *volume_id), ("target", target.as_str())];
-                let mut m = m.encode_family(&labels)?;
-                match value(snapshot) {
-                    Sample::Gauge(g) => m.encode_gauge(&g)?,
-                    Sample::GaugeF(g) => m.encode_gauge(&g)?,
-                    Sample::Counter(c) => m.encode_counter::<NoLabelSet, _, u64>(&c, None)?,
-                    Sample::CounterF(c) => m.encode_counter::<NoLabelSet, _, u64>(&c, None)?,
-                }
-            }
-        }
-
-        let mut total = Snapshot::default();
-        for s in views.iter().filter_map(|v| v.stats.as_ref()) {
-            total.add(s);
-        }
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_view_operations",
-            "FUSE operations served by the node's views",
-            None,
-            MetricType::Counter,
-        )?;
-        for (op, o) in &total.ops {
-            m.encode_family(&[("op", op.as_str())])?
-                .encode_counter::<NoLabelSet, _, u64>(&o.count, None)?;
-        }
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_view_operation_errors",
-            "FUSE operations the node's views answered with an error",
-            None,
-            MetricType::Counter,
-        )?;
-        for (op, o) in &total.ops {
-            m.encode_family(&[("op", op.as_str())])?
-                .encode_counter::<NoLabelSet, _, u64>(&o.errors, None)?;
-        }
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_view_operation_errnos",
-            "FUSE operations the node's views answered with an error, by errno",
-            None,
-            MetricType::Counter,
-        )?;
-        for (op, o) in &total.ops {
-            for (errno, n) in &o.errnos {
-                m.encode_family(&[("op", op.as_str()), ("errno", errno.as_str())])?
-                    .encode_counter::<NoLabelSet, _, u64>(n, None)?;
-            }
-        }
-        let mut m = encoder.encode_descriptor(
-            "mountgroup_view_operation_duration_seconds",
-            "How long the node's views took to serve FUSE operations",
-            None,
-            MetricType::Histogram,
-        )?;
-        for (op, o) in &total.ops {
-            // The snapshot is cumulative per bucket; the encoder wants each bucket's own.
-            let mut buckets = Vec::with_capacity(BUCKETS.len() + 1);
-            let mut below = 0;
-            for (bound, cumulative) in BUCKETS.iter().zip(&o.buckets) {
-                buckets.push((*bound, cumulative - below));
-                below = *cumulative;
-            }
-            buckets.push((f64::INFINITY, o.count.saturating_sub(below)));
-            m.encode_family(&[("op", op.as_str())])?
-                .encode_histogram::<NoLabelSet>(o.sum_seconds, o.count, &buckets, None)?;
-        }
-
+        encode_views(&mut encoder, &views)?;
+        encode_per_view(&mut encoder, &views)?;
+        encode_operations(&mut encoder, &views)?;
         encoder
             .encode_descriptor(
                 "mountgroup_share_capacity_enforced",
@@ -303,6 +190,145 @@ impl Collector for NodeCollector {
             .encode_gauge(&i64::from(self.capacity_enforced))?;
         Ok(())
     }
+}
+
+/// The views by state, and how each is served.
+fn encode_views(
+    encoder: &mut DescriptorEncoder<'_>,
+    views: &[ViewInfo],
+) -> Result<(), std::fmt::Error> {
+    let mut m = encoder.encode_descriptor(
+        "mountgroup_views",
+        "Published views by state: serving; waiting (its mount did not answer within a second: its share stalls or its server is away); dead",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (name, state) in [
+        ("serving", ViewState::Serving),
+        ("waiting", ViewState::Waiting),
+        ("dead", ViewState::Dead),
+    ] {
+        let n = views.iter().filter(|v| v.state == state).count() as i64;
+        m.encode_family(&[("state", name)])?.encode_gauge(&n)?;
+    }
+
+    // Per view: how it is served, and why not natively where its volume is native.
+    let mut m = encoder.encode_descriptor(
+        "mountgroup_view_mechanism",
+        "1 for each published view, labelled by how it is served (native: an idmapped bind mount; fuse; fuse-native: a FUSE view with the native presentation; fuse-as-callers: that, acting as each caller on a share that keeps owners; fuse-cifs; fuse-user-xattr) and, for a native volume served by FUSE, why (fallback)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for v in views {
+        let target = v.target.display().to_string();
+        m.encode_family(&[
+            ("volume_id", v.volume_id.as_str()),
+            ("target", target.as_str()),
+            ("mechanism", v.mechanism),
+            ("fallback", v.fallback.as_deref().unwrap_or("")),
+        ])?
+        .encode_gauge(&1)?;
+    }
+    Ok(())
+}
+
+/// Each view's own samples ([`PER_VIEW`]), of the views that serve or wait on their
+/// share and wrote a snapshot, labelled by volume and target.
+fn encode_per_view(
+    encoder: &mut DescriptorEncoder<'_>,
+    views: &[ViewInfo],
+) -> Result<(), std::fmt::Error> {
+    // Per view: the views that serve, or wait on their share, and wrote a
+    // snapshot, labelled by volume and target.
+    let per_view: Vec<(&str, String, &Snapshot)> = views
+        .iter()
+        .filter(|v| v.state != ViewState::Dead)
+        .filter_map(|v| {
+            let s = v.stats.as_ref()?;
+            Some((v.volume_id.as_str(), v.target.display().to_string(), s))
+        })
+        .collect();
+    for (name, help, value) in PER_VIEW {
+        let kind = match value(&Snapshot::default()) {
+            Sample::Gauge(_) | Sample::GaugeF(_) => MetricType::Gauge,
+            Sample::Counter(_) | Sample::CounterF(_) => MetricType::Counter,
+        };
+        let mut m = encoder.encode_descriptor(name, help, None, kind)?;
+        for (volume_id, target, snapshot) in &per_view {
+            let labels = [("volume_id", *volume_id), ("target", target.as_str())];
+            let mut m = m.encode_family(&labels)?;
+            match value(snapshot) {
+                Sample::Gauge(g) => m.encode_gauge(&g)?,
+                Sample::GaugeF(g) => m.encode_gauge(&g)?,
+                Sample::Counter(c) => m.encode_counter::<NoLabelSet, _, u64>(&c, None)?,
+                Sample::CounterF(c) => m.encode_counter::<NoLabelSet, _, u64>(&c, None)?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The FUSE operations of all the node's views together: counts, errors, errnos,
+/// durations.
+fn encode_operations(
+    encoder: &mut DescriptorEncoder<'_>,
+    views: &[ViewInfo],
+) -> Result<(), std::fmt::Error> {
+    let mut total = Snapshot::default();
+    for s in views.iter().filter_map(|v| v.stats.as_ref()) {
+        total.add(s);
+    }
+    let mut m = encoder.encode_descriptor(
+        "mountgroup_view_operations",
+        "FUSE operations served by the node's views",
+        None,
+        MetricType::Counter,
+    )?;
+    for (op, o) in &total.ops {
+        m.encode_family(&[("op", op.as_str())])?
+            .encode_counter::<NoLabelSet, _, u64>(&o.count, None)?;
+    }
+    let mut m = encoder.encode_descriptor(
+        "mountgroup_view_operation_errors",
+        "FUSE operations the node's views answered with an error",
+        None,
+        MetricType::Counter,
+    )?;
+    for (op, o) in &total.ops {
+        m.encode_family(&[("op", op.as_str())])?
+            .encode_counter::<NoLabelSet, _, u64>(&o.errors, None)?;
+    }
+    let mut m = encoder.encode_descriptor(
+        "mountgroup_view_operation_errnos",
+        "FUSE operations the node's views answered with an error, by errno",
+        None,
+        MetricType::Counter,
+    )?;
+    for (op, o) in &total.ops {
+        for (errno, n) in &o.errnos {
+            m.encode_family(&[("op", op.as_str()), ("errno", errno.as_str())])?
+                .encode_counter::<NoLabelSet, _, u64>(n, None)?;
+        }
+    }
+    let mut m = encoder.encode_descriptor(
+        "mountgroup_view_operation_duration_seconds",
+        "How long the node's views took to serve FUSE operations",
+        None,
+        MetricType::Histogram,
+    )?;
+    for (op, o) in &total.ops {
+        // The snapshot is cumulative per bucket; the encoder wants each bucket's own.
+        let mut buckets = Vec::with_capacity(BUCKETS.len() + 1);
+        let mut below = 0;
+        for (bound, cumulative) in BUCKETS.iter().zip(&o.buckets) {
+            buckets.push((*bound, cumulative - below));
+            below = *cumulative;
+        }
+        buckets.push((f64::INFINITY, o.count.saturating_sub(below)));
+        m.encode_family(&[("op", op.as_str())])?
+            .encode_histogram::<NoLabelSet>(o.sum_seconds, o.count, &buckets, None)?;
+    }
+    Ok(())
 }
 
 /// A tower layer that times every gRPC call and counts it by method and code.
