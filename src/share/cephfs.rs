@@ -19,7 +19,7 @@ use std::os::fd::AsFd;
 use std::path::Path;
 
 use super::ShareError;
-use super::named::{Credentials, MountPlan, Role, SubPath};
+use super::named::{Credentials, Keys, MountPlan, Role, SubPath};
 use crate::sys::{Errno, file, xattr};
 
 use crate::sys::cephfs::{CEPH_DIR_RBYTES as RBYTES, CEPH_QUOTA_MAX_BYTES as MAX_BYTES};
@@ -407,6 +407,80 @@ pub fn credentials(
         secret: Some(key),
         domain: None,
     })
+}
+
+/// The keys by which a class or a PV names a CephFS file system (ceph-csi's).
+pub(super) const NAMING_KEYS: &[&str] = &["clusterid", "monitors", "fsname"];
+/// The keys a CephFS class may give (ceph-csi's, lower case).
+pub(super) const CLASS_KEYS: &[&str] = &[
+    "clusterid",
+    "monitors",
+    "fsname",
+    "rootpath",
+    "subvolumegroup",
+    "pool",
+    "volumenameprefix",
+    "mounter",
+    "kernelmountoptions",
+    "fusemountoptions",
+    "ondelete",
+];
+
+/// The file system a class names, the directory volumes are made in (`rootPath`, or
+/// `volumes/<subvolumeGroup>`), and whether the driver makes that directory where it
+/// is missing (a subvolume group, which ceph-csi makes on its first volume).
+///
+/// # Errors
+/// A mounter other than the kernel's, FUSE options, a malformed key, named.
+pub(super) fn class_share(keys: &Keys<'_>) -> Result<(Ceph, SubPath, bool), String> {
+    let bad = |key: &str, why: String| format!("parameters: {key}: {why}");
+    if let Some(m) = keys
+        .get("mounter")
+        .filter(|m| !m.eq_ignore_ascii_case("kernel"))
+    {
+        return Err(format!(
+            "parameters: mounter {m:?}: mountgroup mounts CephFS with the kernel's client (mounter: kernel)"
+        ));
+    }
+    if keys.get("fusemountoptions").is_some_and(|o| !o.is_empty()) {
+        return Err(
+            "parameters: fuseMountOptions: mountgroup mounts CephFS with the kernel's client; give kernelMountOptions".into(),
+        );
+    }
+    let ceph = Ceph::parse(
+        keys.get("monitors"),
+        keys.get("clusterid"),
+        keys.get("fsname"),
+    )
+    .map_err(|w| format!("parameters: {w}"))?;
+    let (base, makes_base) = match (keys.get("rootpath"), keys.get("subvolumegroup")) {
+        (Some(root), _) => (
+            SubPath::parse(root.trim_start_matches('/')).map_err(|w| bad("rootPath", w))?,
+            false,
+        ),
+        (None, Some(group)) => (
+            SubPath::parse(&format!("volumes/{group}")).map_err(|w| bad("subvolumeGroup", w))?,
+            true,
+        ),
+        (None, None) => (SubPath::default(), false),
+    };
+    Ok((ceph, base, makes_base))
+}
+
+/// The file system a PV names, and its `rootPath`.
+///
+/// # Errors
+/// A malformed key, named.
+pub(super) fn attributes_share(keys: &Keys<'_>) -> Result<(Ceph, SubPath), String> {
+    let c = Ceph::parse(
+        keys.get("monitors"),
+        keys.get("clusterid"),
+        keys.get("fsname"),
+    )
+    .map_err(|w| format!("volume_context: {w}"))?;
+    let root = SubPath::parse(keys.get("rootpath").unwrap_or_default().trim_matches('/'))
+        .map_err(|w| format!("volume_context.rootPath: {w}"))?;
+    Ok((c, root))
 }
 
 #[cfg(test)]

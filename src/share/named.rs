@@ -195,3 +195,45 @@ impl MountPlan {
         })
     }
 }
+
+/// Parameters of a class's share, every key matched without regard to case, as the
+/// peers match them (csi-driver-nfs `newNFSVolume`, csi-driver-smb `newSMBVolume`).
+pub struct Keys<'a>(pub(super) Vec<(String, &'a str, &'a str)>);
+
+impl<'a> Keys<'a> {
+    pub fn new(map: impl Iterator<Item = (&'a String, &'a String)>) -> Keys<'a> {
+        Keys(
+            map.map(|(k, v)| (k.to_ascii_lowercase(), k.as_str(), v.as_str()))
+                .collect(),
+        )
+    }
+
+    pub fn get(&self, key: &str) -> Option<&'a str> {
+        self.0.iter().find(|(l, _, _)| l == key).map(|(_, _, v)| *v)
+    }
+
+    pub fn has_any(&self, keys: &[&str]) -> bool {
+        keys.iter().any(|k| self.get(k).is_some())
+    }
+}
+
+/// A mode a class or a PV gives in octal (csi-driver-nfs's `mountPermissions`), with
+/// a `0o` before it where `prefixed` allows one; `None` for none (empty, or 0).
+///
+/// # Errors
+/// A value that is not an octal mode.
+pub fn octal_mode(v: Option<&str>, prefixed: bool) -> Result<Option<u32>, String> {
+    let Some(v) = v.filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let digits = if prefixed {
+        v.trim_start_matches("0o")
+    } else {
+        v
+    };
+    let mode = u32::from_str_radix(digits, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{v:?} is not an octal mode"))?;
+    Ok(Some(mode).filter(|m| *m != 0))
+}

@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use super::named::{MountPlan, SubPath};
+use super::named::{Keys, MountPlan, SubPath};
 
 /// An NFS export: its server and the export's path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,6 +194,34 @@ impl Nfs {
         }));
         plan
     }
+}
+
+/// The keys by which a class or a PV names an NFS share (csi-driver-nfs's).
+pub(super) const NAMING_KEYS: &[&str] = &["server", "share"];
+/// The keys an NFS class may give (csi-driver-nfs's, lower case).
+pub(super) const CLASS_KEYS: &[&str] =
+    &["server", "share", "subdir", "ondelete", "mountpermissions"];
+
+/// The export a class's `server` and `share` name.
+///
+/// # Errors
+/// Either missing, or malformed, named.
+pub(super) fn class_share(keys: &Keys<'_>) -> Result<Nfs, String> {
+    let (Some(server), Some(share)) = (keys.get("server"), keys.get("share")) else {
+        return Err("parameters: an NFS share needs both server and share".into());
+    };
+    Nfs::parse(server, share).map_err(|w| format!("parameters: server/share: {w}"))
+}
+
+/// The export a PV's `server` and `share` name.
+///
+/// # Errors
+/// Either missing, or malformed, named.
+pub(super) fn attributes_share(keys: &Keys<'_>) -> Result<Nfs, String> {
+    let (Some(server), Some(share)) = (keys.get("server"), keys.get("share")) else {
+        return Err("volume_context: an NFS share needs both server and share".into());
+    };
+    Nfs::parse(server, share).map_err(|w| format!("volume_context.share: {w}"))
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ use std::time::Duration;
 use super::ShareError;
 use super::cephfs::{self, Ceph};
 pub use super::named::{ClientOptions, Credentials, MountPlan, Role, SubPath, check_host};
+use super::named::{Keys, octal_mode};
 use super::nfs::{self, Nfs};
 use super::smb::{self, Smb};
 use crate::sys::Errno;
@@ -44,10 +45,29 @@ impl Kind {
         }
     }
 
+    /// Every kind, in the order a class's keys are asked for them.
+    pub const ALL: [Kind; 3] = [Kind::Smb, Kind::Nfs, Kind::Cephfs];
+
     fn from_name(s: &str) -> Option<Kind> {
-        [Kind::Smb, Kind::Nfs, Kind::Cephfs]
-            .into_iter()
-            .find(|k| k.name() == s)
+        Kind::ALL.into_iter().find(|k| k.name() == s)
+    }
+
+    /// The keys by which a class or a PV names a share of this kind.
+    fn naming_keys(self) -> &'static [&'static str] {
+        match self {
+            Kind::Smb => smb::NAMING_KEYS,
+            Kind::Nfs => nfs::NAMING_KEYS,
+            Kind::Cephfs => cephfs::NAMING_KEYS,
+        }
+    }
+
+    /// The keys a class of this kind may give (lower case).
+    fn class_keys(self) -> &'static [&'static str] {
+        match self {
+            Kind::Smb => smb::CLASS_KEYS,
+            Kind::Nfs => nfs::CLASS_KEYS,
+            Kind::Cephfs => cephfs::CLASS_KEYS,
+        }
     }
 
     /// The file system types the mount table shows for a mount of it.
@@ -270,32 +290,6 @@ pub struct Class {
     pub client: ClientOptions,
 }
 
-/// Parameters of a class's share, every key matched without regard to case, as the
-/// peers match them (csi-driver-nfs `newNFSVolume`, csi-driver-smb `newSMBVolume`).
-struct Keys<'a>(Vec<(String, &'a str, &'a str)>);
-
-impl<'a> Keys<'a> {
-    fn new(map: impl Iterator<Item = (&'a String, &'a String)>) -> Keys<'a> {
-        Keys(
-            map.map(|(k, v)| (k.to_ascii_lowercase(), k.as_str(), v.as_str()))
-                .collect(),
-        )
-    }
-
-    fn get(&self, key: &str) -> Option<&'a str> {
-        self.0.iter().find(|(l, _, _)| l == key).map(|(_, _, v)| *v)
-    }
-
-    fn has_any(&self, keys: &[&str]) -> bool {
-        keys.iter().any(|k| self.get(k).is_some())
-    }
-}
-
-/// The SMB, NFS and CephFS keys of a class, by which its share is known.
-const SMB_KEYS: [&str; 1] = ["source"];
-const NFS_KEYS: [&str; 2] = ["server", "share"];
-const CEPH_KEYS: [&str; 3] = ["clusterid", "monitors", "fsname"];
-
 /// The share a class's `parameters` name, or `None` for a class of the share root
 /// (none of `source`, `server`, `share`, `clusterID`, `monitors`, `fsName`). `extra`
 /// are the keys the caller takes itself (`view`).
@@ -304,43 +298,22 @@ const CEPH_KEYS: [&str; 3] = ["clusterid", "monitors", "fsname"];
 /// An unknown or malformed parameter, named.
 pub fn class(params: &BTreeMap<String, String>, extra: &[&str]) -> Result<Option<Class>, String> {
     let keys = Keys::new(params.iter());
-    let kinds = [
-        (Kind::Smb, keys.has_any(&SMB_KEYS)),
-        (Kind::Nfs, keys.has_any(&NFS_KEYS)),
-        (Kind::Cephfs, keys.has_any(&CEPH_KEYS)),
-    ];
-    let named: Vec<Kind> = kinds.iter().filter(|(_, n)| *n).map(|(k, _)| *k).collect();
+    let named: Vec<Kind> = Kind::ALL
+        .into_iter()
+        .filter(|k| keys.has_any(k.naming_keys()))
+        .collect();
     let kind = match named.as_slice() {
         [] => return Ok(None),
         [k] => *k,
         _ => {
+            let names: Vec<&str> = named.iter().map(|k| k.name()).collect();
+            let names = names.join(", ");
             return Err(format!(
-                "parameters name shares of several kinds ({}): give one",
-                named
-                    .iter()
-                    .map(|k| k.name())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "parameters name shares of several kinds ({names}): give one"
             ));
         }
     };
-    let allowed: &[&str] = match kind {
-        Kind::Smb => &["source", "subdir", "ondelete"],
-        Kind::Nfs => &["server", "share", "subdir", "ondelete", "mountpermissions"],
-        Kind::Cephfs => &[
-            "clusterid",
-            "monitors",
-            "fsname",
-            "rootpath",
-            "subvolumegroup",
-            "pool",
-            "volumenameprefix",
-            "mounter",
-            "kernelmountoptions",
-            "fusemountoptions",
-            "ondelete",
-        ],
-    };
+    let allowed = kind.class_keys();
     if let Some((_, key, _)) = keys.0.iter().find(|(l, k, _)| {
         !l.starts_with(CO_PREFIX)
             && !allowed.contains(&l.as_str())
@@ -355,77 +328,23 @@ pub fn class(params: &BTreeMap<String, String>, extra: &[&str]) -> Result<Option
     let bad = |key: &str, why: String| format!("parameters: {key}: {why}");
     let (remote, base, makes_base) = match kind {
         Kind::Smb => {
-            let source = keys.get("source").unwrap_or_default();
-            let (smb, dir) = Smb::parse_source(source).map_err(|w| bad("source", w))?;
+            let (smb, dir) = smb::class_share(&keys)?;
             (Remote::Smb(smb), dir, false)
         }
-        Kind::Nfs => {
-            let (Some(server), Some(share)) = (keys.get("server"), keys.get("share")) else {
-                return Err("parameters: an NFS share needs both server and share".into());
-            };
-            let nfs = Nfs::parse(server, share).map_err(|w| bad("server/share", w))?;
-            (Remote::Nfs(nfs), SubPath::default(), false)
-        }
+        Kind::Nfs => (
+            Remote::Nfs(nfs::class_share(&keys)?),
+            SubPath::default(),
+            false,
+        ),
         Kind::Cephfs => {
-            if let Some(m) = keys
-                .get("mounter")
-                .filter(|m| !m.eq_ignore_ascii_case("kernel"))
-            {
-                return Err(format!(
-                    "parameters: mounter {m:?}: mountgroup mounts CephFS with the kernel's client (mounter: kernel)"
-                ));
-            }
-            if keys.get("fusemountoptions").is_some_and(|o| !o.is_empty()) {
-                return Err(
-                    "parameters: fuseMountOptions: mountgroup mounts CephFS with the kernel's client; give kernelMountOptions".into(),
-                );
-            }
-            let ceph = Ceph::parse(
-                keys.get("monitors"),
-                keys.get("clusterid"),
-                keys.get("fsname"),
-            )
-            .map_err(|w| format!("parameters: {w}"))?;
-            let (base, makes_base) = match (keys.get("rootpath"), keys.get("subvolumegroup")) {
-                (Some(root), _) => (
-                    SubPath::parse(root.trim_start_matches('/')).map_err(|w| bad("rootPath", w))?,
-                    false,
-                ),
-                (None, Some(group)) => (
-                    SubPath::parse(&format!("volumes/{group}"))
-                        .map_err(|w| bad("subvolumeGroup", w))?,
-                    true,
-                ),
-                (None, None) => (SubPath::default(), false),
-            };
+            let (ceph, base, makes_base) = cephfs::class_share(&keys)?;
             (Remote::Cephfs(ceph), base, makes_base)
         }
     };
-    let client = match keys.get("kernelmountoptions") {
-        Some(o) => {
-            let (client, view) =
-                split_flags(kind, &[o.to_string()]).map_err(|w| bad("kernelMountOptions", w))?;
-            if let Some(v) = view.first() {
-                return Err(bad(
-                    "kernelMountOptions",
-                    format!("`{v}` is a view's option; give it in the class's mountOptions"),
-                ));
-            }
-            client
-        }
-        None => Vec::new(),
-    };
-    let mount_permissions = keys
-        .get("mountpermissions")
-        .filter(|v| !v.is_empty())
-        .map(|v| {
-            u32::from_str_radix(v.trim_start_matches("0o"), 8)
-                .ok()
-                .filter(|m| *m <= 0o7777)
-                .ok_or_else(|| bad("mountPermissions", format!("{v:?} is not an octal mode")))
-        })
-        .transpose()?
-        .filter(|m| *m != 0);
+    let client = kernel_mount_options(kind, keys.get("kernelmountoptions"))
+        .map_err(|w| bad("kernelMountOptions", w))?;
+    let mount_permissions =
+        octal_mode(keys.get("mountpermissions"), true).map_err(|w| bad("mountPermissions", w))?;
     let sub_dir = keys
         .get("subdir")
         .filter(|s| !s.is_empty())
@@ -448,6 +367,21 @@ pub fn class(params: &BTreeMap<String, String>, extra: &[&str]) -> Result<Option
             .map(str::to_string),
         client,
     }))
+}
+
+/// A class's `kernelMountOptions` (ceph-csi's): options of the share's kernel client
+/// only, none of a view's.
+fn kernel_mount_options(kind: Kind, given: Option<&str>) -> Result<ClientOptions, String> {
+    let Some(o) = given else {
+        return Ok(Vec::new());
+    };
+    let (client, view) = split_flags(kind, &[o.to_string()])?;
+    if let Some(v) = view.first() {
+        return Err(format!(
+            "`{v}` is a view's option; give it in the class's mountOptions"
+        ));
+    }
+    Ok(client)
 }
 
 /// Checks that `template` uses only the templates external-provisioner fills.
@@ -537,8 +471,8 @@ pub fn attributes(ctx: &HashMap<String, String>) -> Result<Option<Attributes>, S
     let smb = keys
         .get("source")
         .is_some_and(|s| s.starts_with("//") || s.starts_with("\\\\"));
-    let nfs = keys.has_any(&NFS_KEYS);
-    let ceph = keys.has_any(&CEPH_KEYS);
+    let nfs = keys.has_any(Kind::Nfs.naming_keys());
+    let ceph = keys.has_any(Kind::Cephfs.naming_keys());
     let bad = |key: &str, why: String| format!("volume_context.{key}: {why}");
     let sub = keys
         .get("subdir")
@@ -556,31 +490,18 @@ pub fn attributes(ctx: &HashMap<String, String>) -> Result<Option<Attributes>, S
     let location = match (smb, nfs, ceph) {
         (false, false, false) => return Ok(None),
         (true, false, false) => {
-            let (s, dir) = Smb::parse_source(keys.get("source").unwrap_or_default())
-                .map_err(|w| bad("source", w))?;
+            let (s, dir) = smb::attributes_share(&keys)?;
             Location {
                 remote: Remote::Smb(s),
                 dir: dir.join(&sub),
             }
         }
-        (false, true, false) => {
-            let (Some(server), Some(share)) = (keys.get("server"), keys.get("share")) else {
-                return Err("volume_context: an NFS share needs both server and share".into());
-            };
-            Location {
-                remote: Remote::Nfs(Nfs::parse(server, share).map_err(|w| bad("share", w))?),
-                dir: sub,
-            }
-        }
+        (false, true, false) => Location {
+            remote: Remote::Nfs(nfs::attributes_share(&keys)?),
+            dir: sub,
+        },
         (false, false, true) => {
-            let c = Ceph::parse(
-                keys.get("monitors"),
-                keys.get("clusterid"),
-                keys.get("fsname"),
-            )
-            .map_err(|w| format!("volume_context: {w}"))?;
-            let root = SubPath::parse(keys.get("rootpath").unwrap_or_default().trim_matches('/'))
-                .map_err(|w| bad("rootPath", w))?;
+            let (c, root) = cephfs::attributes_share(&keys)?;
             Location {
                 remote: Remote::Cephfs(c),
                 dir: root.join(&sub),
@@ -604,17 +525,8 @@ pub fn attributes(ctx: &HashMap<String, String>) -> Result<Option<Attributes>, S
         (Some(g), false) => Traits::Native(g),
         (Some(g), true) => Traits::Owners(g),
     };
-    let mount_permissions = keys
-        .get("mountpermissions")
-        .filter(|v| !v.is_empty())
-        .map(|v| {
-            u32::from_str_radix(v, 8)
-                .ok()
-                .filter(|m| *m <= 0o7777)
-                .ok_or_else(|| bad("mountPermissions", format!("{v:?} is not an octal mode")))
-        })
-        .transpose()?
-        .filter(|m| *m != 0);
+    let mount_permissions =
+        octal_mode(keys.get("mountpermissions"), false).map_err(|w| bad("mountPermissions", w))?;
     Ok(Some(Attributes {
         location,
         traits,

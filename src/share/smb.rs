@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use super::named::{Credentials, MountPlan, Role, SubPath};
+use super::named::{Credentials, Keys, MountPlan, Role, SubPath};
 
 /// An SMB share: its server and the share's name, no directory under it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -283,6 +283,30 @@ pub fn credentials(
         secret: get("password"),
         domain: get("domain"),
     })
+}
+
+/// The keys by which a class or a PV names an SMB share (csi-driver-smb's).
+pub(super) const NAMING_KEYS: &[&str] = &["source"];
+/// The keys an SMB class may give (csi-driver-smb's, lower case).
+pub(super) const CLASS_KEYS: &[&str] = &["source", "subdir", "ondelete"];
+
+/// The share a class's `source` names, and the directory under it that volumes are
+/// made in.
+///
+/// # Errors
+/// A malformed `source`, named.
+pub(super) fn class_share(keys: &Keys<'_>) -> Result<(Smb, SubPath), String> {
+    let source = keys.get("source").unwrap_or_default();
+    Smb::parse_source(source).map_err(|w| format!("parameters: source: {w}"))
+}
+
+/// The share a PV's `source` names, and the directory it shows.
+///
+/// # Errors
+/// A malformed `source`, named.
+pub(super) fn attributes_share(keys: &Keys<'_>) -> Result<(Smb, SubPath), String> {
+    Smb::parse_source(keys.get("source").unwrap_or_default())
+        .map_err(|w| format!("volume_context.source: {w}"))
 }
 
 #[cfg(test)]
