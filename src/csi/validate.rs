@@ -342,68 +342,72 @@ pub fn lifecycle(ctx: &std::collections::HashMap<String, String>) -> Result<Life
         return Ok(Lifecycle::Persistent);
     }
     match get("source").unwrap_or("share") {
-        "share" => {
-            if let Some(k) = ["items", "defaultMode"]
-                .into_iter()
-                .find(|k| ctx.contains_key(*k))
-            {
-                return Err(invalid(format!(
-                    "volume_context.{k} applies to source: secrets only"
-                )));
-            }
-            let size = get("size")
-                .map(|v| {
-                    parse_size(v).map_err(|why| invalid(format!("volume_context.size {v:?} {why}")))
-                })
-                .transpose()?;
-            Ok(Lifecycle::Ephemeral(Inline::Share { size }))
-        }
-        "secrets" => {
-            if ctx.contains_key("size") {
-                return Err(invalid(
-                    "volume_context.size does not apply to source: secrets".into(),
-                ));
-            }
-            let items = get("items")
-                .map(|v| {
-                    v.split(',')
-                        .filter(|i| !i.trim().is_empty())
-                        .map(|item| {
-                            let (key, path) = item
-                                .trim()
-                                .split_once('=')
-                                .unwrap_or((item.trim(), item.trim()));
-                            crate::volume::secrets::check_path(path)
-                                .map(|p| (key.to_string(), p))
-                                .map_err(|why| {
-                                    invalid(format!("volume_context.items: path of {key:?} {why}"))
-                                })
-                        })
-                        .collect::<Result<Vec<_>, _>>()
-                })
-                .transpose()?;
-            let default_mode = get("defaultMode")
-                .map(|v| {
-                    let digits = v.strip_prefix("0o").unwrap_or(v);
-                    u32::from_str_radix(digits, 8)
-                        .ok()
-                        .filter(|m| *m <= 0o777)
-                        .ok_or_else(|| {
-                            invalid(format!(
-                                "volume_context.defaultMode {v:?} is not an octal mode up to 0777"
-                            ))
-                        })
-                })
-                .transpose()?;
-            Ok(Lifecycle::Ephemeral(Inline::Secrets(SecretSpec {
-                items,
-                default_mode,
-            })))
-        }
+        "share" => share_inline(ctx).map(|size| Lifecycle::Ephemeral(Inline::Share { size })),
+        "secrets" => secrets_inline(ctx).map(|spec| Lifecycle::Ephemeral(Inline::Secrets(spec))),
         other => Err(invalid(format!(
             "volume_context.source {other:?} is not share or secrets"
         ))),
     }
+}
+
+/// An inline volume on the share root (`source: share`): its `size`, if any.
+fn share_inline(ctx: &std::collections::HashMap<String, String>) -> Result<Option<u64>, Status> {
+    if let Some(k) = ["items", "defaultMode"]
+        .into_iter()
+        .find(|k| ctx.contains_key(*k))
+    {
+        return Err(invalid(format!(
+            "volume_context.{k} applies to source: secrets only"
+        )));
+    }
+    ctx.get("size")
+        .map(|v| parse_size(v).map_err(|why| invalid(format!("volume_context.size {v:?} {why}"))))
+        .transpose()
+}
+
+/// A secret view (`source: secrets`): the `items` it shows and their `defaultMode`.
+fn secrets_inline(ctx: &std::collections::HashMap<String, String>) -> Result<SecretSpec, Status> {
+    let get = |k: &str| ctx.get(k).map(String::as_str);
+    if ctx.contains_key("size") {
+        return Err(invalid(
+            "volume_context.size does not apply to source: secrets".into(),
+        ));
+    }
+    let items = get("items")
+        .map(|v| {
+            v.split(',')
+                .filter(|i| !i.trim().is_empty())
+                .map(|item| {
+                    let (key, path) = item
+                        .trim()
+                        .split_once('=')
+                        .unwrap_or((item.trim(), item.trim()));
+                    crate::volume::secrets::check_path(path)
+                        .map(|p| (key.to_string(), p))
+                        .map_err(|why| {
+                            invalid(format!("volume_context.items: path of {key:?} {why}"))
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?;
+    let default_mode = get("defaultMode")
+        .map(|v| {
+            let digits = v.strip_prefix("0o").unwrap_or(v);
+            u32::from_str_radix(digits, 8)
+                .ok()
+                .filter(|m| *m <= 0o777)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "volume_context.defaultMode {v:?} is not an octal mode up to 0777"
+                    ))
+                })
+        })
+        .transpose()?;
+    Ok(SecretSpec {
+        items,
+        default_mode,
+    })
 }
 
 #[cfg(test)]
