@@ -33,6 +33,12 @@ use crate::sys::signal::TerminationSignals;
 use crate::transport::handover::{self, INSTANCE_ENV};
 use crate::wire::{NamedSocket, read_frame, write_frame};
 
+mod client;
+mod watch;
+
+pub use client::{KeeperClient, ask, probe};
+use watch::Watch;
+
 /// Where the keeper listens unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/mountgroup/keeper.sock";
 
@@ -556,110 +562,6 @@ impl Keeper {
         write_frame(stream, &response)
     }
 
-    /// Every few seconds: checks that each view it holds answers (see [`Self::check`]),
-    /// and removes the cgroups of views that are gone (a view taken over from another
-    /// keeper ends as that keeper's child, or as nobody's).
-    fn watch(&'static self) {
-        let every = self.cfg.hang_timeout.map_or(Duration::from_secs(10), |t| {
-            (t / 4).clamp(Duration::from_millis(100), Duration::from_secs(10))
-        });
-        loop {
-            std::thread::sleep(every);
-            if let Some(timeout) = self.cfg.hang_timeout {
-                self.check(timeout);
-            }
-            if let Some(parent) = &self.cgroups {
-                let ours: Vec<Cgroup> = lock(&self.children)
-                    .values()
-                    .filter(|c| c.exit.is_none())
-                    .filter_map(|c| c.cgroup.clone())
-                    .collect();
-                // Not one made in the last minute: another keeper (a rolling update's
-                // other pod) may have made it and be about to start its view in it.
-                for cg in parent.children() {
-                    let young = cg.age().is_none_or(|a| a < SWEEP_AFTER);
-                    if !ours.contains(&cg) && !young && !cg.populated() {
-                        let _ = cg.remove();
-                    }
-                }
-            }
-        }
-    }
-
-    /// Looks a reserved name up in every view whose connection it holds, each in a
-    /// thread of its own. The lookup waits on the share too where the view's root's
-    /// attributes have expired: the kernel's permission check asks the view for them
-    /// first (fs/fuse/dir.c `fuse_permission`, `fuse_perm_getattr`), and the view
-    /// reads them from the share, whatever workers it has free. A view whose lookup
-    /// is still unanswered after `timeout` is asked what its threads wait on
-    /// ([`crate::sys::process::waiting`], [`judge`]). One that
-    /// waits on a file system (its share stalls, or its server is away: an NFS `hard`
-    /// mount waits for minutes, and so do its callers on the raw mount) is left
-    /// serving, said once, and asked again each round: a kill would be recovered only
-    /// once the share answers, and the successor would wait on it the same. One that
-    /// waits on nothing of the kind (deadlocked, stopped with SIGSTOP) is SIGKILLed:
-    /// its death is then recovered like any other, the kernel resends what it had
-    /// read, and the lookup left waiting is answered by its successor. A view that
-    /// cannot be recovered (nothing held for it) is only reported: killing it would
-    /// end its mount.
-    fn check(&'static self, timeout: Duration) {
-        let serving: Vec<(PathBuf, u32)> = {
-            let holds = lock(&self.holds);
-            let children = lock(&self.children);
-            children
-                .iter()
-                .filter(|(_, c)| c.exit.is_none())
-                .filter_map(|(pid, c)| {
-                    let m = c.mountpoint()?;
-                    let h = holds.get(m)?;
-                    (h.instance == c.instance).then(|| (m.to_path_buf(), *pid))
-                })
-                .collect()
-        };
-        let mut checks = lock(&self.checks);
-        for (mountpoint, pid) in serving {
-            match checks.get_mut(&mountpoint) {
-                Some(watch) => {
-                    let waited = match watch.quiet {
-                        Quiet::Since(t) if watch.pid == pid => t.elapsed(),
-                        _ => Duration::ZERO,
-                    };
-                    let waiting = || crate::sys::process::waiting(pid);
-                    match judge(watch, pid, Instant::now(), timeout, waiting) {
-                        Judgement::Patience => {}
-                        Judgement::WaitsOnShare => {
-                            if lock(&self.waiting).insert(mountpoint.clone()) {
-                                tracing::warn!(mountpoint = %mountpoint.display(), pid, ?waited, "the view answers nothing while it waits on its share: leaving it serving (the share's own mount waits the same)");
-                            }
-                        }
-                        Judgement::Hung(what) => {
-                            lock(&self.waiting).remove(&mountpoint);
-                            tracing::error!(mountpoint = %mountpoint.display(), pid, ?waited, "the view answers nothing and {what}: killing it to recover it");
-                            let _ = crate::sys::process::kill(pid);
-                        }
-                    }
-                }
-                None => {
-                    let quiet = Quiet::Since(Instant::now());
-                    checks.insert(mountpoint.clone(), Watch { pid, quiet });
-                    let spawned = std::thread::Builder::new()
-                        .name("keeper-check".into())
-                        .spawn(move || {
-                            // ENOENT is the answer; any answer will do.
-                            let _ = std::fs::symlink_metadata(mountpoint.join(ALIVE_NAME));
-                            lock(&self.checks).remove(&mountpoint);
-                            if lock(&self.waiting).remove(&mountpoint) {
-                                tracing::info!(mountpoint = %mountpoint.display(), "the view answers again: its share answered");
-                            }
-                        });
-                    if let Err(e) = spawned {
-                        tracing::warn!(error = %e, "cannot start a liveness check");
-                    }
-                }
-            }
-        }
-    }
-
     fn running(&self) -> usize {
         lock(&self.children)
             .values()
@@ -686,89 +588,6 @@ impl Keeper {
     }
 }
 
-/// What a keeper makes of a view whose liveness check is still unanswered.
-#[derive(Debug, PartialEq, Eq)]
-enum Judgement {
-    /// Not quiet for the hang timeout yet: asked nothing.
-    Patience,
-    /// Its threads wait on a file system: left serving.
-    WaitsOnShare,
-    /// Quiet for the hang timeout while waiting on nothing but itself: killed.
-    Hung(&'static str),
-}
-
-/// A liveness check under way: the process it judges, and where that process stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Watch {
-    pid: u32,
-    quiet: Quiet,
-}
-
-/// Where a view whose liveness check is unanswered stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Quiet {
-    /// Quiet since then, not seen waiting on its share since: the check's start, or the
-    /// first round that found it no longer waiting there.
-    Since(Instant),
-    /// Found waiting on its share at the last round.
-    OnShare,
-}
-
-/// Judges the view process `pid`, whose liveness check is unanswered, asking `waiting`
-/// what its threads wait on once it has been quiet for `timeout`, and at every round
-/// while it waits on its share. Time spent waiting on its share does not count: from
-/// the first round that finds it no longer waiting there, it has a whole `timeout` to
-/// answer the check (it may be working off what its callers queued meanwhile) before
-/// it is taken for hung. A hung view is not judged again for an hour: its successor
-/// answers first. A check that outlived the process it was judging (killed, or dead,
-/// and recovered by `pid`: the check's request waits for the successor) judges the
-/// successor from this round on, never by its predecessor's silence.
-fn judge(
-    watch: &mut Watch,
-    pid: u32,
-    now: Instant,
-    timeout: Duration,
-    waiting: impl FnOnce() -> crate::sys::process::Waiting,
-) -> Judgement {
-    use crate::sys::process::Waiting;
-    if watch.pid != pid {
-        *watch = Watch {
-            pid,
-            quiet: Quiet::Since(now),
-        };
-        return Judgement::Patience;
-    }
-    let quiet = &mut watch.quiet;
-    if let Quiet::Since(t) = *quiet {
-        if now.saturating_duration_since(t) <= timeout {
-            return Judgement::Patience;
-        }
-    }
-    match (waiting(), *quiet) {
-        (Waiting::OnFileSystem, _) => {
-            *quiet = Quiet::OnShare;
-            Judgement::WaitsOnShare
-        }
-        (_, Quiet::OnShare) => {
-            *quiet = Quiet::Since(now);
-            Judgement::Patience
-        }
-        (other, Quiet::Since(_)) => {
-            *quiet = Quiet::Since(now + Duration::from_secs(3600));
-            Judgement::Hung(match other {
-                Waiting::Stopped => "it is stopped",
-                _ => "it waits on no file system",
-            })
-        }
-    }
-}
-
-/// A view's line to the keeper that started it (`MOUNTGROUP_KEEPER_SOCKET`).
-pub struct KeeperClient {
-    pub socket: PathBuf,
-    pub recover: bool,
-}
-
 impl KeeperClient {
     /// The keeper that started this process, if one did.
     pub fn from_env() -> Option<KeeperClient> {
@@ -777,103 +596,6 @@ impl KeeperClient {
             socket: socket.into(),
             recover: std::env::var_os(RECOVER_ENV).is_some(),
         })
-    }
-}
-
-impl handover::Holder for KeeperClient {
-    fn recovering(&self) -> bool {
-        self.recover
-    }
-
-    fn hold(
-        &self,
-        mountpoint: &Path,
-        dev: BorrowedFd<'_>,
-        journal: BorrowedFd<'_>,
-    ) -> io::Result<()> {
-        let stream = UnixStream::connect(&self.socket)?;
-        let request = Request::Hold {
-            mountpoint: mountpoint.to_path_buf(),
-            instance: std::env::var(INSTANCE_ENV).unwrap_or_default(),
-        };
-        write_frame(&stream, &request)?;
-        fdpass::send_fds(stream.as_fd(), b'F', &[dev, journal])?;
-        match read_frame(&stream)? {
-            Response::Held => Ok(()),
-            other => Err(io::Error::other(format!("the keeper answered {other:?}"))),
-        }
-    }
-
-    fn recover(&self, mountpoint: &Path) -> io::Result<(OwnedFd, OwnedFd)> {
-        let stream = UnixStream::connect(&self.socket)?;
-        write_frame(
-            &stream,
-            &Request::Recover {
-                mountpoint: mountpoint.to_path_buf(),
-            },
-        )?;
-        match read_frame(&stream)? {
-            Response::Recover => {}
-            Response::Refused(why) => return Err(io::Error::new(io::ErrorKind::NotFound, why)),
-            other => return Err(io::Error::other(format!("the keeper answered {other:?}"))),
-        }
-        let (_, mut fds) = fdpass::recv_fds(stream.as_fd())?;
-        match (fds.len(), fds.pop(), fds.pop()) {
-            (2, Some(journal), Some(dev)) => Ok((dev, journal)),
-            _ => Err(io::Error::other("the keeper sent no connection")),
-        }
-    }
-}
-
-/// Sends one request to the keeper at `socket` and returns its answer.
-///
-/// # Errors
-/// The error of connecting or of the exchange.
-pub fn ask(socket: &Path, request: &Request) -> io::Result<Response> {
-    let stream = UnixStream::connect(socket)?;
-    write_frame(&stream, request)?;
-    read_frame(&stream)
-}
-
-/// Whether the keeper listening at `socket` runs in this container (not another pod's)
-/// and is ready: a readiness probe, so that a rolling update deletes the old pod only
-/// after the new keeper took its views over. Another container's keeper is one outside
-/// this PID namespace (the kernel gives its pid as 0) or, where pods share the host's
-/// (`hostPID`), one in another cgroup or mount namespace: kubelet's exec probe runs
-/// through the CRI's `ExecSync`, which the runtime carries out like `runc exec`: in the
-/// container's namespaces and cgroup (runc libcontainer/process_linux.go,
-/// `setnsProcess`).
-///
-/// # Errors
-/// Why it is not ready.
-pub fn probe(socket: &Path) -> Result<(), String> {
-    let stream = UnixStream::connect(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
-    // The kernel gives the peer's pid as this namespace sees it: 0 when it is outside.
-    let peer = fdpass::peer(stream.as_fd()).map_err(|e| e.to_string())?;
-    if peer.pid == 0 {
-        return Err("the keeper at the socket is another container's".into());
-    }
-    let (ours, theirs) = (
-        crate::sys::cgroup::cgroup_of(std::process::id()),
-        crate::sys::cgroup::cgroup_of(peer.pid as u32),
-    );
-    use crate::sys::process::mount_namespace;
-    if mount_namespace("self") != mount_namespace(&peer.pid.to_string()) {
-        return Err(
-            "the keeper at the socket is another container's (another mount namespace)".into(),
-        );
-    }
-    if ours != theirs {
-        return Err(format!(
-            "the keeper at the socket is another container's (its cgroup is {}, this one's {})",
-            theirs.as_deref().unwrap_or("unknown"),
-            ours.as_deref().unwrap_or("unknown")
-        ));
-    }
-    write_frame(&stream, &Request::Ready).map_err(|e| e.to_string())?;
-    match read_frame(&stream).map_err(|e| e.to_string())? {
-        Response::Ready => Ok(()),
-        other => Err(format!("{other:?}")),
     }
 }
 
@@ -1065,6 +787,7 @@ fn random_instance() -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::watch::*;
     use super::*;
     use crate::sys::process::Waiting;
 
