@@ -280,26 +280,7 @@ impl Keeper {
         );
         // A view points its standard error at its --log-file itself.
         let mut cmd = Command::new(&self.cfg.binary);
-        let cgroup = match &self.cgroups {
-            Some(parent) => {
-                let cg = parent.child(&format!("view-{id}")).map_err(|e| {
-                    io::Error::other(format!(
-                        "cannot make the view's cgroup under {}: {e}",
-                        parent.path().display()
-                    ))
-                })?;
-                if let Some(max) = self.cfg.view_memory_max {
-                    if let Err(e) = cg.set_memory_max(max) {
-                        tracing::warn!(cgroup = %cg.path().display(), error = %e, "cannot bound the view's memory");
-                    }
-                }
-                cg.spawn_into(&mut cmd).map_err(|e| {
-                    io::Error::other(format!("cgroup {}: {e}", cg.path().display()))
-                })?;
-                Some(cg)
-            }
-            None => None,
-        };
+        let cgroup = self.view_cgroup(&id, &mut cmd)?;
         cmd.args(args)
             .env(INSTANCE_ENV, &id)
             .env(SOCKET_ENV, &self.cfg.socket)
@@ -317,7 +298,7 @@ impl Keeper {
             .stderr(Stdio::null())
             .process_group(0)
             .spawn();
-        let mut child = match child {
+        let child = match child {
             Ok(c) => c,
             Err(e) => {
                 if let Some(cg) = &cgroup {
@@ -338,23 +319,49 @@ impl Keeper {
         );
         std::thread::Builder::new()
             .name(format!("keeper-reaper-{pid}"))
-            .spawn(move || {
-                let status = child.wait().ok();
-                let code = status.and_then(|s| s.code());
-                let (instance, args) = {
-                    let mut children = lock(&self.children);
-                    let Some(c) = children.get_mut(&pid) else {
-                        return;
-                    };
-                    c.exit = Some(code);
-                    if let Some(cg) = &c.cgroup {
-                        let _ = cg.remove();
-                    }
-                    (c.instance.clone(), c.args.clone())
-                };
-                self.ended(pid, &instance, &args, code);
-            })?;
+            .spawn(move || self.reap(pid, child))?;
         Ok((pid, id))
+    }
+
+    /// The cgroup of a new view `id` (under the keeper's, where it has one), which
+    /// `cmd` joins between fork and exec, its memory bounded as configured.
+    fn view_cgroup(&self, id: &str, cmd: &mut Command) -> io::Result<Option<Cgroup>> {
+        let Some(parent) = &self.cgroups else {
+            return Ok(None);
+        };
+        let cg = parent.child(&format!("view-{id}")).map_err(|e| {
+            io::Error::other(format!(
+                "cannot make the view's cgroup under {}: {e}",
+                parent.path().display()
+            ))
+        })?;
+        if let Some(max) = self.cfg.view_memory_max
+            && let Err(e) = cg.set_memory_max(max)
+        {
+            tracing::warn!(cgroup = %cg.path().display(), error = %e, "cannot bound the view's memory");
+        }
+        cg.spawn_into(cmd)
+            .map_err(|e| io::Error::other(format!("cgroup {}: {e}", cg.path().display())))?;
+        Ok(Some(cg))
+    }
+
+    /// Waits for the view `pid` to end, on a thread of its own, and says so
+    /// ([`Keeper::ended`]), its cgroup removed.
+    fn reap(&'static self, pid: u32, mut child: std::process::Child) {
+        let status = child.wait().ok();
+        let code = status.and_then(|s| s.code());
+        let (instance, args) = {
+            let mut children = lock(&self.children);
+            let Some(c) = children.get_mut(&pid) else {
+                return;
+            };
+            c.exit = Some(code);
+            if let Some(cg) = &c.cgroup {
+                let _ = cg.remove();
+            }
+            (c.instance.clone(), c.args.clone())
+        };
+        self.ended(pid, &instance, &args, code);
     }
 
     /// A view ended, with exit `code` (`None`: killed by a signal). A clean end
