@@ -179,26 +179,7 @@ impl Controller {
             remote: class.remote.clone(),
             dir: class.base.clone(),
         };
-        // The class's directory is mounted, and the volume made in it. A CephFS
-        // subvolume group is the driver's to make, as ceph-csi makes it before a
-        // class's first volume (internal/cephfs/core/volume.go, subVolumeClient's
-        // `CreateVolume`): where it is not there yet, the file system's root is
-        // mounted and the group made below it.
-        let started = std::time::Instant::now();
-        let (attached, below) = match self.mount(&base, &client, &creds, req.deadline) {
-            Err(VolumeError::NotFound(why)) if class.makes_base => {
-                let root = Location {
-                    remote: class.remote.clone(),
-                    dir: SubPath::default(),
-                };
-                tracing::info!(share = %base.describe(), %why, "the class's subvolume group is not there: made, as ceph-csi makes it");
-                // Within what is left of the call's deadline, not a second one.
-                let left = req.deadline.map(|d| d.saturating_sub(started.elapsed()));
-                let attached = self.mount(&root, &client, &creds, left)?;
-                (attached, class.base.clone())
-            }
-            other => (other?, SubPath::default()),
-        };
+        let (attached, below) = self.mount_class(class, &base, (&client, &creds), req.deadline)?;
         let native = req.parameters.get(VIEW_PARAMETER).map(String::as_str) != Some("fuse");
         let made = made::make(
             &attached.path,
@@ -239,6 +220,35 @@ impl Controller {
             capacity_bytes: capacity,
             context: volume.context(not_native),
         })
+    }
+
+    /// Mounts the class's directory `base` for a CreateVolume; and where below it the
+    /// volume is made. A CephFS subvolume group is the driver's to make, as ceph-csi
+    /// makes it before a class's first volume (internal/cephfs/core/volume.go,
+    /// subVolumeClient's `CreateVolume`): where it is not there yet, the file system's
+    /// root is mounted and the group made below it.
+    fn mount_class(
+        &self,
+        class: &Class,
+        base: &Location,
+        (client, creds): (&ClientOptions, &Credentials),
+        deadline: Option<Duration>,
+    ) -> Result<(Attached, SubPath), VolumeError> {
+        let started = std::time::Instant::now();
+        match self.mount(base, client, creds, deadline) {
+            Err(VolumeError::NotFound(why)) if class.makes_base => {
+                let root = Location {
+                    remote: class.remote.clone(),
+                    dir: SubPath::default(),
+                };
+                tracing::info!(share = %base.describe(), %why, "the class's subvolume group is not there: made, as ceph-csi makes it");
+                // Within what is left of the call's deadline, not a second one.
+                let left = deadline.map(|d| d.saturating_sub(started.elapsed()));
+                let attached = self.mount(&root, client, creds, left)?;
+                Ok((attached, class.base.clone()))
+            }
+            other => Ok((other?, SubPath::default())),
+        }
     }
 
     /// Mounts `loc` for this call in the driver's work directory.
