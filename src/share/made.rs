@@ -143,36 +143,10 @@ pub fn make(
     if created && let Some(pool) = want.pool {
         set_pool(&path, pool)?;
     }
-    let mut not_native = None;
-    let traits = if !want.native {
-        Traits::Plain
-    } else if kind == Kind::Cephfs {
-        match idmappable(&path) {
-            Ok(()) => {
-                file::chown(fd.as_fd(), Some(0), Some(want.group))
-                    .and_then(|()| file::chmod(fd.as_fd(), NATIVE_ROOT_MODE))
-                    .map_err(failed("giving its group to", full.as_str()))?;
-                Traits::Native(want.group)
-            }
-            Err(why) => {
-                tracing::warn!(dir = %full.as_str(), %why, "the volume is a FUSE volume, not a native one, for good");
-                not_native = Some(why);
-                Traits::Plain
-            }
-        }
+    let (traits, not_native) = if want.native {
+        native_traits(kind, fd.as_fd(), &path, full.as_str(), want.group)?
     } else {
-        match keeps_owners(&path).and_then(|()| owners_root(&path, want.group)) {
-            Ok(()) => Traits::Owners(want.group),
-            Err(why) => {
-                let why = format!(
-                    "the share cannot be idmapped (a {} share), and {why}",
-                    kind.name()
-                );
-                tracing::info!(dir = %full.as_str(), %why, "the volume is a FUSE volume");
-                not_native = Some(why);
-                Traits::Plain
-            }
-        }
+        (Traits::Plain, None)
     };
     if traits == Traits::Plain
         && let Some(mode) = want.mount_permissions
@@ -184,6 +158,44 @@ pub fn make(
         not_native,
         capacity: capacity(kind, &path, want.capacity_bytes),
     })
+}
+
+/// What a new volume's directory `fd` (at `path`, `full` on its share) can be where
+/// it is wanted native, given its `group`: native on CephFS where the share can be
+/// idmapped, a volume that keeps its owners elsewhere where the share keeps them, or
+/// a FUSE volume, and why not.
+fn native_traits(
+    kind: Kind,
+    fd: std::os::fd::BorrowedFd<'_>,
+    path: &Path,
+    full: &str,
+    group: u32,
+) -> Result<(Traits, Option<String>), ShareError> {
+    if kind == Kind::Cephfs {
+        return match idmappable(path) {
+            Ok(()) => {
+                file::chown(fd, Some(0), Some(group))
+                    .and_then(|()| file::chmod(fd, NATIVE_ROOT_MODE))
+                    .map_err(failed("giving its group to", full))?;
+                Ok((Traits::Native(group), None))
+            }
+            Err(why) => {
+                tracing::warn!(dir = %full, %why, "the volume is a FUSE volume, not a native one, for good");
+                Ok((Traits::Plain, Some(why)))
+            }
+        };
+    }
+    match keeps_owners(path).and_then(|()| owners_root(path, group)) {
+        Ok(()) => Ok((Traits::Owners(group), None)),
+        Err(why) => {
+            let why = format!(
+                "the share cannot be idmapped (a {} share), and {why}",
+                kind.name()
+            );
+            tracing::info!(dir = %full, %why, "the volume is a FUSE volume");
+            Ok((Traits::Plain, Some(why)))
+        }
+    }
 }
 
 /// Renames `name` to `to` in `dir`, never onto an entry there: `RENAME_NOREPLACE`,
