@@ -8,6 +8,7 @@ use crate::sys::Errno;
 use crate::sys::file::{self, Access, FsStat, Kind, SetTime};
 
 use super::super::error::{FsError, FsResult};
+use super::super::inode::Inode;
 use super::super::view::{self, OwnerChange, Policy};
 use super::ViewFs;
 use super::{Attr, Handle, SetAttr};
@@ -35,31 +36,7 @@ impl ViewFs {
         self.writable()?;
         let inode = self.inodes.get(ino)?;
         if let Some(size) = set.size {
-            if inode.kind != Kind::Regular {
-                return Err(FsError::Os(if inode.kind == Kind::Directory {
-                    Errno::EISDIR
-                } else {
-                    Errno::EINVAL
-                }));
-            }
-            if view::write_refused(
-                &self.cfg.policy,
-                inode.kind,
-                self.record_for(&inode)?.as_ref(),
-            ) {
-                return Err(FsError::ReadOnlyFile);
-            }
-            let via_handle = fh.and_then(|fh| match self.handles.get(&fh).as_deref() {
-                Some(Handle::File(f)) if f.data.writable => Some(Arc::clone(&f.data)),
-                _ => None,
-            });
-            match via_handle {
-                Some(data) => file::truncate(data.fd.as_fd(), size)?,
-                None => {
-                    let fd = file::reopen(inode.fd()?.as_fd(), inode.kind, Access::ReadWrite)?;
-                    file::truncate(fd.as_fd(), size)?;
-                }
-            }
+            self.truncate(&inode, fh, size)?;
         }
         if set.atime.is_some() || set.mtime.is_some() {
             file::set_times(
@@ -112,6 +89,38 @@ impl ViewFs {
             }
         }
         self.getattr(ino)
+    }
+
+    /// A setattr's truncate of a regular file to `size`: through the handle `fh`
+    /// where it writes, else through a descriptor opened for it; refused where the
+    /// view shows the file read-only.
+    fn truncate(&self, inode: &Arc<Inode>, fh: Option<u64>, size: u64) -> FsResult<()> {
+        if inode.kind != Kind::Regular {
+            return Err(FsError::Os(if inode.kind == Kind::Directory {
+                Errno::EISDIR
+            } else {
+                Errno::EINVAL
+            }));
+        }
+        if view::write_refused(
+            &self.cfg.policy,
+            inode.kind,
+            self.record_for(inode)?.as_ref(),
+        ) {
+            return Err(FsError::ReadOnlyFile);
+        }
+        let via_handle = fh.and_then(|fh| match self.handles.get(&fh).as_deref() {
+            Some(Handle::File(f)) if f.data.writable => Some(Arc::clone(&f.data)),
+            _ => None,
+        });
+        match via_handle {
+            Some(data) => file::truncate(data.fd.as_fd(), size)?,
+            None => {
+                let fd = file::reopen(inode.fd()?.as_fd(), inode.kind, Access::ReadWrite)?;
+                file::truncate(fd.as_fd(), size)?;
+            }
+        }
+        Ok(())
     }
 
     /// The target of a symlink.
