@@ -188,8 +188,9 @@ fn what_the_map_says_a_file_holds_is_in_it() {
 }
 
 /// Every `path.rs` a doc names is a file of the repository (a path's tail is enough:
-/// `ops/namespace.rs`), and the backticked names a doc gives after one in parentheses
-/// (`` `volume/serve.rs` (`decide`, `Mechanism`) ``) are in it.
+/// `ops/namespace.rs`), and the backticked names a doc gives after one, in parentheses
+/// (`` `volume/serve.rs` (`decide`, `Mechanism`) ``) or alone (`` `run.rs` `serve` ``),
+/// are in it.
 #[test]
 fn the_files_a_doc_names_exist_with_what_it_says_they_hold() {
     let files = tracked(&["src", "tests", "bench", "vendor", "scripts", "build.rs"]);
@@ -220,13 +221,18 @@ fn the_files_a_doc_names_exist_with_what_it_says_they_hold() {
                 wrong.push(format!("{doc}: {path} is no file"));
                 continue;
             }
-            // `path.rs` (`a`, `b`): what it holds.
+            // `path.rs` (`a`, `b`), or `path.rs` `a`: what it holds.
             let rest = text[end..].trim_start_matches('`');
-            if let Some(inside) = rest
+            let held_names = rest
                 .strip_prefix(" (")
                 .and_then(|r| r.split_once(')'))
                 .map(|(inside, _)| inside)
-            {
+                .or_else(|| {
+                    rest.strip_prefix(" `")
+                        .and_then(|r| r.split_once('`'))
+                        .map(|(name, _)| &rest[1..name.len() + 3])
+                });
+            if let Some(inside) = held_names {
                 let held: String = matching
                     .iter()
                     .map(|f| fs::read_to_string(repo().join(f)).unwrap_or_default())

@@ -227,8 +227,8 @@ async fn default_publish_on_a_share(
         assert!(on_disk.contains("user.mountgroup.owner"), "{on_disk}");
     }
     // Kernel passthrough on every share (`passthrough=auto`), but on SMB for the
-    // files the view creates while their creators hold them (src/transport/mod.rs
-    // says why).
+    // files the view creates while their creators hold them (`creates_served` in
+    // src/transport/fuse/mod.rs says why).
     let fstype = sh(&format!("stat -f -c %T {}", p.staging.display()));
     let smb = fstype.contains("smb") || fstype.contains("cifs");
     assert!(logs().contains("passthrough=true"), "{}", logs());
