@@ -19,7 +19,10 @@ use std::os::fd::AsFd;
 use std::path::Path;
 
 use super::ShareError;
-use super::named::{Credentials, Keys, MountPlan, Role, SubPath};
+use super::named::{
+    ClientOptions, Credentials, Keys, KindInfo, MountPlan, NamedShare, Role, Settings, SubPath,
+    resolve,
+};
 use crate::sys::{Errno, file, xattr};
 
 use crate::sys::cephfs::{CEPH_DIR_RBYTES as RBYTES, CEPH_QUOTA_MAX_BYTES as MAX_BYTES};
@@ -481,6 +484,90 @@ pub(super) fn attributes_share(keys: &Keys<'_>) -> Result<(Ceph, SubPath), Strin
     let root = SubPath::parse(keys.get("rootpath").unwrap_or_default().trim_matches('/'))
         .map_err(|w| format!("volume_context.rootPath: {w}"))?;
     Ok((c, root))
+}
+
+impl NamedShare for Ceph {
+    const INFO: KindInfo = KindInfo {
+        name: "cephfs",
+        mount_types: &["ceph"],
+        naming_keys: NAMING_KEYS,
+        class_keys: CLASS_KEYS,
+    };
+
+    fn client_option(key: &str) -> Result<bool, String> {
+        client_option(key)
+    }
+
+    fn credentials(
+        secrets: &std::collections::HashMap<String, String>,
+        _: &ClientOptions,
+        role: Role,
+    ) -> Result<Credentials, String> {
+        credentials(secrets, role)
+    }
+
+    fn class_share(keys: &Keys<'_>) -> Result<(Ceph, SubPath, bool), String> {
+        class_share(keys)
+    }
+
+    fn attributes_share(keys: &Keys<'_>) -> Result<(Ceph, SubPath), String> {
+        attributes_share(keys)
+    }
+
+    fn from_id_field(s: &str) -> Result<Ceph, String> {
+        Ceph::from_id_field(s)
+    }
+
+    fn id_field(&self) -> String {
+        Ceph::id_field(self)
+    }
+
+    fn describe(&self, dir: &SubPath) -> String {
+        Ceph::describe(self, dir)
+    }
+
+    fn context(&self, base: &SubPath, dir: &SubPath) -> Vec<(&'static str, String)> {
+        let mut ctx = vec![match &self.monitors {
+            Monitors::Listed(m) => ("monitors", m.join(",")),
+            Monitors::Cluster(id) => ("clusterID", id.clone()),
+        }];
+        if let Some(f) = &self.fs_name {
+            ctx.push(("fsName", f.clone()));
+        }
+        ctx.push(("rootPath", format!("/{}", base.join(dir).as_str())));
+        ctx
+    }
+
+    /// Every monitor, its name resolved (ceph-csi's `clusterID` through its config).
+    fn plans(
+        &self,
+        dir: &SubPath,
+        client: &ClientOptions,
+        creds: &Credentials,
+        settings: &Settings,
+    ) -> Result<(Vec<MountPlan>, String), ShareError> {
+        let mons = self
+            .monitor_list(&settings.ceph_config)
+            .map_err(ShareError::Rejected)?;
+        let mut addrs = Vec::new();
+        for m in &mons {
+            let (host, port) = split_port(m).map_err(|w| {
+                ShareError::Rejected(format!("{}: monitor {m:?} {w}", self.describe(dir)))
+            })?;
+            let ip = resolve(host, port.unwrap_or(6789))
+                .map_err(|why| ShareError::Unreachable(format!("{}: {why}", self.describe(dir))))?;
+            let ip = match ip {
+                IpAddr::V6(v6) => format!("[{v6}]"),
+                IpAddr::V4(v4) => v4.to_string(),
+            };
+            addrs.push(match port {
+                Some(p) => format!("{ip}:{p}"),
+                None => ip,
+            });
+        }
+        let shown = addrs.join(",");
+        Ok((vec![self.plan(&addrs, dir, client, creds)], shown))
+    }
 }
 
 #[cfg(test)]

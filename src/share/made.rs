@@ -229,13 +229,13 @@ fn set_pool(path: &Path, pool: &str) -> Result<(), ShareError> {
 /// The capacity of a volume at `path` enforced where the share can (a CephFS quota),
 /// or why not.
 fn capacity(kind: Kind, path: &Path, bytes: u64) -> Result<(), String> {
-    match kind {
-        Kind::Cephfs => cephfs::limit(path, bytes).map_err(|e| e.to_string()),
-        Kind::Smb | Kind::Nfs => Err(format!(
-            "a {} share has no quota mountgroup can set: capacity is advisory",
-            kind.name()
-        )),
+    if kind == Kind::Cephfs {
+        return cephfs::limit(path, bytes).map_err(|e| e.to_string());
     }
+    Err(format!(
+        "a {} share has no quota mountgroup can set: capacity is advisory",
+        kind.name()
+    ))
 }
 
 /// Whether the directory `fd` is empty.

@@ -1,13 +1,17 @@
-//! The backing share: our stand-in for an Azure Files storage account.
-//!
-//! Each volume is a directory `volumes/<id>/` plus a metadata record `meta/<id>.json`
-//! (name, capacity, parameters, creation time), written atomically: temp file, fsync,
-//! rename, fsync of the directory. The share never chowns anything; mountgroup's views
-//! supply the group semantics. [`Share`] is the seam where a remote share can be added.
+//! The shares volumes live on, one file per kind: the share root (`local.rs`, our
+//! stand-in for an Azure Files account: `volumes/<id>/` and `meta/<id>.json` under a
+//! marker, behind the [`Share`] trait), and the shares a class or a PV names, which the
+//! driver mounts (`remote.rs` lists them; `smb.rs`, `nfs.rs` and `cephfs.rs` each say
+//! what their kind is through `named::NamedShare`; `made.rs` makes a dynamic volume's
+//! directory on one). This file holds what every kind uses: volume ids and records,
+//! and the probes of what a share keeps (owners, extended attributes, set-id bits) and
+//! whether it can be idmapped. The share never chowns anything; mountgroup's views
+//! supply the group semantics.
 //!
 //! Capacity is enforced where the share's file system can: on btrfs each volume is a
-//! subvolume with a quota-group limit (`btrfs.rs`). Elsewhere it is advisory: recorded
-//! and reported, not enforced, which the driver says once when it starts.
+//! subvolume with a quota-group limit (`btrfs.rs`), on CephFS a directory quota.
+//! Elsewhere it is advisory: recorded and reported, not enforced, which the driver
+//! says once when it starts.
 
 pub mod btrfs;
 pub mod cephfs;

@@ -2,10 +2,82 @@
 //! remote.rs above them): a path below a share, a server's name, who asks for a mount
 //! and with which credentials, a kernel client's options, and a mount to make.
 
-use std::net::IpAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, ToSocketAddrs};
 use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::time::Duration;
 
+use super::ShareError;
 use crate::sys::mount::{FsMountError, FsParam};
+
+/// What a kind of named share is, as its file says it.
+pub struct KindInfo {
+    /// Its name in volume ids and logs.
+    pub name: &'static str,
+    /// The file system types the mount table shows for a mount of it.
+    pub mount_types: &'static [&'static str],
+    /// The keys by which a class or a PV names a share of it (lower case).
+    pub naming_keys: &'static [&'static str],
+    /// The keys a class of it may give (lower case).
+    pub class_keys: &'static [&'static str],
+}
+
+/// A kind of share the driver mounts, as its own file (smb.rs, nfs.rs, cephfs.rs)
+/// says it: which keys name it and what a class may give, the share a class or a PV
+/// names, how it is described, named in a volume id and in a PV's context, with which
+/// credentials and how it is mounted. remote.rs lists the kinds (`kinds!`): a new kind
+/// is one file and one line there.
+pub trait NamedShare: Sized {
+    const INFO: KindInfo;
+
+    /// Whether `key` is an option of its kernel client a class may give the share's
+    /// mount, or what gives it instead.
+    fn client_option(key: &str) -> Result<bool, String>;
+
+    /// The credentials of a mount of it, from a request's `secrets` (`role` says
+    /// whose Secret they are), its client's options given.
+    fn credentials(
+        secrets: &HashMap<String, String>,
+        client: &ClientOptions,
+        role: Role,
+    ) -> Result<Credentials, String>;
+
+    /// The share a class's parameters name, the directory under it that volumes are
+    /// made in, and whether that directory is the driver's to make where it is missing.
+    fn class_share(keys: &Keys<'_>) -> Result<(Self, SubPath, bool), String>;
+
+    /// Whether a PV's attributes name a share of this kind.
+    fn named_in_context(keys: &Keys<'_>) -> bool {
+        keys.has_any(Self::INFO.naming_keys)
+    }
+
+    /// The share a PV's attributes name, and the directory that its `subDir` is below.
+    fn attributes_share(keys: &Keys<'_>) -> Result<(Self, SubPath), String>;
+
+    /// The share a volume id's share field names ([`NamedShare::id_field`]).
+    fn from_id_field(s: &str) -> Result<Self, String>;
+
+    /// The share in a volume id.
+    fn id_field(&self) -> String;
+
+    /// The share's directory `dir` as its users write it; never a credential.
+    fn describe(&self, dir: &SubPath) -> String;
+
+    /// The volume context of a volume at `dir` below `base`: the share as the peers'
+    /// keys name it.
+    fn context(&self, base: &SubPath, dir: &SubPath) -> Vec<(&'static str, String)>;
+
+    /// How `dir` of the share is mounted: the attempts in order, and the server's
+    /// address for messages.
+    fn plans(
+        &self,
+        dir: &SubPath,
+        client: &ClientOptions,
+        creds: &Credentials,
+        settings: &Settings,
+    ) -> Result<(Vec<MountPlan>, String), ShareError>;
+}
 
 /// A path below a share: relative, of components that are neither empty, `.` nor
 /// `..`, no NUL and no control character; empty for the share itself. It can never
@@ -236,4 +308,32 @@ pub fn octal_mode(v: Option<&str>, prefixed: bool) -> Result<Option<u32>, String
         .filter(|m| *m <= 0o7777)
         .ok_or_else(|| format!("{v:?} is not an octal mode"))?;
     Ok(Some(mode).filter(|m| *m != 0))
+}
+
+/// What a driver's mounts of named shares need from its configuration.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Where the controller mounts a share for the length of a call (root's only).
+    pub work_dir: PathBuf,
+    /// ceph-csi's configuration file, for `clusterID`.
+    pub ceph_config: PathBuf,
+    /// The longest a mount may take when the request carries no deadline of its own.
+    pub timeout: Duration,
+    /// The network namespace a mount's sockets are made in (the host's, for a node
+    /// plugin in a pod of its own, whose namespace goes with the pod); `None`: the
+    /// driver's own.
+    pub net_ns: Option<PathBuf>,
+}
+
+/// The first address `host` resolves to (`port` for the lookup only).
+pub(super) fn resolve(host: &str, port: u16) -> Result<IpAddr, String> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(ip);
+    }
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("the server's name {host} does not resolve: {e}"))?
+        .next()
+        .map(|a| a.ip())
+        .ok_or_else(|| format!("the server's name {host} resolves to no address"))
 }

@@ -5,7 +5,11 @@
 
 use std::net::IpAddr;
 
-use super::named::{Keys, MountPlan, SubPath};
+use super::ShareError;
+use super::named::{
+    ClientOptions, Credentials, Keys, KindInfo, MountPlan, NamedShare, Role, Settings, SubPath,
+    resolve,
+};
 
 /// An NFS export: its server and the export's path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -222,6 +226,86 @@ pub(super) fn attributes_share(keys: &Keys<'_>) -> Result<Nfs, String> {
         return Err("volume_context: an NFS share needs both server and share".into());
     };
     Nfs::parse(server, share).map_err(|w| format!("volume_context.share: {w}"))
+}
+
+impl NamedShare for Nfs {
+    const INFO: KindInfo = KindInfo {
+        name: "nfs",
+        mount_types: &["nfs", "nfs4"],
+        naming_keys: NAMING_KEYS,
+        class_keys: CLASS_KEYS,
+    };
+
+    fn client_option(key: &str) -> Result<bool, String> {
+        client_option(key)
+    }
+
+    /// None: the server trusts the node (`sec=sys`).
+    fn credentials(
+        _: &std::collections::HashMap<String, String>,
+        _: &ClientOptions,
+        _: Role,
+    ) -> Result<Credentials, String> {
+        Ok(Credentials::default())
+    }
+
+    fn class_share(keys: &Keys<'_>) -> Result<(Nfs, SubPath, bool), String> {
+        class_share(keys).map(|n| (n, SubPath::default(), false))
+    }
+
+    fn attributes_share(keys: &Keys<'_>) -> Result<(Nfs, SubPath), String> {
+        attributes_share(keys).map(|n| (n, SubPath::default()))
+    }
+
+    fn from_id_field(s: &str) -> Result<Nfs, String> {
+        Nfs::from_id_field(s)
+    }
+
+    fn id_field(&self) -> String {
+        Nfs::id_field(self)
+    }
+
+    fn describe(&self, dir: &SubPath) -> String {
+        Nfs::describe(self, dir)
+    }
+
+    fn context(&self, base: &SubPath, dir: &SubPath) -> Vec<(&'static str, String)> {
+        vec![
+            ("server", self.server.clone()),
+            ("share", self.export.clone()),
+            ("subDir", base.join(dir).as_str().to_string()),
+        ]
+    }
+
+    /// Without a version the client negotiates, as mount.nfs does: each version in
+    /// turn.
+    fn plans(
+        &self,
+        dir: &SubPath,
+        client: &ClientOptions,
+        _: &Credentials,
+        _: &Settings,
+    ) -> Result<(Vec<MountPlan>, String), ShareError> {
+        let ip = match client.iter().find(|(k, _)| k == "addr") {
+            Some((_, Some(ip))) => ip.parse().map_err(|_| {
+                ShareError::Rejected(format!(
+                    "{}: addr {ip:?} is not an address",
+                    self.describe(dir)
+                ))
+            })?,
+            _ => resolve(&self.server, 2049)
+                .map_err(|why| ShareError::Unreachable(format!("{}: {why}", self.describe(dir))))?,
+        };
+        let versions: Vec<String> = match version(client) {
+            Some(v) => vec![v],
+            None => NEGOTIATED.iter().map(|v| v.to_string()).collect(),
+        };
+        let plans = versions
+            .iter()
+            .map(|v| self.plan(ip, dir, v, client))
+            .collect();
+        Ok((plans, ip.to_string()))
+    }
 }
 
 #[cfg(test)]

@@ -3,8 +3,10 @@
 //! the PV's attributes name the share, with the peers' keys; the Secrets the
 //! provisioner and kubelet hand over carry the credentials; a volume id names the
 //! share and the volume's directory on it, so that no state is needed to find it
-//! again. What each kind is lives in its own file (`smb.rs`, `nfs.rs`, `cephfs.rs`);
-//! this one is what they share: names, paths, mount options, ids, and the mount.
+//! again. What each kind is lives in its own file (`smb.rs`, `nfs.rs`, `cephfs.rs`),
+//! which says it through `named::NamedShare`; this one lists the kinds (`kinds!`) and
+//! is what they share: a class's and a PV's parameters, mount options, ids, and the
+//! mount.
 //!
 //! A mount is made with the new mount API, detached, and attached only once made
 //! (`sys::mount::new_mount`): a password or key goes to the kernel as a value of its
@@ -12,126 +14,161 @@
 //! does not answer within the call's deadline) leaves nothing mounted when it ends.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, ToSocketAddrs};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::ShareError;
-use super::cephfs::{self, Ceph};
-pub use super::named::{ClientOptions, Credentials, MountPlan, Role, SubPath, check_host};
+use super::cephfs::Ceph;
+pub use super::named::{
+    ClientOptions, Credentials, KindInfo, MountPlan, NamedShare, Role, Settings, SubPath,
+    check_host,
+};
 use super::named::{Keys, octal_mode};
-use super::nfs::{self, Nfs};
-use super::smb::{self, Smb};
+use super::nfs::Nfs;
+use super::smb::Smb;
 use crate::sys::Errno;
 use crate::sys::mount::FsMountError;
 
-/// A kind of share the driver mounts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    Smb,
-    Nfs,
-    Cephfs,
+/// The kinds of share the driver mounts, each a file of its own that says what it is
+/// ([`NamedShare`]): a new kind is one file and one line of the invocation below it.
+/// Every question of a kind or a share is asked of its file, through these.
+macro_rules! kinds {
+    ($($kind:ident => $share:ty),* $(,)?) => {
+        /// A kind of share the driver mounts.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+        #[serde(rename_all = "lowercase")]
+        pub enum Kind {
+            $($kind),*
+        }
+
+        /// A share a class or a PV names: its server (or cluster) and export, no
+        /// directory under it.
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub enum Remote {
+            $($kind($share)),*
+        }
+
+        impl Kind {
+            /// Every kind, in the order a class's keys are asked for them.
+            pub const ALL: &'static [Kind] = &[$(Kind::$kind),*];
+
+            /// What the kind's file says it is.
+            pub fn info(self) -> &'static KindInfo {
+                match self {
+                    $(Kind::$kind => &<$share as NamedShare>::INFO),*
+                }
+            }
+
+            fn client_option(self, key: &str) -> Result<bool, String> {
+                match self {
+                    $(Kind::$kind => <$share as NamedShare>::client_option(key)),*
+                }
+            }
+
+            fn credentials(
+                self,
+                secrets: &HashMap<String, String>,
+                client: &ClientOptions,
+                role: Role,
+            ) -> Result<Credentials, String> {
+                match self {
+                    $(Kind::$kind => <$share as NamedShare>::credentials(secrets, client, role)),*
+                }
+            }
+
+            fn class_share(self, keys: &Keys<'_>) -> Result<(Remote, SubPath, bool), String> {
+                match self {
+                    $(Kind::$kind => {
+                        let (share, base, makes_base) = <$share as NamedShare>::class_share(keys)?;
+                        Ok((Remote::$kind(share), base, makes_base))
+                    }),*
+                }
+            }
+
+            fn named_in_context(self, keys: &Keys<'_>) -> bool {
+                match self {
+                    $(Kind::$kind => <$share as NamedShare>::named_in_context(keys)),*
+                }
+            }
+
+            fn attributes_share(self, keys: &Keys<'_>) -> Result<(Remote, SubPath), String> {
+                match self {
+                    $(Kind::$kind => {
+                        let (share, dir) = <$share as NamedShare>::attributes_share(keys)?;
+                        Ok((Remote::$kind(share), dir))
+                    }),*
+                }
+            }
+
+            fn share_of_id_field(self, s: &str) -> Result<Remote, String> {
+                match self {
+                    $(Kind::$kind => <$share as NamedShare>::from_id_field(s).map(Remote::$kind)),*
+                }
+            }
+        }
+
+        impl Remote {
+            pub fn kind(&self) -> Kind {
+                match self {
+                    $(Remote::$kind(_) => Kind::$kind),*
+                }
+            }
+
+            /// The share's directory `dir` as its users write it (`//server/share/dir`,
+            /// `server:/export/dir`, `CephFS monitors:/dir (fs)`); never a credential.
+            pub fn describe(&self, dir: &SubPath) -> String {
+                match self {
+                    $(Remote::$kind(s) => s.describe(dir)),*
+                }
+            }
+
+            fn id_field(&self) -> String {
+                match self {
+                    $(Remote::$kind(s) => NamedShare::id_field(s)),*
+                }
+            }
+
+            fn context(&self, base: &SubPath, dir: &SubPath) -> Vec<(&'static str, String)> {
+                match self {
+                    $(Remote::$kind(s) => s.context(base, dir)),*
+                }
+            }
+
+            fn plans(
+                &self,
+                dir: &SubPath,
+                client: &ClientOptions,
+                creds: &Credentials,
+                settings: &Settings,
+            ) -> Result<(Vec<MountPlan>, String), ShareError> {
+                match self {
+                    $(Remote::$kind(s) => s.plans(dir, client, creds, settings)),*
+                }
+            }
+        }
+    };
+}
+
+kinds! {
+    Smb => Smb,
+    Nfs => Nfs,
+    Cephfs => Ceph,
 }
 
 impl Kind {
     /// Its name in volume ids and logs.
     pub fn name(self) -> &'static str {
-        match self {
-            Kind::Smb => "smb",
-            Kind::Nfs => "nfs",
-            Kind::Cephfs => "cephfs",
-        }
+        self.info().name
     }
-
-    /// Every kind, in the order a class's keys are asked for them.
-    pub const ALL: [Kind; 3] = [Kind::Smb, Kind::Nfs, Kind::Cephfs];
 
     fn from_name(s: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.name() == s)
-    }
-
-    /// The keys by which a class or a PV names a share of this kind.
-    fn naming_keys(self) -> &'static [&'static str] {
-        match self {
-            Kind::Smb => smb::NAMING_KEYS,
-            Kind::Nfs => nfs::NAMING_KEYS,
-            Kind::Cephfs => cephfs::NAMING_KEYS,
-        }
-    }
-
-    /// The keys a class of this kind may give (lower case).
-    fn class_keys(self) -> &'static [&'static str] {
-        match self {
-            Kind::Smb => smb::CLASS_KEYS,
-            Kind::Nfs => nfs::CLASS_KEYS,
-            Kind::Cephfs => cephfs::CLASS_KEYS,
-        }
+        Kind::ALL.iter().copied().find(|k| k.name() == s)
     }
 
     /// The file system types the mount table shows for a mount of it.
     pub fn mount_types(self) -> &'static [&'static str] {
-        match self {
-            Kind::Smb => &["cifs", "smb3"],
-            Kind::Nfs => &["nfs", "nfs4"],
-            Kind::Cephfs => &["ceph"],
-        }
-    }
-
-    /// Whether `key` is an option of this kind's kernel client a class may give the
-    /// share's mount, or what gives it instead.
-    fn client_option(self, key: &str) -> Result<bool, String> {
-        match self {
-            Kind::Smb => smb::client_option(key),
-            Kind::Nfs => nfs::client_option(key),
-            Kind::Cephfs => cephfs::client_option(key),
-        }
-    }
-}
-
-/// A share a class or a PV names: its server (or cluster) and export, no directory
-/// under it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Remote {
-    Smb(Smb),
-    Nfs(Nfs),
-    Cephfs(Ceph),
-}
-
-impl Remote {
-    pub fn kind(&self) -> Kind {
-        match self {
-            Remote::Smb(_) => Kind::Smb,
-            Remote::Nfs(_) => Kind::Nfs,
-            Remote::Cephfs(_) => Kind::Cephfs,
-        }
-    }
-
-    /// The share's directory `dir` as its users write it (`//server/share/dir`,
-    /// `server:/export/dir`, `CephFS monitors:/dir (fs)`); never a credential.
-    pub fn describe(&self, dir: &SubPath) -> String {
-        match self {
-            Remote::Smb(s) => s.describe(dir),
-            Remote::Nfs(n) => n.describe(dir),
-            Remote::Cephfs(c) => c.describe(dir),
-        }
-    }
-
-    fn id_field(&self) -> String {
-        match self {
-            Remote::Smb(s) => s.id_field(),
-            Remote::Nfs(n) => n.id_field(),
-            Remote::Cephfs(c) => c.id_field(),
-        }
-    }
-
-    fn from_id_field(kind: Kind, s: &str) -> Result<Remote, String> {
-        Ok(match kind {
-            Kind::Smb => Remote::Smb(Smb::from_id_field(s)?),
-            Kind::Nfs => Remote::Nfs(Nfs::from_id_field(s)?),
-            Kind::Cephfs => Remote::Cephfs(Ceph::from_id_field(s)?),
-        })
+        self.info().mount_types
     }
 }
 
@@ -159,11 +196,7 @@ impl Credentials {
         client: &ClientOptions,
         role: Role,
     ) -> Result<Credentials, String> {
-        match kind {
-            Kind::Smb => smb::credentials(secrets, client.iter().any(|(k, _)| k == "guest"), role),
-            Kind::Nfs => Ok(Credentials::default()),
-            Kind::Cephfs => cephfs::credentials(secrets, role),
-        }
+        kind.credentials(secrets, client, role)
     }
 }
 
@@ -299,8 +332,9 @@ pub struct Class {
 pub fn class(params: &BTreeMap<String, String>, extra: &[&str]) -> Result<Option<Class>, String> {
     let keys = Keys::new(params.iter());
     let named: Vec<Kind> = Kind::ALL
-        .into_iter()
-        .filter(|k| keys.has_any(k.naming_keys()))
+        .iter()
+        .copied()
+        .filter(|k| keys.has_any(k.info().naming_keys))
         .collect();
     let kind = match named.as_slice() {
         [] => return Ok(None),
@@ -313,7 +347,7 @@ pub fn class(params: &BTreeMap<String, String>, extra: &[&str]) -> Result<Option
             ));
         }
     };
-    let allowed = kind.class_keys();
+    let allowed = kind.info().class_keys;
     if let Some((_, key, _)) = keys.0.iter().find(|(l, k, _)| {
         !l.starts_with(CO_PREFIX)
             && !allowed.contains(&l.as_str())
@@ -326,21 +360,7 @@ pub fn class(params: &BTreeMap<String, String>, extra: &[&str]) -> Result<Option
         ));
     }
     let bad = |key: &str, why: String| format!("parameters: {key}: {why}");
-    let (remote, base, makes_base) = match kind {
-        Kind::Smb => {
-            let (smb, dir) = smb::class_share(&keys)?;
-            (Remote::Smb(smb), dir, false)
-        }
-        Kind::Nfs => (
-            Remote::Nfs(nfs::class_share(&keys)?),
-            SubPath::default(),
-            false,
-        ),
-        Kind::Cephfs => {
-            let (ceph, base, makes_base) = cephfs::class_share(&keys)?;
-            (Remote::Cephfs(ceph), base, makes_base)
-        }
-    };
+    let (remote, base, makes_base) = kind.class_share(&keys)?;
     let client = kernel_mount_options(kind, keys.get("kernelmountoptions"))
         .map_err(|w| bad("kernelMountOptions", w))?;
     let mount_permissions =
@@ -467,12 +487,11 @@ pub struct Attributes {
 /// A malformed attribute, named.
 pub fn attributes(ctx: &HashMap<String, String>) -> Result<Option<Attributes>, String> {
     let keys = Keys::new(ctx.iter());
-    // An inline volume's `source: share|secrets` is ours; an SMB source starts `//`.
-    let smb = keys
-        .get("source")
-        .is_some_and(|s| s.starts_with("//") || s.starts_with("\\\\"));
-    let nfs = keys.has_any(Kind::Nfs.naming_keys());
-    let ceph = keys.has_any(Kind::Cephfs.naming_keys());
+    let named: Vec<Kind> = Kind::ALL
+        .iter()
+        .copied()
+        .filter(|k| k.named_in_context(&keys))
+        .collect();
     let bad = |key: &str, why: String| format!("volume_context.{key}: {why}");
     let sub = keys
         .get("subdir")
@@ -487,24 +506,13 @@ pub fn attributes(ctx: &HashMap<String, String>) -> Result<Option<Attributes>, S
         })
         .transpose()?
         .unwrap_or_default();
-    let location = match (smb, nfs, ceph) {
-        (false, false, false) => return Ok(None),
-        (true, false, false) => {
-            let (s, dir) = smb::attributes_share(&keys)?;
+    let location = match named.as_slice() {
+        [] => return Ok(None),
+        [kind] => {
+            let (remote, dir) = kind.attributes_share(&keys)?;
             Location {
-                remote: Remote::Smb(s),
+                remote,
                 dir: dir.join(&sub),
-            }
-        }
-        (false, true, false) => Location {
-            remote: Remote::Nfs(nfs::attributes_share(&keys)?),
-            dir: sub,
-        },
-        (false, false, true) => {
-            let (c, root) = cephfs::attributes_share(&keys)?;
-            Location {
-                remote: Remote::Cephfs(c),
-                dir: root.join(&sub),
             }
         }
         _ => return Err("volume_context names shares of several kinds".into()),
@@ -601,7 +609,7 @@ impl MadeVolume {
                     Some(_) => return Err(format!("traits {traits:?}")),
                 };
                 Ok(MadeVolume {
-                    remote: Remote::from_id_field(kind, &unescape(share))?,
+                    remote: kind.share_of_id_field(&unescape(share))?,
                     base: SubPath::parse(&unescape(base))?,
                     dir,
                     on_delete: OnDelete::parse(on_delete)?,
@@ -627,29 +635,8 @@ impl MadeVolume {
         let mut put = |k: &str, v: String| {
             ctx.insert(k.to_string(), v);
         };
-        match &self.remote {
-            Remote::Smb(s) => {
-                put("source", s.describe(&self.base));
-                put("subDir", self.dir.as_str().to_string());
-            }
-            Remote::Nfs(n) => {
-                put("server", n.server.clone());
-                put("share", n.export.clone());
-                put("subDir", self.base.join(&self.dir).as_str().to_string());
-            }
-            Remote::Cephfs(c) => {
-                match &c.monitors {
-                    cephfs::Monitors::Listed(m) => put("monitors", m.join(",")),
-                    cephfs::Monitors::Cluster(id) => put("clusterID", id.clone()),
-                }
-                if let Some(f) = &c.fs_name {
-                    put("fsName", f.clone());
-                }
-                put(
-                    "rootPath",
-                    format!("/{}", self.base.join(&self.dir).as_str()),
-                );
-            }
+        for (key, value) in self.remote.context(&self.base, &self.dir) {
+            put(key, value);
         }
         if let Some(g) = self.traits.group() {
             put(GROUP_KEY, g.to_string());
@@ -681,100 +668,6 @@ pub fn group_of(remote: &Remote, dir: &SubPath) -> u32 {
     h.write(b"#");
     h.write(dir.as_str().as_bytes());
     HASHED_GROUP_BASE + (h.finish() % u64::from(HASHED_GROUPS)) as u32
-}
-
-/// What a driver's mounts of named shares need from its configuration.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// Where the controller mounts a share for the length of a call (root's only).
-    pub work_dir: PathBuf,
-    /// ceph-csi's configuration file, for `clusterID`.
-    pub ceph_config: PathBuf,
-    /// The longest a mount may take when the request carries no deadline of its own.
-    pub timeout: Duration,
-    /// The network namespace a mount's sockets are made in (the host's, for a node
-    /// plugin in a pod of its own, whose namespace goes with the pod); `None`: the
-    /// driver's own.
-    pub net_ns: Option<PathBuf>,
-}
-
-/// The first address `host` resolves to (`port` for the lookup only).
-fn resolve(host: &str, port: u16) -> Result<IpAddr, String> {
-    if let Ok(ip) = host.parse::<IpAddr>() {
-        return Ok(ip);
-    }
-    (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("the server's name {host} does not resolve: {e}"))?
-        .next()
-        .map(|a| a.ip())
-        .ok_or_else(|| format!("the server's name {host} resolves to no address"))
-}
-
-/// How `loc` is mounted: the attempts in order (NFS without a version negotiates, as
-/// mount.nfs does), and the server's address for messages.
-fn plans(
-    loc: &Location,
-    client: &ClientOptions,
-    creds: &Credentials,
-    settings: &Settings,
-) -> Result<(Vec<MountPlan>, String), ShareError> {
-    let unreachable = |why: String| ShareError::Unreachable(format!("{}: {why}", loc.describe()));
-    Ok(match &loc.remote {
-        Remote::Smb(s) => {
-            let ip = match client.iter().find(|(k, _)| k == "ip" || k == "addr") {
-                Some((_, Some(ip))) => ip.parse().map_err(|_| {
-                    ShareError::Rejected(format!("{}: ip {ip:?} is not an address", loc.describe()))
-                })?,
-                _ => resolve(&s.server, 445).map_err(unreachable)?,
-            };
-            (vec![s.plan(ip, &loc.dir, client, creds)], ip.to_string())
-        }
-        Remote::Nfs(n) => {
-            let ip = match client.iter().find(|(k, _)| k == "addr") {
-                Some((_, Some(ip))) => ip.parse().map_err(|_| {
-                    ShareError::Rejected(format!(
-                        "{}: addr {ip:?} is not an address",
-                        loc.describe()
-                    ))
-                })?,
-                _ => resolve(&n.server, 2049).map_err(unreachable)?,
-            };
-            let versions: Vec<String> = match nfs::version(client) {
-                Some(v) => vec![v],
-                None => nfs::NEGOTIATED.iter().map(|v| v.to_string()).collect(),
-            };
-            (
-                versions
-                    .iter()
-                    .map(|v| n.plan(ip, &loc.dir, v, client))
-                    .collect(),
-                ip.to_string(),
-            )
-        }
-        Remote::Cephfs(c) => {
-            let mons = c
-                .monitor_list(&settings.ceph_config)
-                .map_err(ShareError::Rejected)?;
-            let mut addrs = Vec::new();
-            for m in &mons {
-                let (host, port) = cephfs::split_port(m).map_err(|w| {
-                    ShareError::Rejected(format!("{}: monitor {m:?} {w}", loc.describe()))
-                })?;
-                let ip = resolve(host, port.unwrap_or(6789)).map_err(unreachable)?;
-                let ip = match ip {
-                    IpAddr::V6(v6) => format!("[{v6}]"),
-                    IpAddr::V4(v4) => v4.to_string(),
-                };
-                addrs.push(match port {
-                    Some(p) => format!("{ip}:{p}"),
-                    None => ip,
-                });
-            }
-            let shown = addrs.join(",");
-            (vec![c.plan(&addrs, &loc.dir, client, creds)], shown)
-        }
-    })
 }
 
 /// Whether a failed NFS attempt at one version lets the next be tried (mount.nfs
@@ -872,7 +765,7 @@ pub fn mount(
                         }
                     })?;
                 }
-                let (plans, server) = plans(&loc2, &client, &creds, &settings)?;
+                let (plans, server) = loc2.remote.plans(&loc2.dir, &client, &creds, &settings)?;
                 let mut first = None;
                 for plan in &plans {
                     match plan.mount() {
@@ -1196,5 +1089,47 @@ mod tests {
         );
         assert_eq!(group_of(&n.remote, &n.dir), group_of(&n.remote, &n.dir));
         assert!(group_of(&n.remote, &n.dir) >= HASHED_GROUP_BASE);
+    }
+
+    /// Every kind a `kinds!` line lists is named in a volume id and in a PV's context
+    /// by its own file, and both read back to the same volume.
+    #[test]
+    fn every_kind_names_its_volumes_in_ids_and_contexts_that_read_back() {
+        let (smb, smb_base) = Smb::parse_source("//server/share/base").unwrap();
+        let remotes = [
+            (Remote::Smb(smb), smb_base),
+            (
+                Remote::Nfs(Nfs::parse("10.0.0.2", "/exports").unwrap()),
+                SubPath::default(),
+            ),
+            (
+                Remote::Cephfs(Ceph::parse(Some("10.0.0.3:6789"), None, Some("fs")).unwrap()),
+                SubPath::parse("volumes/csi").unwrap(),
+            ),
+        ];
+        let kinds: Vec<Kind> = remotes.iter().map(|(r, _)| r.kind()).collect();
+        assert_eq!(kinds, Kind::ALL, "one volume of each kind");
+        for (remote, base) in remotes {
+            let kind = remote.kind();
+            assert_eq!(Kind::from_name(kind.name()), Some(kind));
+            let v = MadeVolume {
+                remote,
+                base,
+                dir: SubPath::parse("pvc-1").unwrap(),
+                on_delete: OnDelete::Delete,
+                traits: Traits::Native(2_100_000_002),
+            };
+            assert_eq!(
+                MadeVolume::from_id(&v.id()).unwrap().unwrap(),
+                v,
+                "{kind:?}"
+            );
+            let back = attributes(&v.context(None)).unwrap().unwrap();
+            assert_eq!(
+                (back.location, back.traits),
+                (v.location(), v.traits),
+                "{kind:?}"
+            );
+        }
     }
 }

@@ -6,7 +6,11 @@
 
 use std::net::IpAddr;
 
-use super::named::{Credentials, Keys, MountPlan, Role, SubPath};
+use super::ShareError;
+use super::named::{
+    ClientOptions, Credentials, Keys, KindInfo, MountPlan, NamedShare, Role, Settings, SubPath,
+    resolve,
+};
 
 /// An SMB share: its server and the share's name, no directory under it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -307,6 +311,80 @@ pub(super) fn class_share(keys: &Keys<'_>) -> Result<(Smb, SubPath), String> {
 pub(super) fn attributes_share(keys: &Keys<'_>) -> Result<(Smb, SubPath), String> {
     Smb::parse_source(keys.get("source").unwrap_or_default())
         .map_err(|w| format!("volume_context.source: {w}"))
+}
+
+impl NamedShare for Smb {
+    const INFO: KindInfo = KindInfo {
+        name: "smb",
+        mount_types: &["cifs", "smb3"],
+        naming_keys: NAMING_KEYS,
+        class_keys: CLASS_KEYS,
+    };
+
+    fn client_option(key: &str) -> Result<bool, String> {
+        client_option(key)
+    }
+
+    fn credentials(
+        secrets: &std::collections::HashMap<String, String>,
+        client: &ClientOptions,
+        role: Role,
+    ) -> Result<Credentials, String> {
+        credentials(secrets, client.iter().any(|(k, _)| k == "guest"), role)
+    }
+
+    fn class_share(keys: &Keys<'_>) -> Result<(Smb, SubPath, bool), String> {
+        class_share(keys).map(|(s, dir)| (s, dir, false))
+    }
+
+    /// An inline volume's `source: share|secrets` is ours; an SMB source starts `//`.
+    fn named_in_context(keys: &Keys<'_>) -> bool {
+        keys.get("source")
+            .is_some_and(|s| s.starts_with("//") || s.starts_with("\\\\"))
+    }
+
+    fn attributes_share(keys: &Keys<'_>) -> Result<(Smb, SubPath), String> {
+        attributes_share(keys)
+    }
+
+    fn from_id_field(s: &str) -> Result<Smb, String> {
+        Smb::from_id_field(s)
+    }
+
+    fn id_field(&self) -> String {
+        Smb::id_field(self)
+    }
+
+    fn describe(&self, dir: &SubPath) -> String {
+        Smb::describe(self, dir)
+    }
+
+    fn context(&self, base: &SubPath, dir: &SubPath) -> Vec<(&'static str, String)> {
+        vec![
+            ("source", self.describe(base)),
+            ("subDir", dir.as_str().to_string()),
+        ]
+    }
+
+    fn plans(
+        &self,
+        dir: &SubPath,
+        client: &ClientOptions,
+        creds: &Credentials,
+        _: &Settings,
+    ) -> Result<(Vec<MountPlan>, String), ShareError> {
+        let ip = match client.iter().find(|(k, _)| k == "ip" || k == "addr") {
+            Some((_, Some(ip))) => ip.parse().map_err(|_| {
+                ShareError::Rejected(format!(
+                    "{}: ip {ip:?} is not an address",
+                    self.describe(dir)
+                ))
+            })?,
+            _ => resolve(&self.server, 445)
+                .map_err(|why| ShareError::Unreachable(format!("{}: {why}", self.describe(dir))))?,
+        };
+        Ok((vec![self.plan(ip, dir, client, creds)], ip.to_string()))
+    }
 }
 
 #[cfg(test)]
