@@ -243,40 +243,6 @@ impl Ceph {
         })
     }
 
-    /// `ceph <monitors>:/dir (file system name)`.
-    pub fn describe(&self, dir: &SubPath) -> String {
-        let mons = match &self.monitors {
-            Monitors::Listed(m) => m.join(","),
-            Monitors::Cluster(c) => format!("cluster {c}"),
-        };
-        let fs = self.fs_name.as_deref().unwrap_or("its default file system");
-        format!("CephFS {mons}:/{} ({fs})", dir.as_str())
-    }
-
-    /// The id's field: `<monitors>;<fsName>` or `@<clusterID>;<fsName>`.
-    pub fn id_field(&self) -> String {
-        let mons = match &self.monitors {
-            Monitors::Listed(m) => m.join(","),
-            Monitors::Cluster(c) => format!("@{c}"),
-        };
-        format!("{mons};{}", self.fs_name.as_deref().unwrap_or(""))
-    }
-
-    /// The file system an id's field names.
-    ///
-    /// # Errors
-    /// What is wrong with it.
-    pub fn from_id_field(s: &str) -> Result<Ceph, String> {
-        let (mons, fs) = s
-            .split_once(';')
-            .ok_or_else(|| format!("{s:?} is not monitors;fsName"))?;
-        let fs = Some(fs).filter(|f| !f.is_empty());
-        match mons.strip_prefix('@') {
-            Some(cluster) => Ceph::parse(None, Some(cluster), fs),
-            None => Ceph::parse(Some(mons), None, fs),
-        }
-    }
-
     /// The monitors to ask: listed, or from ceph-csi's configuration file at `config`.
     ///
     /// # Errors
@@ -429,63 +395,6 @@ pub(super) const CLASS_KEYS: &[&str] = &[
     "ondelete",
 ];
 
-/// The file system a class names, the directory volumes are made in (`rootPath`, or
-/// `volumes/<subvolumeGroup>`), and whether the driver makes that directory where it
-/// is missing (a subvolume group, which ceph-csi makes on its first volume).
-///
-/// # Errors
-/// A mounter other than the kernel's, FUSE options, a malformed key, named.
-pub(super) fn class_share(keys: &Keys<'_>) -> Result<(Ceph, SubPath, bool), String> {
-    let bad = |key: &str, why: String| format!("parameters: {key}: {why}");
-    if let Some(m) = keys
-        .get("mounter")
-        .filter(|m| !m.eq_ignore_ascii_case("kernel"))
-    {
-        return Err(format!(
-            "parameters: mounter {m:?}: mountgroup mounts CephFS with the kernel's client (mounter: kernel)"
-        ));
-    }
-    if keys.get("fusemountoptions").is_some_and(|o| !o.is_empty()) {
-        return Err(
-            "parameters: fuseMountOptions: mountgroup mounts CephFS with the kernel's client; give kernelMountOptions".into(),
-        );
-    }
-    let ceph = Ceph::parse(
-        keys.get("monitors"),
-        keys.get("clusterid"),
-        keys.get("fsname"),
-    )
-    .map_err(|w| format!("parameters: {w}"))?;
-    let (base, makes_base) = match (keys.get("rootpath"), keys.get("subvolumegroup")) {
-        (Some(root), _) => (
-            SubPath::parse(root.trim_start_matches('/')).map_err(|w| bad("rootPath", w))?,
-            false,
-        ),
-        (None, Some(group)) => (
-            SubPath::parse(&format!("volumes/{group}")).map_err(|w| bad("subvolumeGroup", w))?,
-            true,
-        ),
-        (None, None) => (SubPath::default(), false),
-    };
-    Ok((ceph, base, makes_base))
-}
-
-/// The file system a PV names, and its `rootPath`.
-///
-/// # Errors
-/// A malformed key, named.
-pub(super) fn attributes_share(keys: &Keys<'_>) -> Result<(Ceph, SubPath), String> {
-    let c = Ceph::parse(
-        keys.get("monitors"),
-        keys.get("clusterid"),
-        keys.get("fsname"),
-    )
-    .map_err(|w| format!("volume_context: {w}"))?;
-    let root = SubPath::parse(keys.get("rootpath").unwrap_or_default().trim_matches('/'))
-        .map_err(|w| format!("volume_context.rootPath: {w}"))?;
-    Ok((c, root))
-}
-
 impl NamedShare for Ceph {
     const INFO: KindInfo = KindInfo {
         name: "cephfs",
@@ -506,24 +415,96 @@ impl NamedShare for Ceph {
         credentials(secrets, role)
     }
 
+    /// The file system a class names, the directory volumes are made in (`rootPath`, or
+    /// `volumes/<subvolumeGroup>`), and whether the driver makes that directory where it
+    /// is missing (a subvolume group, which ceph-csi makes on its first volume).
+    ///
+    /// # Errors
+    /// A mounter other than the kernel's, FUSE options, a malformed key, named.
     fn class_share(keys: &Keys<'_>) -> Result<(Ceph, SubPath, bool), String> {
-        class_share(keys)
+        let bad = |key: &str, why: String| format!("parameters: {key}: {why}");
+        if let Some(m) = keys
+            .get("mounter")
+            .filter(|m| !m.eq_ignore_ascii_case("kernel"))
+        {
+            return Err(format!(
+                "parameters: mounter {m:?}: mountgroup mounts CephFS with the kernel's client (mounter: kernel)"
+            ));
+        }
+        if keys.get("fusemountoptions").is_some_and(|o| !o.is_empty()) {
+            return Err(
+                "parameters: fuseMountOptions: mountgroup mounts CephFS with the kernel's client; give kernelMountOptions".into(),
+            );
+        }
+        let ceph = Ceph::parse(
+            keys.get("monitors"),
+            keys.get("clusterid"),
+            keys.get("fsname"),
+        )
+        .map_err(|w| format!("parameters: {w}"))?;
+        let (base, makes_base) = match (keys.get("rootpath"), keys.get("subvolumegroup")) {
+            (Some(root), _) => (
+                SubPath::parse(root.trim_start_matches('/')).map_err(|w| bad("rootPath", w))?,
+                false,
+            ),
+            (None, Some(group)) => (
+                SubPath::parse(&format!("volumes/{group}"))
+                    .map_err(|w| bad("subvolumeGroup", w))?,
+                true,
+            ),
+            (None, None) => (SubPath::default(), false),
+        };
+        Ok((ceph, base, makes_base))
     }
 
+    /// The file system a PV names, and its `rootPath`.
+    ///
+    /// # Errors
+    /// A malformed key, named.
     fn attributes_share(keys: &Keys<'_>) -> Result<(Ceph, SubPath), String> {
-        attributes_share(keys)
+        let c = Ceph::parse(
+            keys.get("monitors"),
+            keys.get("clusterid"),
+            keys.get("fsname"),
+        )
+        .map_err(|w| format!("volume_context: {w}"))?;
+        let root = SubPath::parse(keys.get("rootpath").unwrap_or_default().trim_matches('/'))
+            .map_err(|w| format!("volume_context.rootPath: {w}"))?;
+        Ok((c, root))
     }
 
+    /// The file system an id's field names.
+    ///
+    /// # Errors
+    /// What is wrong with it.
     fn from_id_field(s: &str) -> Result<Ceph, String> {
-        Ceph::from_id_field(s)
+        let (mons, fs) = s
+            .split_once(';')
+            .ok_or_else(|| format!("{s:?} is not monitors;fsName"))?;
+        let fs = Some(fs).filter(|f| !f.is_empty());
+        match mons.strip_prefix('@') {
+            Some(cluster) => Ceph::parse(None, Some(cluster), fs),
+            None => Ceph::parse(Some(mons), None, fs),
+        }
     }
 
+    /// The id's field: `<monitors>;<fsName>` or `@<clusterID>;<fsName>`.
     fn id_field(&self) -> String {
-        Ceph::id_field(self)
+        let mons = match &self.monitors {
+            Monitors::Listed(m) => m.join(","),
+            Monitors::Cluster(c) => format!("@{c}"),
+        };
+        format!("{mons};{}", self.fs_name.as_deref().unwrap_or(""))
     }
 
+    /// `ceph <monitors>:/dir (file system name)`.
     fn describe(&self, dir: &SubPath) -> String {
-        Ceph::describe(self, dir)
+        let mons = match &self.monitors {
+            Monitors::Listed(m) => m.join(","),
+            Monitors::Cluster(c) => format!("cluster {c}"),
+        };
+        let fs = self.fs_name.as_deref().unwrap_or("its default file system");
+        format!("CephFS {mons}:/{} ({fs})", dir.as_str())
     }
 
     fn context(&self, base: &SubPath, dir: &SubPath) -> Vec<(&'static str, String)> {

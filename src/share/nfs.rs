@@ -142,36 +142,12 @@ impl Nfs {
         })
     }
 
-    /// `server:/export/dir`.
-    pub fn describe(&self, dir: &SubPath) -> String {
-        format!("{}:{}", self.server, self.path(dir))
-    }
-
     fn path(&self, dir: &SubPath) -> String {
         match (self.export.as_str(), dir.is_empty()) {
             (e, true) => e.to_string(),
             ("/", false) => format!("/{}", dir.as_str()),
             (e, false) => format!("{e}/{}", dir.as_str()),
         }
-    }
-
-    /// The id's field: `server:/export`.
-    pub fn id_field(&self) -> String {
-        format!("{}:{}", self.server, self.export)
-    }
-
-    /// The export an id's field names.
-    ///
-    /// # Errors
-    /// What is wrong with it.
-    pub fn from_id_field(s: &str) -> Result<Nfs, String> {
-        let (server, export) = s
-            .rsplit_once(":/")
-            .ok_or_else(|| format!("{s:?} is not server:/export"))?;
-        Nfs::parse(
-            server.trim_start_matches('[').trim_end_matches(']'),
-            &format!("/{export}"),
-        )
     }
 
     /// How the NFS client mounts `dir` of the export at `ip`, at `version` (`4.2`,
@@ -206,28 +182,6 @@ pub(super) const NAMING_KEYS: &[&str] = &["server", "share"];
 pub(super) const CLASS_KEYS: &[&str] =
     &["server", "share", "subdir", "ondelete", "mountpermissions"];
 
-/// The export a class's `server` and `share` name.
-///
-/// # Errors
-/// Either missing, or malformed, named.
-pub(super) fn class_share(keys: &Keys<'_>) -> Result<Nfs, String> {
-    let (Some(server), Some(share)) = (keys.get("server"), keys.get("share")) else {
-        return Err("parameters: an NFS share needs both server and share".into());
-    };
-    Nfs::parse(server, share).map_err(|w| format!("parameters: server/share: {w}"))
-}
-
-/// The export a PV's `server` and `share` name.
-///
-/// # Errors
-/// Either missing, or malformed, named.
-pub(super) fn attributes_share(keys: &Keys<'_>) -> Result<Nfs, String> {
-    let (Some(server), Some(share)) = (keys.get("server"), keys.get("share")) else {
-        return Err("volume_context: an NFS share needs both server and share".into());
-    };
-    Nfs::parse(server, share).map_err(|w| format!("volume_context.share: {w}"))
-}
-
 impl NamedShare for Nfs {
     const INFO: KindInfo = KindInfo {
         name: "nfs",
@@ -249,24 +203,47 @@ impl NamedShare for Nfs {
         Ok(Credentials::default())
     }
 
+    /// The export a class's `server` and `share` name; volumes are made at its root.
     fn class_share(keys: &Keys<'_>) -> Result<(Nfs, SubPath, bool), String> {
-        class_share(keys).map(|n| (n, SubPath::default(), false))
+        let (Some(server), Some(share)) = (keys.get("server"), keys.get("share")) else {
+            return Err("parameters: an NFS share needs both server and share".into());
+        };
+        let nfs =
+            Nfs::parse(server, share).map_err(|w| format!("parameters: server/share: {w}"))?;
+        Ok((nfs, SubPath::default(), false))
     }
 
+    /// The export a PV's `server` and `share` name; its `subDir` is below the root.
     fn attributes_share(keys: &Keys<'_>) -> Result<(Nfs, SubPath), String> {
-        attributes_share(keys).map(|n| (n, SubPath::default()))
+        let (Some(server), Some(share)) = (keys.get("server"), keys.get("share")) else {
+            return Err("volume_context: an NFS share needs both server and share".into());
+        };
+        let nfs = Nfs::parse(server, share).map_err(|w| format!("volume_context.share: {w}"))?;
+        Ok((nfs, SubPath::default()))
     }
 
+    /// The export an id's field names.
+    ///
+    /// # Errors
+    /// What is wrong with it.
     fn from_id_field(s: &str) -> Result<Nfs, String> {
-        Nfs::from_id_field(s)
+        let (server, export) = s
+            .rsplit_once(":/")
+            .ok_or_else(|| format!("{s:?} is not server:/export"))?;
+        Nfs::parse(
+            server.trim_start_matches('[').trim_end_matches(']'),
+            &format!("/{export}"),
+        )
     }
 
+    /// The id's field: `server:/export`.
     fn id_field(&self) -> String {
-        Nfs::id_field(self)
+        format!("{}:{}", self.server, self.export)
     }
 
+    /// `server:/export/dir`.
     fn describe(&self, dir: &SubPath) -> String {
-        Nfs::describe(self, dir)
+        format!("{}:{}", self.server, self.path(dir))
     }
 
     fn context(&self, base: &SubPath, dir: &SubPath) -> Vec<(&'static str, String)> {

@@ -125,7 +125,7 @@ macro_rules! kinds {
 
             fn id_field(&self) -> String {
                 match self {
-                    $(Remote::$kind(s) => NamedShare::id_field(s)),*
+                    $(Remote::$kind(s) => s.id_field()),*
                 }
             }
 

@@ -196,33 +196,6 @@ impl Smb {
         ))
     }
 
-    /// `//server/share/dir`.
-    pub fn describe(&self, dir: &SubPath) -> String {
-        let mut s = format!("//{}/{}", self.server, self.share);
-        if !dir.is_empty() {
-            s.push('/');
-            s.push_str(dir.as_str());
-        }
-        s
-    }
-
-    /// The id's field: `server/share`.
-    pub fn id_field(&self) -> String {
-        format!("{}/{}", self.server, self.share)
-    }
-
-    /// The share an id's field names.
-    ///
-    /// # Errors
-    /// What is wrong with it.
-    pub fn from_id_field(s: &str) -> Result<Smb, String> {
-        let (smb, dir) = Smb::parse_source(&format!("//{s}"))?;
-        if !dir.is_empty() {
-            return Err(format!("{s:?} is not server/share"));
-        }
-        Ok(smb)
-    }
-
     /// How the CIFS client mounts `dir` of the share at `ip`: the root-only raw mount
     /// the views read (owner root, `0700`, as docs/DEPLOY.md's hand mount had it),
     /// `client` options after it, so that a class's own win, and the credentials.
@@ -294,25 +267,6 @@ pub(super) const NAMING_KEYS: &[&str] = &["source"];
 /// The keys an SMB class may give (csi-driver-smb's, lower case).
 pub(super) const CLASS_KEYS: &[&str] = &["source", "subdir", "ondelete"];
 
-/// The share a class's `source` names, and the directory under it that volumes are
-/// made in.
-///
-/// # Errors
-/// A malformed `source`, named.
-pub(super) fn class_share(keys: &Keys<'_>) -> Result<(Smb, SubPath), String> {
-    let source = keys.get("source").unwrap_or_default();
-    Smb::parse_source(source).map_err(|w| format!("parameters: source: {w}"))
-}
-
-/// The share a PV's `source` names, and the directory it shows.
-///
-/// # Errors
-/// A malformed `source`, named.
-pub(super) fn attributes_share(keys: &Keys<'_>) -> Result<(Smb, SubPath), String> {
-    Smb::parse_source(keys.get("source").unwrap_or_default())
-        .map_err(|w| format!("volume_context.source: {w}"))
-}
-
 impl NamedShare for Smb {
     const INFO: KindInfo = KindInfo {
         name: "smb",
@@ -333,8 +287,13 @@ impl NamedShare for Smb {
         credentials(secrets, client.iter().any(|(k, _)| k == "guest"), role)
     }
 
+    /// The share a class's `source` names, and the directory under it that volumes
+    /// are made in, which is the share's own.
     fn class_share(keys: &Keys<'_>) -> Result<(Smb, SubPath, bool), String> {
-        class_share(keys).map(|(s, dir)| (s, dir, false))
+        let source = keys.get("source").unwrap_or_default();
+        let (smb, dir) =
+            Smb::parse_source(source).map_err(|w| format!("parameters: source: {w}"))?;
+        Ok((smb, dir, false))
     }
 
     /// An inline volume's `source: share|secrets` is ours; an SMB source starts `//`.
@@ -343,20 +302,37 @@ impl NamedShare for Smb {
             .is_some_and(|s| s.starts_with("//") || s.starts_with("\\\\"))
     }
 
+    /// The share a PV's `source` names, and the directory it shows.
     fn attributes_share(keys: &Keys<'_>) -> Result<(Smb, SubPath), String> {
-        attributes_share(keys)
+        Smb::parse_source(keys.get("source").unwrap_or_default())
+            .map_err(|w| format!("volume_context.source: {w}"))
     }
 
+    /// The share an id's field names.
+    ///
+    /// # Errors
+    /// What is wrong with it.
     fn from_id_field(s: &str) -> Result<Smb, String> {
-        Smb::from_id_field(s)
+        let (smb, dir) = Smb::parse_source(&format!("//{s}"))?;
+        if !dir.is_empty() {
+            return Err(format!("{s:?} is not server/share"));
+        }
+        Ok(smb)
     }
 
+    /// The id's field: `server/share`.
     fn id_field(&self) -> String {
-        Smb::id_field(self)
+        format!("{}/{}", self.server, self.share)
     }
 
+    /// `//server/share/dir`.
     fn describe(&self, dir: &SubPath) -> String {
-        Smb::describe(self, dir)
+        let mut s = format!("//{}/{}", self.server, self.share);
+        if !dir.is_empty() {
+            s.push('/');
+            s.push_str(dir.as_str());
+        }
+        s
     }
 
     fn context(&self, base: &SubPath, dir: &SubPath) -> Vec<(&'static str, String)> {

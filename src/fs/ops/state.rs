@@ -58,6 +58,9 @@ pub(super) struct Backing {
     pub(super) qgroup: Option<std::path::PathBuf>,
     /// The root is on CephFS: statfs reports its directory quota, where it has one.
     pub(super) cephfs: bool,
+    /// The root is on the kernel's NFS client: the share checks the permissions of a
+    /// view that acts as its callers, and lookups are a network share's.
+    pub(super) nfs: bool,
     /// The root is on NFS, whose client removes a name that a descriptor holds by
     /// renaming it (`.nfsXXXX`) and removing it when the descriptor closes
     /// (fs/nfs/dir.c `nfs_unlink`, `nfs_sillyrename`): three server requests for one.
@@ -110,7 +113,7 @@ impl Settings {
     pub(super) fn new(options: &ViewOptions, share: &Backing) -> Settings {
         let network = share.network();
         let acts_as_callers = options.ownership == crate::config::Ownership::Share;
-        let share_checks = acts_as_callers && share.silly_renames;
+        let share_checks = acts_as_callers && share.nfs;
         let never = options.vfs.atime == crate::config::Atime::Never;
         Settings {
             policy: Policy::from_options(options),
@@ -158,6 +161,7 @@ impl Backing {
             root_mnt: st.mnt_id,
             qgroup,
             cephfs: file::is_cephfs(root),
+            nfs,
             silly_renames: nfs,
             records_listed: nfs,
             delete_pends: file::is_smb(root),
@@ -171,6 +175,6 @@ impl Backing {
     /// A network share (NFS, SMB, CephFS): lookups are spread wider and looked past a
     /// reply's room.
     fn network(&self) -> bool {
-        self.silly_renames || self.delete_pends || self.cephfs
+        self.nfs || self.delete_pends || self.cephfs
     }
 }
